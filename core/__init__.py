@@ -1,0 +1,1 @@
+"""tuneline: fine-tuning stages as a plain library (no Prefect imports here)."""

@@ -1,0 +1,3 @@
+def main():
+    import tuneline.core, tuneline.tasks
+    print("ok", tuneline.core.__file__)
