@@ -44,5 +44,5 @@ def unknown_name_message(kind: str, name: str, candidates: Iterable[str]) -> str
     options = sorted(candidates)
     guess = nearest(name, options)
     hint = f"; did you mean '{guess}'?" if guess else ""
-    listing = f" Valid: {', '.join(options)}." if len(options) <= 30 else ""
+    listing = f"; valid: {', '.join(options)}." if len(options) <= 30 else ""
     return f"unknown {kind} '{name}'{hint}{listing}"

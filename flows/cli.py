@@ -1,3 +1,135 @@
-def main():
-    import tuneline.core, tuneline.tasks
-    print("ok", tuneline.core.__file__)
+"""The `tuneline` command (DESIGN.md §6).
+
+    tuneline demo [--workspace DIR] [key=value ...]
+    tuneline run PIPELINE.yaml [--workspace DIR] [key=value ...]
+    tuneline train CONFIG.yaml [key=value ...]
+    tuneline data preprocess CONFIG.yaml --output DIR [key=value ...]
+    tuneline export CONFIG.yaml [key=value ...]
+
+Exit status: 0 success, 2 bad configuration or input (one paragraph, no traceback), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+# Telemetry off and quiet libraries before Prefect, MLflow or transformers are imported.
+_QUIET_ENV = {
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+}
+DEMO_PIPELINE = Path(__file__).resolve().parent.parent / "data" / "demo_pipeline.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    for name, value in _QUIET_ENV.items():
+        os.environ.setdefault(name, value)
+    args = build_parser().parse_args(argv)
+    if args.verbose:
+        os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+    from tuneline.core.errors import TunelineError
+
+    try:
+        return args.handler(args)
+    except TunelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume from the last finished stage.", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tuneline", description="Fine-tune LLMs as a cached Prefect pipeline tracked in MLflow.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect's and the trainer's logs")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="build a tiny model and run the whole chain on the demo data")
+    demo.add_argument("--workspace", default="workspace", help="folder for artifacts and the MLflow store (default: ./workspace)")
+    demo.add_argument("overrides", nargs="*", metavar="key=value", help="override a default, or one stage's key as stage.key=value")
+    demo.set_defaults(handler=run_demo)
+
+    run = commands.add_parser("run", help="run a pipeline YAML through its Prefect flow")
+    run.add_argument("pipeline", help="pipeline YAML")
+    run.add_argument("--workspace", default=None, help="overrides the YAML's workspace")
+    run.add_argument("overrides", nargs="*", metavar="key=value")
+    run.set_defaults(handler=run_pipeline)
+
+    train = commands.add_parser("train", help="train one stage from a LLaMA-Factory-style YAML")
+    train.add_argument("config", help="stage YAML (LLaMA-Factory keys)")
+    train.add_argument("overrides", nargs="*", metavar="key=value")
+    train.set_defaults(handler=run_train)
+
+    data = commands.add_parser("data", help="dataset tools").add_subparsers(dest="data_command", required=True)
+    preprocess = data.add_parser("preprocess", help="tokenize a config's datasets to Arrow")
+    preprocess.add_argument("config")
+    preprocess.add_argument("--output", required=True, help="folder to write (loadable with datasets.load_from_disk)")
+    preprocess.add_argument("overrides", nargs="*", metavar="key=value")
+    preprocess.set_defaults(handler=run_preprocess)
+
+    export = commands.add_parser("export", help="merge an adapter and write a Hugging Face model folder to export_dir")
+    export.add_argument("config")
+    export.add_argument("overrides", nargs="*", metavar="key=value")
+    export.set_defaults(handler=run_export)
+    return parser
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    overrides = [f"dataset_dir={DEMO_PIPELINE.parent}", *args.overrides]
+    return _run_flow(str(DEMO_PIPELINE), overrides, args.workspace)
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    return _run_flow(args.pipeline, args.overrides, args.workspace)
+
+
+def _run_flow(pipeline: str, overrides: list[str], workspace: str | None) -> int:
+    from tuneline.core.pipeline import load_pipeline
+
+    load_pipeline(pipeline, overrides, workspace=workspace)  # config errors before Prefect starts
+    from tuneline.flows.pipeline import pipeline_flow
+    from tuneline.flows.report import print_summary
+
+    started = time.monotonic()
+    summary = pipeline_flow(pipeline, overrides, workspace)
+    print_summary(summary, seconds=time.monotonic() - started)
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from tuneline.flows.single import train_stage
+
+    metrics = train_stage(args.config, args.overrides)
+    print(" ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if isinstance(v, (int, float))))
+    return 0
+
+
+def run_preprocess(args: argparse.Namespace) -> int:
+    from tuneline.flows.single import preprocess
+
+    counters = preprocess(args.config, args.overrides, output=args.output)
+    print(f"tokenized to {args.output}: " + ", ".join(f"{k}={v}" for k, v in counters.items()))
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from tuneline.flows.single import export
+
+    print(f"exported to {export(args.config, args.overrides)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Single-stage commands (`tuneline train`, `data preprocess`, `export`) on core alone.
+
+They need no Prefect server: a LLaMA-Factory user's YAML runs as one stage, with its
+tokenized data cached by content key under `$TUNELINE_CACHE` (default ~/.cache/tuneline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+from tuneline.core.artifacts import find_artifact, write_artifact
+from tuneline.core.config import StageConfig, load_stage_config
+from tuneline.core.data.dataset import DEFAULT_TEMPLATE, tokenize_dataset
+from tuneline.core.errors import ConfigError
+from tuneline.core.export import export_model, merge_adapter
+from tuneline.core.fingerprint import tree_fingerprint
+from tuneline.core.launch import launch_training
+from tuneline.core.pipeline import TrainingStage
+from tuneline.core.stages import tokenize_key
+from tuneline.core.train import TrainJob
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TUNELINE_CACHE") or Path.home() / ".cache" / "tuneline")
+
+
+def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
+    config = load_stage_config(config_path, overrides)
+    _require(config, ("model_name_or_path", "dataset", "output_dir"), source=config_path)
+    output_dir = Path(config.training["output_dir"])
+    _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
+    tokenized = tokenized_dataset(config)
+    job = TrainJob(
+        model_path=config.model.model_name_or_path,
+        dataset_path=str(tokenized),
+        output_dir=str(output_dir),
+        finetuning=dataclasses.asdict(config.finetuning),
+        training={k: v for k, v in config.training.items() if k != "output_dir"},
+        model=dataclasses.asdict(config.model),
+    )
+    return launch_training(job)
+
+
+def tokenized_dataset(config: StageConfig) -> Path:
+    """The config's datasets tokenized (from the content-keyed cache when present)."""
+    model_path = config.model.model_name_or_path
+    stage = TrainingStage(name=config.finetuning.stage, parent=None, config=config)
+    key, inputs = tokenize_key(stage, tokenizer_key=tokenizer_fingerprint(model_path))
+    cached = find_artifact(cache_dir(), "tokenized", key)
+    if cached is not None:
+        return cached.path
+    with write_artifact(cache_dir(), "tokenized", key, config=config.flat(), inputs=inputs) as draft:
+        draft.metrics.update(tokenize_dataset(config, tokenizer_path=model_path, output_dir=draft.path))
+    return find_artifact(cache_dir(), "tokenized", key).path
+
+
+def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[str, int]:
+    config = load_stage_config(config_path, overrides)
+    _require(config, ("model_name_or_path", "dataset"), source=config_path)
+    output_dir = Path(output)
+    draft = output_dir.with_name(f".{output_dir.name}.partial")
+    shutil.rmtree(draft, ignore_errors=True)
+    counters = tokenize_dataset(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft)
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    os.replace(draft, output_dir)
+    return counters
+
+
+def export(config_path: str, overrides: list[str]) -> Path:
+    config = load_stage_config(config_path, overrides)
+    _require(config, ("model_name_or_path", "export_dir"), source=config_path)
+    export_dir = Path(config.export.export_dir)
+    template = config.data.template or DEFAULT_TEMPLATE
+    if not config.model.adapter_name_or_path:
+        return export_model(config.model.model_name_or_path, export_dir, template=template, export_size_gb=config.export.export_size)
+    merged = export_dir.with_name(f".{export_dir.name}.merged")
+    shutil.rmtree(merged, ignore_errors=True)
+    try:
+        merge_adapter(config.model.model_name_or_path, config.model.adapter_name_or_path, merged)
+        return export_model(merged, export_dir, template=template, export_size_gb=config.export.export_size)
+    finally:
+        shutil.rmtree(merged, ignore_errors=True)
+
+
+def tokenizer_fingerprint(model_path: str) -> str:
+    path = Path(model_path)
+    if not path.is_dir():
+        return f"hub-{model_path}"
+    return tree_fingerprint([path / name for name in TOKENIZER_FILES if (path / name).is_file()])
+
+
+def _require(config: StageConfig, keys: tuple[str, ...], *, source: str) -> None:
+    flat = config.flat()
+    missing = [k for k in keys if not flat.get(k)]
+    if missing:
+        raise ConfigError([f"'{k}' is required for this command." for k in missing], source=source)
+
+
+def _check_output_dir(output_dir: Path, *, overwrite: bool) -> None:
+    """Refuse to mix a new run into a folder of other files; checkpoints mean resume."""
+    if not output_dir.is_dir() or overwrite:
+        return
+    entries = [p.name for p in output_dir.iterdir()]
+    if entries and not any(name.startswith("checkpoint-") for name in entries):
+        raise ConfigError(
+            f"output_dir {output_dir} already holds files ({', '.join(sorted(entries)[:5])}) and no checkpoint "
+            "to resume from; choose an empty output_dir or set 'overwrite_output_dir: true'."
+        )

@@ -1,0 +1,21 @@
+"""Task: build the project's tiny base model (tokenizer + random weights)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from prefect import task
+
+from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
+from tuneline.core.pipeline import BaseStage
+from tuneline.core.stages import run_build_base
+
+
+@task(name="build_base", **STAGE_TASK_OPTIONS)
+def build_base(context: RunContext, stage: BaseStage, *, key: str, inputs: dict[str, str]) -> dict[str, Any]:
+    def work(draft, run_id):
+        draft.metrics.update(run_build_base(stage, draft.path))
+
+    params = {**dataclasses.asdict(stage.build), "corpus": ",".join(stage.corpus)}
+    return run_stage(context, name=stage.name, kind="base", key=key, params=params, inputs=inputs, work=work, dataset_inputs=inputs)

@@ -1,0 +1,35 @@
+"""Shared test fixtures.
+
+The real tokenizers live outside the repository, in `../shared` (or where `TUNELINE_ASSETS`
+points). Without them the tests that need them are skipped, unless `TUNELINE_REQUIRE_ASSETS=1`
+(CI), where a missing asset is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def find_shared_dir() -> Path | None:
+    """The shared assets folder (holding `tokenizers/`), or None if it is not there."""
+    configured = os.environ.get("TUNELINE_ASSETS")
+    candidate = Path(configured).expanduser() if configured else REPO_ROOT.parent / "shared"
+    return candidate if (candidate / "tokenizers").is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The shared assets folder; skips (or fails with TUNELINE_REQUIRE_ASSETS=1) when absent."""
+    found = find_shared_dir()
+    if found is not None:
+        return found
+    where = os.environ.get("TUNELINE_ASSETS") or str(REPO_ROOT.parent / "shared")
+    reason = f"shared test assets not found: no tokenizers/ folder in {where} (set TUNELINE_ASSETS)"
+    if os.environ.get("TUNELINE_REQUIRE_ASSETS") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
