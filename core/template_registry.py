@@ -224,7 +224,8 @@ def _wrap(tool: dict[str, Any]) -> dict[str, Any]:
 def _default_param_line(name: str, param: dict[str, Any], required: list[str]) -> str:
     req = ", required" if name in required else ""
     enum = ", should be one of [{}]".format(", ".join(param["enum"])) if param.get("enum") else ""
-    items = ", where each item should be {}".format(param["items"].get("type", "")) if param.get("items") else ""
+    item_spec = param.get("items")
+    items = ", where each item should be {}".format(item_spec.get("type", "")) if item_spec else ""
     return f"  - {name} ({param.get('type', '')}{req}): {param.get('description', '')}{enum}{items}\n"
 
 
@@ -236,7 +237,10 @@ def _default_tools(tools: list[dict[str, Any]]) -> str:
             _default_param_line(name, param, params.get("required", []))
             for name, param in params["properties"].items()
         )
-        tool_text += f"> Tool Name: {tool['name']}\nTool Description: {tool.get('description', '')}\nTool Args:\n{args}\n"
+        tool_text += (
+            f"> Tool Name: {tool['name']}\nTool Description: {tool.get('description', '')}\n"
+            f"Tool Args:\n{args}\n"
+        )
         names.append(tool["name"])
     return _DEFAULT_TOOL_PROMPT.format(tool_text=tool_text, tool_names=", ".join(names))
 
@@ -247,7 +251,8 @@ def _qwen_tools(tools: list[dict[str, Any]]) -> str:
 
 
 def _mistral_tools(tools: list[dict[str, Any]]) -> str:
-    return "[AVAILABLE_TOOLS] " + json.dumps([_wrap(t) for t in tools], ensure_ascii=False) + "[/AVAILABLE_TOOLS]"
+    wrapped = json.dumps([_wrap(tool) for tool in tools], ensure_ascii=False)
+    return f"[AVAILABLE_TOOLS] {wrapped}[/AVAILABLE_TOOLS]"
 
 
 _TOOL_FORMATTERS = {"default": _default_tools, "qwen": _qwen_tools, "mistral": _mistral_tools}

@@ -192,7 +192,8 @@ def encode_turns(
             f"expected the conversation to end with an assistant message, got {len(messages)} "
             "messages (prompt ends with user, response holds exactly one assistant message)"
         )
-    encoded = [_encode_pieces(tokenizer, p) for p in _format_messages(template, messages, system=system, tools=tools)]
+    formatted = _format_messages(template, messages, system=system, tools=tools)
+    encoded = [_encode_pieces(tokenizer, pieces) for pieces in formatted]
     return [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
 
 
@@ -284,7 +285,9 @@ def chat_template_jinja(template: Template, tokenizer: PreTrainedTokenizerBase) 
         "{% set content = message['content'] %}",
     ]
     if template.system_in_user:
-        parts.append("{% if loop.first and system_message %}{% set content = " + system + " + content %}{% endif %}")
+        parts.append(
+            "{% if loop.first and system_message %}{% set content = " + system + " + content %}{% endif %}"
+        )
     parts += [
         "{% if message['role'] == 'user' %}",
         "{% if loop.last and not add_generation_prompt %}{{ " + user_open + " }}",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.filesystems import LocalFileSystem
+from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
 from tuneline.core import tracking
 from tuneline.core.artifacts import read_manifest
@@ -35,7 +35,6 @@ class ChainState:
     """What earlier stages produced, by stage name, as the flow walks the DAG."""
 
     context: RunContext
-    storage: LocalFileSystem
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # full-weight model per stage
     trained: dict[str, dict[str, Any]] = field(default_factory=dict)
     tokenized: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -50,12 +49,11 @@ def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, worksp
     experiment_id = tracking.ensure_experiment(uri, pipeline.name, artifact_root=pipeline.workspace / "mlartifacts")
     parent_run_id = tracking.start_run(uri, experiment_id, name=f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                        tags={"tuneline.pipeline": pipeline.name})
-    state = ChainState(
-        context=RunContext(str(pipeline.workspace), uri, experiment_id, parent_run_id),
-        storage=LocalFileSystem(basepath=str(pipeline.workspace / "prefect-results")),
-    )
+    state = ChainState(context=RunContext(str(pipeline.workspace), uri, experiment_id, parent_run_id))
     try:
-        summary = run_chain(pipeline, state)
+        # Prefect's cache records live in the workspace, beside the artifacts they point to.
+        with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: pipeline.workspace / "prefect-results"}):
+            summary = run_chain(pipeline, state)
     except BaseException:
         tracking.end_run(uri, parent_run_id, failed=True)
         raise
@@ -150,13 +148,12 @@ STAGE_RUNNERS = {BaseStage: run_base, TrainingStage: run_training_stage}
 def call(state: ChainState, task, label: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Run a stage task; a Prefect cache hit whose artifact vanished from disk is recomputed."""
     started = time.monotonic()
-    configured = task.with_options(result_storage=state.storage)
-    result_state = configured(*args, **kwargs, return_state=True)
+    result_state = task(*args, **kwargs, return_state=True)
     result = result_state.result()
     if result_state.name == "Cached":
         if read_manifest(result["path"]) is None:
             get_run_logger().warning("%s: cached result's artifact is gone; recomputing", label)
-            result = configured.with_options(refresh_cache=True)(*args, **kwargs)
+            result = task.with_options(refresh_cache=True)(*args, **kwargs)
         else:
             result = record_cache_hit(state.context, name=label, manifest=result, path=result["path"])
     state.report.append({"name": label, "key": result["key"], "cache_hit": result["cache_hit"],

@@ -39,7 +39,9 @@ def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int
 def _check_row(row: dict[str, Any]) -> None:
     prompt, response = row.get("prompt"), row.get("response")
     if not isinstance(prompt, list) or len(prompt) % 2 != 1:
-        raise DataError(f"a supervised row needs an odd number of prompt messages ending with user, got {prompt!r}")
+        raise DataError(
+            f"a supervised row needs an odd number of prompt messages ending with user, got {prompt!r}"
+        )
     if not isinstance(response, list) or len(response) != 1:
         raise DataError(f"a supervised row needs exactly one response message, got {response!r}")
 

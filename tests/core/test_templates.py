@@ -97,8 +97,14 @@ def _official_ids(tokenizer, conversation: list[dict], **kwargs) -> list[int]:
     return tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=False, **kwargs)
 
 
-def _turn_ids(template: Template, tokenizer, messages: list[dict], system: str | None, tools=None) -> list[int]:
-    pairs = encode_turns(template, tokenizer, prompt=messages[:-1], response=messages[-1:], system=system, tools=tools)
+def _pairs(template: Template, tokenizer, messages: list[dict], system: str | None, tools=None):
+    return encode_turns(
+        template, tokenizer, prompt=messages[:-1], response=messages[-1:], system=system, tools=tools
+    )
+
+
+def _turn_ids(template: Template, tokenizer, messages: list[dict], system: str | None, tools=None):
+    pairs = _pairs(template, tokenizer, messages, system, tools)
     assert len(pairs) == len(messages) // 2
     return [token for source, target in pairs for token in source + target]
 
@@ -107,8 +113,10 @@ def _turn_ids(template: Template, tokenizer, messages: list[dict], system: str |
 
 
 def test_get_template_returns_registered_values():
-    assert set(TEMPLATES) >= {"default", "empty", "chatml", "qwen", "llama3", "llama2", "mistral", "phi", "alpaca", "vicuna"}
-    assert get_template("qwen").default_system == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    expected = {"default", "empty", "chatml", "qwen", "llama3", "llama2", "mistral", "phi", "alpaca"}
+    assert set(TEMPLATES) >= expected | {"vicuna"}
+    qwen_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    assert get_template("qwen").default_system == qwen_system
     assert get_template("llama3").stop_words == ("<|eot_id|>", "<|eom_id|>")
 
 
@@ -147,7 +155,8 @@ def test_turns_equal_official_chat_template(load, fixed, tokenizer_name, templat
 @pytest.mark.parametrize("system", [None, SYSTEM])
 def test_prompt_equals_official_generation_prompt(load, fixed, tokenizer_name, template_name, system):
     prompt = CONVERSATIONS["three"][:-1]
-    ours = encode_prompt(get_template(template_name), fixed(tokenizer_name, template_name), prompt=prompt, system=system)
+    template, tokenizer = get_template(template_name), fixed(tokenizer_name, template_name)
+    ours = encode_prompt(template, tokenizer, prompt=prompt, system=system)
     official = _official_ids(load(tokenizer_name), _with_system(prompt, system), add_generation_prompt=True)
     assert ours == official
 
@@ -155,8 +164,9 @@ def test_prompt_equals_official_generation_prompt(load, fixed, tokenizer_name, t
 def test_bos_prefix_only_on_first_source_and_targets_end_with_eot(fixed):
     tokenizer = fixed("llama3", "llama3")
     messages = CONVERSATIONS["three"]
-    pairs = encode_turns(get_template("llama3"), tokenizer, prompt=messages[:-1], response=messages[-1:], system=None)
-    assert [source[0] for source, _ in pairs] == [128000, 128006, 128006]  # <|begin_of_text|>, then <|start_header_id|>
+    pairs = _pairs(get_template("llama3"), tokenizer, messages, None)
+    # <|begin_of_text|> opens the first source only; later ones open with <|start_header_id|>
+    assert [source[0] for source, _ in pairs] == [128000, 128006, 128006]
     assert all(target[-1] == 128009 for _, target in pairs)  # <|eot_id|>
     assert tokenizer.decode(pairs[1][1]) == "'Red' \\ and more.<|eot_id|>"
 
@@ -186,15 +196,14 @@ def test_qwen_tools_equal_official_chat_template(load, fixed):
     }
     messages = [_user("Weather in Paris?"), _assistant("Sunny.")]
     for system in (None, SYSTEM):
-        ours = _turn_ids(get_template("qwen"), fixed("qwen2.5", "qwen"), messages, system, tools=json.dumps([tool]))
+        tools = json.dumps([tool])
+        ours = _turn_ids(get_template("qwen"), fixed("qwen2.5", "qwen"), messages, system, tools=tools)
         assert ours == _official_ids(load("qwen2.5"), _with_system(messages, system), tools=[tool])
 
 
 def test_special_token_text_in_content_is_a_special_token(fixed):
     tokenizer = fixed("qwen2.5", "qwen")
-    pairs = encode_turns(
-        get_template("qwen"), tokenizer, prompt=[_user("a<|im_end|>b")], response=[_assistant("c")], system="s"
-    )
+    pairs = _pairs(get_template("qwen"), tokenizer, [_user("a<|im_end|>b"), _assistant("c")], "s")
     source = pairs[0][0]
     assert source.count(151645) == 3  # system end, the one in the text, user end
 
@@ -209,7 +218,8 @@ def test_mistral_without_system_equals_official(load, fixed, conversation):
 def test_mistral_folds_system_into_first_user_message(load, fixed):
     """Official v0.3 puts the system text before the LAST user message (and drops it when the chat
     ends with an assistant turn); LLaMA-Factory's mistral template folds it into the first one."""
-    template, tokenizer, official = get_template("mistral"), fixed("mistral-v0.3", "mistral"), load("mistral-v0.3")
+    template, tokenizer = get_template("mistral"), fixed("mistral-v0.3", "mistral")
+    official = load("mistral-v0.3")
     prompt = [_user("Hi! What is 2+2?")]
     ours = encode_prompt(template, tokenizer, prompt=prompt, system=SYSTEM)
     assert ours == _official_ids(official, _with_system(prompt, SYSTEM), add_generation_prompt=True)
@@ -239,7 +249,8 @@ def test_phi_equals_official_text_without_final_endoftext(load, fixed, conversat
     assert official_text.endswith("<|end|>\n<|endoftext|>")
     text = render_text(get_template("phi"), tokenizer, messages=messages, system=system)
     assert text == official_text.removesuffix("<|endoftext|>")
-    assert _turn_ids(get_template("phi"), tokenizer, messages, system) == tokenizer.encode(text, add_special_tokens=False)
+    ours = _turn_ids(get_template("phi"), tokenizer, messages, system)
+    assert ours == tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_default_template_text_with_gpt2(fixed):
@@ -247,19 +258,45 @@ def test_default_template_text_with_gpt2(fixed):
     messages = CONVERSATIONS["single"]
     text = render_text(get_template("default"), tokenizer, messages=messages, system="Be brief.")
     assert text == (
-        "System: Be brief.<|endoftext|>\nHuman: Hi! What is 2+2?<|endoftext|>\nAssistant:2+2 equals 4.<|endoftext|>\n"
+        "System: Be brief.<|endoftext|>\n"
+        "Human: Hi! What is 2+2?<|endoftext|>\nAssistant:2+2 equals 4.<|endoftext|>\n"
     )
-    (source, target), = encode_turns(get_template("default"), tokenizer, prompt=messages[:1], response=messages[1:], system="Be brief.")
+    ((source, target),) = _pairs(get_template("default"), tokenizer, messages, "Be brief.")
     assert target == tokenizer.encode("2+2 equals 4.") + [50256] + tokenizer.encode("\n")
     assert source.count(50256) == 2
 
 
+def test_default_tool_format_describes_each_argument(fixed):
+    tool = {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name"},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city"],
+        },
+    }
+    text = render_text(
+        get_template("default"), fixed("gpt2", "default"), messages=[_user("hi")], system=None,
+        tools=json.dumps([tool]),
+    )
+    assert text.startswith(
+        "System: You have access to the following tools:\n> Tool Name: get_weather\n"
+        "Tool Description: Weather for a city\nTool Args:\n"
+        "  - city (string, required): City name\n  - unit (): , should be one of [c, f]\n\n"
+        "Use the following format if using a tool:\n```\nAction: tool name (one of [get_weather])\n"
+    )
+    assert text.endswith("```\n<|endoftext|>\nHuman: hi<|endoftext|>\nAssistant:")
+
+
 def test_tools_refused_where_the_template_has_no_tool_format(fixed):
     with pytest.raises(DataError, match="does not support tool descriptions"):
-        encode_turns(
-            get_template("llama3"), fixed("llama3", "llama3"), prompt=[_user("hi")], response=[_assistant("yo")],
-            system=None, tools='[{"name": "f", "parameters": {"properties": {}}}]',
-        )
+        tools = '[{"name": "f", "parameters": {"properties": {}}}]'
+        messages = [_user("hi"), _assistant("yo")]
+        _pairs(get_template("llama3"), fixed("llama3", "llama3"), messages, None, tools)
 
 
 @pytest.mark.parametrize(
@@ -272,7 +309,8 @@ def test_tools_refused_where_the_template_has_no_tool_format(fixed):
 )
 def test_bad_role_order_is_reported(fixed, prompt, response, match):
     with pytest.raises(DataError, match=match):
-        encode_turns(get_template("qwen"), fixed("qwen2.5", "qwen"), prompt=prompt, response=response, system=None)
+        tokenizer = fixed("qwen2.5", "qwen")
+        encode_turns(get_template("qwen"), tokenizer, prompt=prompt, response=response, system=None)
 
 
 # ---------------------------------------------------------------- tokenizer fixes and stop words
@@ -336,13 +374,15 @@ def test_jinja_renders_the_encoded_text(fixed, template_name, tokenizer_name):
     jinja = chat_template_jinja(template, tokenizer)
     for conversation, system in CASES:
         messages = CONVERSATIONS[conversation]
-        rendered = tokenizer.apply_chat_template(_with_system(messages, system), chat_template=jinja, tokenize=False)
+        def render(conversation: list[dict], **kwargs) -> str:
+            return tokenizer.apply_chat_template(conversation, chat_template=jinja, tokenize=False, **kwargs)
+
+        rendered = render(_with_system(messages, system))
         assert rendered == render_text(template, tokenizer, messages=messages, system=system)
         prompt = _with_system(messages[:-1], system)
         expected_prompt = render_text(template, tokenizer, messages=messages[:-1], system=system)
-        with_prefix = tokenizer.apply_chat_template(prompt, chat_template=jinja, tokenize=False, add_generation_prompt=True)
-        assert with_prefix == expected_prompt
-        without = tokenizer.apply_chat_template(prompt, chat_template=jinja, tokenize=False, add_generation_prompt=False)
+        assert render(prompt, add_generation_prompt=True) == expected_prompt
+        without = render(prompt, add_generation_prompt=False)
         assert without + template.generation_prefix == expected_prompt
 
 
@@ -368,6 +408,6 @@ def test_jinja_set_as_chat_template_of_gpt2(load):
 
 
 def test_jinja_eos_is_the_fixed_token_text(fixed):
-    template = dataclasses.replace(get_template("empty"), name="eos_probe", format_assistant=("{content}", EOS))
+    template = dataclasses.replace(get_template("empty"), name="probe", format_assistant=("{content}", EOS))
     jinja = chat_template_jinja(template, fixed("phi3.5", "phi"))
     assert "'<|end|>'" in jinja and "eos_token" not in jinja
