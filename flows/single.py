@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuneline.core.artifacts import find_artifact, write_artifact
 from tuneline.core.config import StageConfig, load_stage_config
-from tuneline.core.data.dataset import DEFAULT_TEMPLATE, tokenize_dataset
+from tuneline.core.data.dataset import DEFAULT_TEMPLATE, dataset_fingerprints, tokenize_dataset
 from tuneline.core.errors import ConfigError
 from tuneline.core.export import export_model, merge_adapter
 from tuneline.core.fingerprint import tree_fingerprint
@@ -33,6 +33,7 @@ def cache_dir() -> Path:
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset", "output_dir"), source=config_path)
+    dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
     output_dir = Path(config.training["output_dir"])
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
     tokenized = tokenized_dataset(config)

@@ -33,3 +33,14 @@ def shared_dir() -> Path:
     if os.environ.get("TUNELINE_REQUIRE_ASSETS") == "1":
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+QUIET_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+for _name, _value in QUIET_ENV.items():
+    os.environ.setdefault(_name, _value)

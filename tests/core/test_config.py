@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuneline.core.config import build_stage_config, load_stage_config, parse_overrides
+from tuneline.core.errors import ConfigError
+
+
+def test_misspelled_key_names_the_nearest_valid_key():
+    with pytest.raises(ConfigError) as caught:
+        build_stage_config({"learning_rat": 1e-4, "stage": "sft"})
+    assert "unknown key 'learning_rat'; did you mean 'learning_rate'?" in str(caught.value)
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(ConfigError) as caught:
+        build_stage_config({"lora_rnk": 8, "cutoff_len": "long", "finetuning_type": "qlora"})
+    problems = caught.value.problems
+    assert len(problems) == 3
+    assert any("lora_rank" in p for p in problems)
+    assert any("cutoff_len" in p and "number" in p for p in problems)
+    assert any("finetuning_type" in p and "lora, full" in p for p in problems)
+
+
+def test_values_are_coerced_to_the_field_types():
+    config = build_stage_config({"learning_rate": "1e-4", "cutoff_len": "512", "train_on_prompt": "true"})
+    assert config.training["learning_rate"] == pytest.approx(1e-4)
+    assert config.data.cutoff_len == 512
+    assert config.data.train_on_prompt is True
+
+
+def test_renamed_trainer_keys_keep_their_meaning():
+    config = build_stage_config({"warmup_ratio": 0.1, "ddp_timeout": 180000000})
+    assert config.training == {"warmup_steps": 0.1}
+
+
+def test_overrides_are_yaml_scalars_and_win_over_the_file(tmp_path: Path):
+    path = tmp_path / "stage.yaml"
+    path.write_text(yaml.safe_dump({"learning_rate": 1e-4, "stage": "sft"}))
+    config = load_stage_config(path, ["learning_rate=3e-4", "lora_rank=4"])
+    assert config.training["learning_rate"] == pytest.approx(3e-4)
+    assert config.finetuning.lora_rank == 4
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["learning_rate"])
+
+
+def test_llamafactory_sft_example_loads_unchanged(shared_dir: Path):
+    config = load_stage_config(shared_dir / "llamafactory/examples/train_lora/llama3_lora_sft.yaml")
+    assert config.data.dataset == "identity,alpaca_en_demo"
+    assert config.data.template == "llama3"
+    assert config.finetuning.lora_target == "all"
+    assert config.training["gradient_accumulation_steps"] == 8
+    assert config.output.overwrite_output_dir is True
+
+
+def test_shipped_demo_pipeline_loads():
+    from tuneline.core.pipeline import TrainingStage, load_pipeline
+
+    root = Path(__file__).resolve().parents[2]
+    pipeline = load_pipeline(root / "data/demo_pipeline.yaml", [f"dataset_dir={root / 'data'}"])
+    assert [s.name for s in pipeline.stages] == ["base", "pt", "sft"]
+    sft = pipeline.stage("sft")
+    assert isinstance(sft, TrainingStage) and sft.parent == "pt"
+    assert pipeline.root("sft").name == "base"

@@ -1,0 +1,49 @@
+"""Bad configuration or input: exit status 2, one clear message, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_misspelled_key_exits_2_and_suggests_the_right_one(tmp_path: Path):
+    config = tmp_path / "train.yaml"
+    config.write_text("stage: sft\nlearning_rat: 1.0e-4\n")
+    result = run_cli("train", str(config), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown key 'learning_rat'; did you mean 'learning_rate'?" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_dataset_file_exits_2_naming_the_file_and_the_entry(tmp_path: Path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dataset_info.json").write_text(json.dumps({"my_set": {"file_name": "missing.json"}}))
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_name_or_path": str(tmp_path / "model"), "stage": "sft", "dataset": "my_set",
+        "dataset_dir": str(data), "output_dir": str(tmp_path / "out"),
+    }))
+    result = run_cli("train", str(config), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "missing.json" in result.stderr
+    assert "my_set" in result.stderr and "dataset_info.json" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_pipeline_with_a_cycle_exits_2_naming_the_stages(tmp_path: Path):
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(yaml.safe_dump({"name": "p", "stages": [
+        {"name": "a", "stage": "sft", "from": "b"}, {"name": "b", "stage": "sft", "from": "a"}]}))
+    result = run_cli("run", str(pipeline), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "a -> b -> a" in result.stderr
+    assert "Traceback" not in result.stderr

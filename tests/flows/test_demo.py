@@ -1,0 +1,127 @@
+"""The demo chain end to end: real Prefect (ephemeral API), real MLflow (SQLite), real training.
+
+One demo run is shared by the module; a second run must be served from cache, and a third run with
+a changed learning rate must retrain without tokenizing again.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def run_demo(workspace: Path, *overrides: str) -> tuple[str, float]:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "tuneline.flows.cli", "demo", "--workspace", str(workspace), *overrides],
+        capture_output=True, text=True, timeout=900,
+    )
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout, seconds
+
+
+def stage_status(stdout: str) -> dict[str, str]:
+    """{stage name: 'computed' | 'served from cache'} from the printed summary."""
+    return dict(re.findall(r"^  (\S+)\s+(computed|served from cache)\s", stdout, flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> dict:
+    workspace = tmp_path_factory.mktemp("demo") / "workspace"
+    stdout, seconds = run_demo(workspace)
+    print(stdout)
+    return {"workspace": workspace, "stdout": stdout, "seconds": seconds}
+
+
+def test_demo_computes_every_stage_and_registers_the_champion(first_run):
+    status = stage_status(first_run["stdout"])
+    assert list(status) == ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/evaluate",
+                            "sft/merge", "sft/export", "register"]
+    assert set(status.values()) == {"computed"}
+    assert "registered model: tuneline-demo version 1 alias @champion" in first_run["stdout"]
+
+
+def test_mlflow_store_holds_the_story_of_the_run(first_run):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{first_run['workspace'] / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    experiment = client.get_experiment_by_name("tuneline-demo")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
+    assert set(children) == {"base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/evaluate", "sft/merge", "sft/export", "register"}
+    for name in ("pt", "sft"):
+        run = children[name]
+        assert run.data.params["stage"] == name and "learning_rate" in run.data.params
+        losses = [m.value for m in client.get_metric_history(run.info.run_id, "loss")]
+        assert len(losses) >= 3 and losses[-1] < losses[0]
+    assert children["sft/evaluate"].data.metrics["eval_loss"] > 0
+    champion = client.get_model_version_by_alias("tuneline-demo", "champion")
+    assert champion.version == "1"
+    assert champion.run_id == children["register"].info.run_id
+    assert champion.tags["tuneline.export_key"].startswith("export-")
+
+
+def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_run):
+    import json
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tuneline.core.evaluate import answer_score
+
+    export_dir = Path(re.search(r"^exported model:\s+(\S+)", first_run["stdout"], flags=re.M).group(1))
+    sft_dir = Path(re.search(r"^  sft\s+computed\s+\S+ s\s+(\S+)", first_run["stdout"], flags=re.M).group(1))
+    manifest = json.loads((sft_dir / "manifest.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    exported = AutoModelForCausalLM.from_pretrained(export_dir).eval()
+    base = AutoModelForCausalLM.from_pretrained(manifest["start_model"]).eval()
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(manifest["start_model"]), str(sft_dir)).eval()
+
+    rows = json.loads((Path(__file__).resolve().parents[2] / "data/demo_heldout.json").read_text())
+    heldout = [{"prompt": [{"role": "user", "content": r["instruction"]}], "response": [{"role": "assistant", "content": r["output"]}]}
+               for r in rows]
+
+    def answers(model):
+        replies = []
+        for row in heldout:
+            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, return_dict=False)
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
+            replies.append(out[0, len(ids):].tolist())
+        return replies
+
+    merged_ids, adapter_ids = answers(exported), answers(adapter)
+    assert merged_ids == adapter_ids
+    decode = lambda ids: [tokenizer.decode(i, skip_special_tokens=True) for i in ids]  # noqa: E731
+    tuned_score = answer_score(decode(merged_ids), heldout)
+    base_score = answer_score(decode(answers(base)), heldout)
+    print(f"held-out answer F1: base {base_score:.3f}, fine-tuned {tuned_score:.3f}")
+    assert tuned_score > base_score + 0.1
+
+
+def test_second_run_trains_nothing_and_is_fast(first_run):
+    stdout, seconds = run_demo(first_run["workspace"])
+    status = stage_status(stdout)
+    assert status and set(status.values()) == {"served from cache"}
+    print(f"first run {first_run['seconds']:.1f} s, cached rerun {seconds:.1f} s ({seconds / first_run['seconds']:.0%})")
+    assert seconds <= 0.25 * first_run["seconds"]
+
+
+def test_new_learning_rate_retrains_without_tokenizing(first_run):
+    stdout, _ = run_demo(first_run["workspace"], "sft.learning_rate=1.0e-3")
+    status = stage_status(stdout)
+    assert status["pt/tokenize"] == status["sft/tokenize"] == status["pt"] == status["base"] == "served from cache"
+    assert status["sft"] == status["sft/evaluate"] == status["sft/merge"] == status["sft/export"] == "computed"
+    assert "registered model: tuneline-demo version 2 alias @champion" in stdout
