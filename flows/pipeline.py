@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
 from tuneline.core import tracking
 from tuneline.core.artifacts import read_manifest
@@ -51,9 +50,7 @@ def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, worksp
                                        tags={"tuneline.pipeline": pipeline.name})
     state = ChainState(context=RunContext(str(pipeline.workspace), uri, experiment_id, parent_run_id))
     try:
-        # Prefect's cache records live in the workspace, beside the artifacts they point to.
-        with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: pipeline.workspace / "prefect-results"}):
-            summary = run_chain(pipeline, state)
+        summary = run_chain(pipeline, state)
     except BaseException:
         tracking.end_run(uri, parent_run_id, failed=True)
         raise

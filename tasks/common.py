@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,8 +30,10 @@ class RunContext:
 
 
 def key_from_parameters(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    """Prefect cache key: the stage key the flow computed with `core.stages` (never TASK_SOURCE)."""
-    return parameters["key"]
+    """Prefect cache key: the stage key the flow computed with `core.stages` (never TASK_SOURCE),
+    qualified by the workspace, since Prefect's result store is shared by all workspaces."""
+    workspace = hashlib.sha256(parameters["context"].workspace.encode()).hexdigest()[:12]
+    return f"tuneline-{workspace}-{parameters['key']}"
 
 
 STAGE_TASK_OPTIONS: dict[str, Any] = {

@@ -67,7 +67,7 @@ def test_mlflow_store_holds_the_story_of_the_run(first_run):
         assert len(losses) >= 3 and losses[-1] < losses[0]
     assert children["sft/evaluate"].data.metrics["eval_loss"] > 0
     champion = client.get_model_version_by_alias("tuneline-demo", "champion")
-    assert champion.version == "1"
+    assert str(champion.version) == "1"
     assert champion.run_id == children["register"].info.run_id
     assert champion.tags["tuneline.export_key"].startswith("export-")
 
