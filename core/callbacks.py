@@ -48,9 +48,10 @@ class LogCallback(TrainerCallback):
             "tokens_per_second": round(tokens_per_second, 1),
         }
         record = {k: v for k, v in record.items() if v is not None}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        if "loss" in record or "eval_loss" in record:  # the end-of-training summary is not a step
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
         if self.tracking_uri and self.run_id:
             numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             if "loss" in logs:

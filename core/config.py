@@ -202,7 +202,7 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
             problems.append(f"unknown key '{key}'{hint}")
     built: dict[str, Any] = {}
     for name, group in GROUPS.items():
-        values = _coerce_fields(group, grouped[name], problems)
+        values = coerce_fields(group, grouped[name], problems)
         built[name] = group(**values)
     training = _coerce_training(training, problems)
     config = StageConfig(training=training, **built)
@@ -218,7 +218,7 @@ def load_stage_config(path: str | Path, overrides: list[str] | None = None) -> S
     return build_stage_config(raw, source=str(path))
 
 
-def _coerce_fields(group: type, values: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+def coerce_fields(group: type, values: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     hints = typing.get_type_hints(group)
     coerced = {}
     for key, value in values.items():

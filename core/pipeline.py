@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.base_model import BaseModelConfig
-from tuneline.core.config import StageConfig, _coerce_fields, build_stage_config, parse_overrides, read_yaml
+from tuneline.core.config import StageConfig, coerce_fields, build_stage_config, parse_overrides, read_yaml
 from tuneline.core.errors import ConfigError, nearest
 
 TRAINING_KINDS = ("pt", "sft")
@@ -177,7 +177,7 @@ def _build_base(name: str, values: Mapping[str, Any], defaults: Mapping[str, Any
         problems.append(f"stage '{name}': unknown key '{key}' for a build_base stage" + (f"; did you mean '{guess}'?" if guess else "."))
     if "from" in values:
         problems.append(f"stage '{name}': a build_base stage starts from nothing; remove 'from'.")
-    build = BaseModelConfig(**_coerce_fields(BaseModelConfig, {k: v for k, v in build_values.items() if k in BASE_KEYS}, problems))
+    build = BaseModelConfig(**coerce_fields(BaseModelConfig, {k: v for k, v in build_values.items() if k in BASE_KEYS}, problems))
     corpus = tuple(c.strip() for c in str(values.get("corpus", "")).split(",") if c.strip())
     if not corpus:
         problems.append(f"stage '{name}': 'corpus' must name the datasets the tokenizer is trained on.")
@@ -199,7 +199,7 @@ def _settings(cls: type, values: Any, section: str, problems: list[str]) -> Any:
         problems.append(f"'{section}' needs {', '.join(missing)}.")
     if bad or missing:
         return None
-    return cls(**_coerce_fields(cls, dict(values), problems))
+    return cls(**coerce_fields(cls, dict(values), problems))
 
 
 def _dag_problems(stages: list[BaseStage | TrainingStage]) -> list[str]:

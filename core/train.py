@@ -96,9 +96,11 @@ def training_arguments(output_dir: str, training: Mapping[str, Any]):
     """Seq2SeqTrainingArguments from LLaMA-Factory keys; the project does its own reporting."""
     import sys
 
+    import torch
     from transformers import Seq2SeqTrainingArguments
 
     values = {
+        "dataloader_pin_memory": torch.cuda.is_available(),
         "report_to": [],
         "disable_tqdm": not sys.stdout.isatty(),
         "logging_steps": 10,

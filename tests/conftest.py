@@ -44,3 +44,18 @@ QUIET_ENV = {
 }
 for _name, _value in QUIET_ENV.items():
     os.environ.setdefault(_name, _value)
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> Path:
+    """A very small LLaMA-shaped model with a tokenizer trained on the demo corpus."""
+    import json
+
+    from tuneline.core.base_model import BaseModelConfig, build_base_model
+
+    texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data/demo_pretrain.jsonl").read_text().splitlines()]
+    path = tmp_path_factory.mktemp("tiny_base")
+    config = BaseModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1)
+    build_base_model(texts, path, config=config)
+    return path

@@ -1,0 +1,104 @@
+"""`tuneline train`, `data preprocess` and `export` on a LLaMA-Factory-style stage YAML."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env_cache = {"TUNELINE_CACHE": str(cwd / "cache")}
+    import os
+
+    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **env_cache})
+
+
+@pytest.fixture(scope="module")
+def sft_yaml(tiny_base: Path, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("single")
+    config = {
+        "model_name_or_path": str(tiny_base), "stage": "sft", "do_train": True, "finetuning_type": "lora",
+        "lora_rank": 4, "lora_target": "all", "dataset": "demo_alpaca,demo_sharegpt", "dataset_dir": str(REPO_ROOT / "data"),
+        "template": "chatml", "cutoff_len": 96, "max_samples": 48, "overwrite_cache": True, "output_dir": "saves/sft",
+        "logging_steps": 2, "per_device_train_batch_size": 8, "learning_rate": 5.0e-3, "num_train_epochs": 1.0,
+        "lr_scheduler_type": "cosine", "warmup_ratio": 0.1, "report_to": "none", "export_dir": "exported",
+    }
+    path = folder / "sft.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(sft_yaml: Path) -> Path:
+    result = run_cli("train", str(sft_yaml), cwd=sft_yaml.parent)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return sft_yaml.parent / "saves/sft"
+
+
+def test_train_writes_llamafactory_output_layout(trained: Path):
+    from safetensors.torch import load_file
+
+    for name in ("adapter_model.safetensors", "adapter_config.json", "trainer_state.json", "all_results.json",
+                 "trainer_log.jsonl", "tokenizer_config.json", "training_loss.png"):
+        assert (trained / name).is_file(), name
+    log = [json.loads(line) for line in (trained / "trainer_log.jsonl").read_text().splitlines()]
+    assert [r["current_steps"] for r in log] == [2, 4, 6, 8, 10, 12]
+    assert all(r["total_steps"] == 12 and r["loss"] > 0 for r in log)
+    weights = load_file(trained / "adapter_model.safetensors")
+    lora_b = [t for name, t in weights.items() if "lora_B" in name]
+    assert lora_b and all(t.abs().sum() > 0 for t in lora_b)  # B starts at zero: it moved
+    assert json.loads((trained / "all_results.json").read_text())["epoch"] == 1.0
+
+
+def test_train_refuses_an_output_dir_holding_other_files(sft_yaml: Path, tmp_path: Path):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    result = run_cli("train", str(sft_yaml), f"output_dir={tmp_path / 'busy'}", cwd=sft_yaml.parent)
+    assert result.returncode == 2
+    assert "notes.txt" in result.stderr and "overwrite_output_dir" in result.stderr
+
+
+def test_preprocess_writes_llamafactory_columns_with_masked_prompts(sft_yaml: Path, tiny_base: Path):
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    out = sft_yaml.parent / "tokenized"
+    result = run_cli("data", "preprocess", str(sft_yaml), "--output", str(out), cwd=sft_yaml.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    train = load_from_disk(str(out))["train"]
+    assert set(train.column_names) == {"input_ids", "attention_mask", "labels"}
+    assert len(train) == 96  # max_samples 48 from each of two datasets
+    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
+    first = train[0]
+    trained_ids = [i for i, label in zip(first["input_ids"], first["labels"]) if label != -100]
+    assert first["labels"][0] == -100
+    assert tokenizer.decode(trained_ids).endswith("<|im_end|>\n") or tokenizer.decode(trained_ids).endswith("<|im_end|>")
+    assert "<|im_start|>user" in tokenizer.decode(first["input_ids"])
+
+
+def test_export_merges_the_adapter_into_a_loadable_folder(trained: Path, sft_yaml: Path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    result = run_cli("export", str(sft_yaml), f"adapter_name_or_path={trained}", cwd=sft_yaml.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    exported = sft_yaml.parent / "exported"
+    assert (exported / "model.safetensors").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True,
+                                        return_dict=False)
+    assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+    base = AutoModelForCausalLM.from_pretrained(yaml.safe_load(sft_yaml.read_text())["model_name_or_path"])
+    with torch.no_grad():
+        merged_logits = AutoModelForCausalLM.from_pretrained(exported)(torch.tensor([ids])).logits
+        adapter_logits = PeftModel.from_pretrained(base, str(trained))(torch.tensor([ids])).logits
+    torch.testing.assert_close(merged_logits, adapter_logits, atol=1e-4, rtol=1e-4)
