@@ -8,6 +8,7 @@ points everything at a server instead.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -103,6 +104,11 @@ def log_artifact(uri: str, run_id: str, path: str | Path, *, artifact_path: str 
         client(uri).log_artifacts(run_id, str(path), artifact_path=artifact_path)
     else:
         client(uri).log_artifact(run_id, str(path), artifact_path=artifact_path)
+
+
+def log_dict(uri: str, run_id: str, values: Mapping[str, Any], name: str) -> None:
+    """Store `values` as a JSON artifact `name` of the run (the resolved stage config)."""
+    client(uri).log_dict(run_id, json.loads(json.dumps(values, default=str)), name)
 
 
 def log_dataset_inputs(uri: str, run_id: str, fingerprints: Mapping[str, str]) -> None:

@@ -64,6 +64,7 @@ def run_stage(
         parent_run_id=context.parent_run_id, tags={KEY_TAG: key, CACHE_HIT_TAG: "false", "tuneline.stage": kind},
     )
     tracking.log_params(context.tracking_uri, run_id, params)
+    tracking.log_dict(context.tracking_uri, run_id, dict(params), "config.json")
     if dataset_inputs:
         tracking.log_dataset_inputs(context.tracking_uri, run_id, dataset_inputs)
     started = time.monotonic()
