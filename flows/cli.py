@@ -12,6 +12,7 @@ Exit status: 0 success, 2 bad configuration or input (one paragraph, no tracebac
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -98,15 +99,32 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 def _run_flow(pipeline: str, overrides: list[str], workspace: str | None) -> int:
     from tuneline.core.pipeline import load_pipeline
+    from tuneline.core.stages import pipeline_dataset_fingerprints
 
-    load_pipeline(pipeline, overrides, workspace=workspace)  # config errors before Prefect starts
+    # Config and dataset-entry errors surface before Prefect starts.
+    pipeline_dataset_fingerprints(load_pipeline(pipeline, overrides, workspace=workspace))
     from tuneline.flows.pipeline import pipeline_flow
     from tuneline.flows.report import print_summary
 
+    _hide_tracebacks_of_input_errors()
     started = time.monotonic()
     summary = pipeline_flow(pipeline, overrides, workspace)
     print_summary(summary, seconds=time.monotonic() - started)
     return 0
+
+
+class _InputErrorFilter(logging.Filter):
+    """Drop Prefect's traceback records for input errors: the CLI prints those as one paragraph."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from tuneline.core.errors import TunelineError
+
+        return not (record.exc_info and isinstance(record.exc_info[1], TunelineError))
+
+
+def _hide_tracebacks_of_input_errors() -> None:
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.flow_engine", "prefect.task_engine"):
+        logging.getLogger(name).addFilter(_InputErrorFilter())
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -153,6 +153,8 @@ def call(state: ChainState, task, label: str, *args: Any, **kwargs: Any) -> dict
             result = task.with_options(refresh_cache=True)(*args, **kwargs)
         else:
             result = record_cache_hit(state.context, name=label, manifest=result, path=result["path"])
-    state.report.append({"name": label, "key": result["key"], "cache_hit": result["cache_hit"],
-                         "seconds": round(time.monotonic() - started, 1), "path": result["path"]})
+    seconds = round(time.monotonic() - started, 1)
+    state.report.append({"name": label, "key": result["key"], "cache_hit": result["cache_hit"], "seconds": seconds,
+                         "path": result["path"]})
+    print(f"{label}: {'served from cache' if result['cache_hit'] else f'computed in {seconds} s'}", flush=True)
     return result
