@@ -60,13 +60,6 @@ def find_artifact(workspace: str | Path, kind: str, key: str) -> Artifact | None
     return Artifact(path, manifest) if manifest is not None else None
 
 
-def load_artifact(path: str | Path) -> Artifact:
-    manifest = read_manifest(path)
-    if manifest is None:
-        raise FileNotFoundError(f"{path} is not a complete artifact (no {MANIFEST}).")
-    return Artifact(Path(path), manifest)
-
-
 @contextmanager
 def write_artifact(
     workspace: str | Path,

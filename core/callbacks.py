@@ -9,9 +9,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from tuneline.core import tracking
-
-LOG_FILE = "trainer_log.jsonl"
-LOSS_PLOT = "training_loss.png"
+from tuneline.core.train import LOG_FILE, LOSS_PLOT
 
 
 class LogCallback(TrainerCallback):

@@ -12,7 +12,8 @@ evaluate: {stage: sft, baseline: pt, dataset: demo_heldout}
 export: {stage: sft}
 register: {model_name: demo, alias: champion}
 ```
-Overrides: `key=value` sets a default for every stage, `stage.key=value` one stage's key.
+Overrides: `key=value` sets a key in every stage it applies to, `stage.key=value` in one stage;
+both win over the file.
 """
 
 from __future__ import annotations
@@ -105,17 +106,18 @@ def build_pipeline(
             guess = nearest(key, _TOP_KEYS)
             problems.append(f"unknown top-level key '{key}'" + (f"; did you mean '{guess}'?" if guess else f"; valid: {', '.join(_TOP_KEYS)}."))
     defaults = dict(raw.get("defaults") or {})
+    everywhere: dict[str, Any] = {}
     per_stage: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
         stage_name, dot, stage_key = key.partition(".")
         if dot:
             per_stage.setdefault(stage_name, {})[stage_key] = value
         else:
-            defaults[key] = value
+            everywhere[key] = value
     raw_stages = raw.get("stages") or []
     if not raw_stages:
         problems.append("'stages' is empty; list at least one stage.")
-    stages = [_build_stage(entry, i, defaults, per_stage, problems) for i, entry in enumerate(raw_stages)]
+    stages = [_build_stage(entry, i, defaults, everywhere, per_stage, problems) for i, entry in enumerate(raw_stages)]
     stages = [s for s in stages if s is not None]
     names = [s.name for s in stages]
     for name in per_stage:
@@ -145,15 +147,20 @@ def build_pipeline(
     )
 
 
-def _build_stage(entry: Any, index: int, defaults: dict, per_stage: dict, problems: list[str]) -> BaseStage | TrainingStage | None:
+def _build_stage(
+    entry: Any, index: int, defaults: dict, everywhere: dict, per_stage: dict, problems: list[str]
+) -> BaseStage | TrainingStage | None:
+    """Values in rising precedence: defaults, the stage entry, `key=value`, `stage.key=value`."""
     if not isinstance(entry, Mapping) or not entry.get("name"):
         problems.append(f"stage #{index + 1} must be a mapping with a 'name'.")
         return None
     name = str(entry["name"])
-    values = {**entry, **per_stage.get(name, {})}
-    kind = values.get("stage", "sft")
+    kind = entry.get("stage", "sft")
     if kind == BASE_KIND:
-        return _build_base(name, values, defaults, problems)
+        shared = {k: v for k, v in everywhere.items() if k in BASE_KEYS or k == "dataset_dir"}
+        return _build_base(name, {**entry, **shared, **per_stage.get(name, {})}, defaults, problems)
+    shared = {k: v for k, v in everywhere.items() if k not in BASE_KEYS}
+    values = {**entry, **shared, **per_stage.get(name, {})}
     if kind not in TRAINING_KINDS:
         problems.append(f"stage '{name}': 'stage: {kind}' is not supported; choose one of {', '.join((BASE_KIND, *TRAINING_KINDS))}.")
         return None

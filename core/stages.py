@@ -13,7 +13,7 @@ from typing import Any
 
 from tuneline.core.base_model import build_base_model
 from tuneline.core.config import StageConfig
-from tuneline.core.data.dataset import TOKENIZER_DIR, dataset_fingerprints, read_rows
+from tuneline.core.data.dataset import dataset_fingerprints, read_rows
 from tuneline.core.data.registry import dataset_file_paths, get_dataset_attrs, load_rows
 from tuneline.core.fingerprint import stage_key, tree_fingerprint
 from tuneline.core.pipeline import BaseStage, EvaluateSettings, ExportSettings, Pipeline, TrainingStage
@@ -116,8 +116,3 @@ def merge_key(*, trained_key: str) -> str:
 
 def export_key(settings: ExportSettings, *, model_key: str, template: str) -> str:
     return stage_key("export", config={"export_size": settings.export_size, "template": template}, upstream={"model": model_key})
-
-
-def tokenizer_path(model_dir: str | Path) -> Path:
-    """A tokenized artifact keeps the tokenizer it used in a subfolder."""
-    return Path(model_dir) / TOKENIZER_DIR

@@ -122,10 +122,6 @@ def log_dataset_inputs(uri: str, run_id: str, fingerprints: Mapping[str, str]) -
     client(uri).log_inputs(run_id, datasets=inputs)
 
 
-def metric_history(uri: str, run_id: str, key: str) -> list[float]:
-    return [m.value for m in client(uri).get_metric_history(run_id, key)]
-
-
 def register_model_version(
     uri: str,
     *,

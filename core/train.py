@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import FinetuningConfig, ModelConfig
+from tuneline.core.data.dataset import TOKENIZER_DIR
 from tuneline.core.errors import ConfigError
 
-TOKENIZER_DIR = "tokenizer"
+LOG_FILE = "trainer_log.jsonl"
+LOSS_PLOT = "training_loss.png"
 
 
 @dataclass(frozen=True)

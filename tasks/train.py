@@ -8,10 +8,9 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from tuneline.core import tracking
-from tuneline.core.callbacks import LOSS_PLOT
 from tuneline.core.launch import launch_training
 from tuneline.core.pipeline import TrainingStage
-from tuneline.core.train import TrainJob
+from tuneline.core.train import LOSS_PLOT, TrainJob
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
 
 

@@ -37,3 +37,15 @@ def test_unknown_keys_in_a_stage_are_reported_with_the_stage_name():
     raw = _pipeline([{"name": "a", "stage": "sft", "model_name_or_path": "m", "learning_rat": 1}])
     with pytest.raises(ConfigError, match="stage 'a': unknown key 'learning_rat'; did you mean 'learning_rate'"):
         build_pipeline(raw, overrides={})
+
+
+def test_bare_overrides_win_over_values_written_in_a_stage():
+    raw = _pipeline(
+        [{"name": "base", "stage": "build_base", "corpus": "c"},
+         {"name": "a", "stage": "sft", "from": "base", "learning_rate": 0.1}],
+        defaults={"learning_rate": 0.2},
+    )
+    assert build_pipeline(raw, overrides={}).stage("a").config.training["learning_rate"] == 0.1
+    pipeline = build_pipeline(raw, overrides={"learning_rate": 0.3, "hidden_size": 32})
+    assert pipeline.stage("a").config.training["learning_rate"] == 0.3
+    assert pipeline.stage("base").build.hidden_size == 32

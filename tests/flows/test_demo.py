@@ -120,8 +120,8 @@ def test_second_run_trains_nothing_and_is_fast(first_run):
 
 
 def test_new_learning_rate_retrains_without_tokenizing(first_run):
-    stdout, _ = run_demo(first_run["workspace"], "sft.learning_rate=1.0e-3")
+    stdout, _ = run_demo(first_run["workspace"], "learning_rate=1.0e-3")
     status = stage_status(stdout)
-    assert status["pt/tokenize"] == status["sft/tokenize"] == status["pt"] == status["base"] == "served from cache"
-    assert status["sft"] == status["sft/evaluate"] == status["sft/merge"] == status["sft/export"] == "computed"
+    assert status["base"] == status["pt/tokenize"] == status["sft/tokenize"] == "served from cache"
+    assert status["pt"] == status["sft"] == status["sft/evaluate"] == status["sft/merge"] == status["sft/export"] == "computed"
     assert "registered model: tuneline-demo version 2 alias @champion" in stdout
