@@ -9,6 +9,8 @@ is collected and raised at once as a `ConfigError`, with the nearest valid key f
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -135,11 +137,48 @@ _IGNORED_TRAINING_KEYS = frozenset({"ddp_timeout"})
 _RENAMED_TRAINING_KEYS = {"warmup_ratio": "warmup_steps", "logging_dir": None}
 
 
+_SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
 @cache
-def training_fields() -> dict[str, dataclasses.Field]:
+def training_fields() -> dict[str, Any]:
+    """Init fields of `Seq2SeqTrainingArguments`, each mapped to the simple type it takes (bool,
+    int, float, str) or `Any` when it takes something richer (enums, unions, lists).
+
+    Importing transformers' trainer module costs seconds, too much for a command that only checks a
+    config or finds every stage cached, so the table is kept per transformers version in the cache.
+    """
+    from importlib import metadata
+
+    cache_file = cache_root() / f"trainer-arguments-{metadata.version('transformers')}.json"
+    try:
+        kinds = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        kinds = _read_training_fields()
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(kinds), encoding="utf-8")
+        os.replace(tmp, cache_file)
+    return {name: _SIMPLE_TYPES.get(kind, Any) for name, kind in kinds.items()}
+
+
+def _read_training_fields() -> dict[str, str]:
     from transformers import Seq2SeqTrainingArguments
 
-    return {f.name: f for f in dataclasses.fields(Seq2SeqTrainingArguments) if f.init}
+    hints = typing.get_type_hints(Seq2SeqTrainingArguments)
+    kinds = {}
+    for f in dataclasses.fields(Seq2SeqTrainingArguments):
+        if not f.init:
+            continue
+        options = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
+        simple = [name for name, kind in _SIMPLE_TYPES.items() if options == [kind]]
+        kinds[f.name] = simple[0] if simple else "any"
+    return kinds
+
+
+def cache_root() -> Path:
+    """Where tuneline keeps caches that outlive a workspace (`$TUNELINE_CACHE`, default ~/.cache/tuneline)."""
+    return Path(os.environ.get("TUNELINE_CACHE") or Path.home() / ".cache" / "tuneline")
 
 
 def valid_keys() -> set[str]:
@@ -230,13 +269,11 @@ def coerce_fields(group: type, values: dict[str, Any], problems: list[str]) -> d
 
 
 def _coerce_training(values: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    from transformers import Seq2SeqTrainingArguments
-
-    hints = typing.get_type_hints(Seq2SeqTrainingArguments)
+    kinds = training_fields()
     coerced = {}
     for key, value in values.items():
         try:
-            coerced[key] = coerce(value, hints.get(key, Any))
+            coerced[key] = coerce(value, kinds[key])
         except (TypeError, ValueError) as e:
             problems.append(f"'{key}': {e}")
     return coerced

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from tuneline.core.artifacts import find_artifact, write_artifact
-from tuneline.core.config import StageConfig, load_stage_config
+from tuneline.core.config import StageConfig, cache_root, load_stage_config
 from tuneline.core.data.dataset import DEFAULT_TEMPLATE, dataset_fingerprints, tokenize_dataset
 from tuneline.core.errors import ConfigError
 from tuneline.core.export import export_model, merge_adapter
@@ -24,10 +24,6 @@ from tuneline.core.train import TrainJob
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TUNELINE_CACHE") or Path.home() / ".cache" / "tuneline")
 
 
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
@@ -53,12 +49,12 @@ def tokenized_dataset(config: StageConfig) -> Path:
     model_path = config.model.model_name_or_path
     stage = TrainingStage(name=config.finetuning.stage, parent=None, config=config)
     key, inputs = tokenize_key(stage, tokenizer_key=tokenizer_fingerprint(model_path))
-    cached = find_artifact(cache_dir(), "tokenized", key)
+    cached = find_artifact(cache_root(), "tokenized", key)
     if cached is not None:
         return cached.path
-    with write_artifact(cache_dir(), "tokenized", key, config=config.flat(), inputs=inputs) as draft:
+    with write_artifact(cache_root(), "tokenized", key, config=config.flat(), inputs=inputs) as draft:
         draft.metrics.update(tokenize_dataset(config, tokenizer_path=model_path, output_dir=draft.path))
-    return find_artifact(cache_dir(), "tokenized", key).path
+    return find_artifact(cache_root(), "tokenized", key).path
 
 
 def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[str, int]:
