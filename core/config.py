@@ -38,6 +38,10 @@ class ModelConfig:
     use_fast_tokenizer: bool = _doc("Use the Rust (fast) tokenizer.", default=True)
     resize_vocab: bool = _doc("Resize the embeddings when the template adds tokens.", default=False)
     flash_attn: Literal["auto", "disabled", "sdpa", "fa2"] = _doc("Attention implementation.", default="auto")
+    quantization_bit: int | None = _doc("Load the base in 4 or 8 bits (QLoRA).", default=None)
+    quantization_method: Literal["bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq"] = _doc("Quantization backend.", default="bnb")
+    quantization_type: Literal["fp4", "nf4"] = _doc("4-bit data type of bitsandbytes.", default="nf4")
+    double_quantization: bool = _doc("Quantize the quantization constants too (bitsandbytes).", default=True)
 
 
 @dataclass(frozen=True)
@@ -58,13 +62,15 @@ class DataConfig:
     preprocessing_batch_size: int = _doc("Rows per tokenization batch.", default=1000)
     tokenized_path: str | None = _doc("Save or load the tokenized dataset here.", default=None)
     mix_strategy: Literal["concat", "interleave_under", "interleave_over"] = _doc("How several datasets are mixed.", default="concat")
+    interleave_probs: str | None = _doc("Sampling probabilities of the datasets when interleaving, comma-separated.", default=None)
+    allow_template_mismatch: bool = _doc("Train even if the template renders differently from the tokenizer's own chat template.", default=False)
     streaming: bool = _doc("Stream datasets instead of loading them whole.", default=False)
 
 
 @dataclass(frozen=True)
 class FinetuningConfig:
-    stage: Literal["pt", "sft"] = _doc("Training stage.", default="sft")
-    finetuning_type: Literal["lora", "full"] = _doc("Which parameters train.", default="lora")
+    stage: Literal["pt", "sft", "rm", "dpo", "kto", "ppo"] = _doc("Training stage.", default="sft")
+    finetuning_type: Literal["lora", "freeze", "full"] = _doc("Which parameters train.", default="lora")
     lora_rank: int = _doc("LoRA rank r.", default=8)
     lora_alpha: int | None = _doc("LoRA scaling alpha (default: 2 x lora_rank).", default=None)
     lora_dropout: float = _doc("Dropout on the LoRA branch.", default=0.0)
@@ -72,6 +78,29 @@ class FinetuningConfig:
     additional_target: str | None = _doc("Extra modules trained fully and saved with the adapter.", default=None)
     use_rslora: bool = _doc("Rank-stabilised LoRA scaling.", default=False)
     use_dora: bool = _doc("Weight-decomposed LoRA (DoRA).", default=False)
+    pissa_init: bool = _doc("Initialise LoRA with PiSSA (principal singular vectors).", default=False)
+    loraplus_lr_ratio: float | None = _doc("LoRA+: learning-rate ratio of B to A matrices.", default=None)
+    create_new_adapter: bool = _doc("Start a new adapter on top of adapter_name_or_path instead of continuing it.", default=False)
+    freeze_trainable_layers: int = _doc("Freeze: train the last n layers (negative: the first n).", default=2)
+    freeze_trainable_modules: str = _doc("Freeze: module names trained within those layers, or 'all'.", default="all")
+    freeze_extra_modules: str | None = _doc("Freeze: modules outside the layers that also train.", default=None)
+    pref_beta: float = _doc("Preference stages: beta of the DPO/KTO/ORPO/SimPO loss.", default=0.1)
+    pref_ftx: float = _doc("Preference stages: weight of the added SFT loss.", default=0.0)
+    pref_loss: Literal["sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"] = _doc("DPO loss type.", default="sigmoid")
+    dpo_label_smoothing: float = _doc("Robust DPO label smoothing in [0, 0.5].", default=0.0)
+    simpo_gamma: float = _doc("SimPO target reward margin.", default=0.5)
+    kto_chosen_weight: float = _doc("KTO weight of desirable examples.", default=1.0)
+    kto_rejected_weight: float = _doc("KTO weight of undesirable examples.", default=1.0)
+    ref_model: str | None = _doc("Reference model for DPO/KTO/PPO (default: the policy's base).", default=None)
+    ref_model_adapters: str | None = _doc("Adapter(s) on the reference model.", default=None)
+    reward_model: str | None = _doc("Reward model for PPO.", default=None)
+    reward_model_adapters: str | None = _doc("Adapter(s) on the reward model.", default=None)
+    reward_model_type: Literal["lora", "full", "api"] = _doc("How the reward model is given.", default="lora")
+    ppo_buffer_size: int = _doc("PPO: mini-batches per optimisation step.", default=1)
+    ppo_epochs: int = _doc("PPO: epochs per optimisation step.", default=4)
+    ppo_score_norm: bool = _doc("PPO: normalise scores.", default=False)
+    ppo_target: float = _doc("PPO: target KL for the adaptive KL controller.", default=6.0)
+    ppo_whiten_rewards: bool = _doc("PPO: whiten rewards before computing advantages.", default=False)
     plot_loss: bool = _doc("Save a loss-curve PNG (always done; kept for compatibility).", default=False)
 
 
@@ -91,6 +120,8 @@ class ExportConfig:
     export_size: int = _doc("Largest safetensors shard, in GB.", default=5)
     export_device: Literal["cpu", "auto"] = _doc("Device used for merging.", default="cpu")
     export_legacy_format: bool = _doc("Write pickle (.bin) weights instead of safetensors.", default=False)
+    export_quantization_bit: int | None = _doc("Quantize the exported model to this many bits (GPTQ).", default=None)
+    export_quantization_dataset: str | None = _doc("Calibration data for export quantization.", default=None)
 
 
 @dataclass(frozen=True)
@@ -129,6 +160,18 @@ GROUPS: dict[str, type] = {
     "generating": GeneratingConfig,
     "export": ExportConfig,
     "output": OutputConfig,
+}
+
+# LLaMA-Factory keys of features tuneline leaves out, named so the error says what they were for.
+LLAMAFACTORY_UNSUPPORTED = {
+    **dict.fromkeys(("use_kt", "kt_optimize_rule", "cpu_infer", "chunk_size"), "KTransformers offloading"),
+    **dict.fromkeys(("ray_run_name", "ray_storage_path", "ray_num_workers", "placement_strategy", "resources_per_worker",
+                     "ray_init_kwargs"), "Ray training (tuneline distributes through Prefect and accelerate)"),
+    **dict.fromkeys(("image_max_pixels", "image_min_pixels", "video_max_pixels", "video_min_pixels", "video_fps",
+                     "video_maxlen", "audio_sampling_rate", "freeze_vision_tower", "freeze_multi_modal_projector",
+                     "freeze_language_model", "use_audio_in_video"), "multimodal models"),
+    **dict.fromkeys(("task", "task_dir", "lang", "n_shot", "save_dir", "batch_size"), "benchmark evaluation (llamafactory-cli eval)"),
+    "use_v1_kernels": "its v1 fused kernels",
 }
 
 # Trainer keys that LLaMA-Factory YAMLs carry but that only steer its own launcher.
@@ -235,9 +278,11 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
             training[_RENAMED_TRAINING_KEYS[key]] = value
         elif key in training_fields():
             training[key] = value
+        elif key in LLAMAFACTORY_UNSUPPORTED:
+            problems.append(f"'{key}' is a LLaMA-Factory key for {LLAMAFACTORY_UNSUPPORTED[key]}, which tuneline does not support; remove it.")
         else:
             guess = nearest(key, known)
-            hint = f"; did you mean '{guess}'?" if guess else "; see `tuneline train --help` for the valid keys."
+            hint = f"; did you mean '{guess}'?" if guess else " (neither a tuneline/LLaMA-Factory key nor a transformers trainer argument)."
             problems.append(f"unknown key '{key}'{hint}")
     built: dict[str, Any] = {}
     for name, group in GROUPS.items():
@@ -338,8 +383,31 @@ def _conflicts(config: StageConfig) -> list[str]:
         problems.append("'neat_packing: true' needs packing; remove 'packing: false'.")
     if config.export.export_legacy_format:
         problems.append("'export_legacy_format: true' would write pickle weights; only safetensors is written.")
-    if data.streaming:
-        problems.append("'streaming: true' is not supported yet; remove it to load the dataset whole.")
-    if data.mix_strategy != "concat":
-        problems.append(f"'mix_strategy: {data.mix_strategy}' is not supported yet; use 'concat'.")
+    if config.model.quantization_bit not in (None, 4, 8):
+        problems.append(f"'quantization_bit' must be 4 or 8, got {config.model.quantization_bit}.")
+    if data.interleave_probs and data.mix_strategy == "concat":
+        problems.append("'interleave_probs' needs 'mix_strategy: interleave_under' or 'interleave_over'.")
+    if data.interleave_probs and data.dataset:
+        probs, names = data.interleave_probs.split(","), data.dataset.split(",")
+        if len(probs) != len(names):
+            problems.append(f"'interleave_probs' has {len(probs)} values for {len(names)} datasets; give one per dataset.")
     return problems
+
+
+# What this version parses (so LLaMA-Factory configs load) but cannot train yet, by key.
+_NOT_TRAINABLE_YET = {
+    "stage": lambda c: c.finetuning.stage not in ("pt", "sft") and f"stage '{c.finetuning.stage}'",
+    "finetuning_type": lambda c: c.finetuning.finetuning_type == "freeze" and "finetuning_type 'freeze'",
+    "quantization_bit": lambda c: c.model.quantization_bit is not None and f"quantization_bit {c.model.quantization_bit}",
+    "pissa_init": lambda c: c.finetuning.pissa_init and "pissa_init",
+    "loraplus_lr_ratio": lambda c: c.finetuning.loraplus_lr_ratio is not None and "loraplus_lr_ratio",
+    "adapter_name_or_path": lambda c: c.model.adapter_name_or_path is not None and "adapter_name_or_path (continuing an adapter)",
+    "export_quantization_bit": lambda c: c.export.export_quantization_bit is not None and "export_quantization_bit",
+}
+
+
+def unsupported_for_training(config: StageConfig) -> list[str]:
+    """Settings that parse but that this version cannot train with, each named, for a ConfigError."""
+    named = [check(config) for check in _NOT_TRAINABLE_YET.values()]
+    return [f"{what} is recognised but not supported for training in this version; remove it or choose another setting."
+            for what in named if what]

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.base_model import BaseModelConfig
-from tuneline.core.config import StageConfig, coerce_fields, build_stage_config, parse_overrides, read_yaml
+from tuneline.core.config import (
+    StageConfig,
+    build_stage_config,
+    coerce_fields,
+    parse_overrides,
+    read_yaml,
+    unsupported_for_training,
+)
 from tuneline.core.errors import ConfigError, nearest
 
 TRAINING_KINDS = ("pt", "sft")
@@ -170,6 +177,7 @@ def _build_stage(
     except ConfigError as e:
         problems.extend(f"stage '{name}': {p}" for p in e.problems)
         return None
+    problems.extend(f"stage '{name}': {p}" for p in unsupported_for_training(config) if "stage '" not in p)
     return TrainingStage(name=name, parent=values.get("from"), config=config)
 
 

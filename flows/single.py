@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from tuneline.core.artifacts import find_artifact, write_artifact
-from tuneline.core.config import StageConfig, cache_root, load_stage_config
+from tuneline.core.config import StageConfig, cache_root, load_stage_config, unsupported_for_training
 from tuneline.core.data.dataset import DEFAULT_TEMPLATE, dataset_fingerprints, tokenize_dataset
 from tuneline.core.errors import ConfigError
 from tuneline.core.export import export_model, merge_adapter
@@ -29,6 +29,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset", "output_dir"), source=config_path)
+    if unsupported_for_training(config):
+        raise ConfigError(unsupported_for_training(config), source=config_path)
     dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
     output_dir = Path(config.training["output_dir"])
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)

@@ -65,3 +65,33 @@ def test_shipped_demo_pipeline_loads():
     sft = pipeline.stage("sft")
     assert isinstance(sft, TrainingStage) and sft.parent == "pt"
     assert pipeline.root("sft").name == "base"
+
+
+def test_llamafactory_lora_examples_parse_or_name_each_unsupported_key(shared_dir: Path):
+    from tuneline.core.config import LLAMAFACTORY_UNSUPPORTED
+
+    examples = sorted((shared_dir / "llamafactory/examples/train_lora").glob("*.yaml"))
+    assert len(examples) >= 10
+    parsed = []
+    for path in examples:
+        raw = yaml.safe_load(path.read_text())
+        raw["model_name_or_path"] = "tiny-model"
+        try:
+            build_stage_config(raw, source=str(path))
+            parsed.append(path.stem)
+        except ConfigError as e:
+            unsupported = [k for k in raw if k in LLAMAFACTORY_UNSUPPORTED]
+            assert unsupported, f"{path.name}: {e}"
+            assert len(e.problems) == len(unsupported)
+            assert all(f"'{key}'" in str(e) for key in unsupported)
+    assert {"llama3_lora_sft", "llama3_lora_dpo", "llama3_lora_kto", "llama3_lora_ppo", "llama3_lora_reward",
+            "llama3_lora_pretrain", "llama3_preprocess"} <= set(parsed)
+
+
+def test_parsed_stages_that_cannot_train_yet_are_named():
+    from tuneline.core.config import unsupported_for_training
+
+    config = build_stage_config({"stage": "dpo", "quantization_bit": 4})
+    problems = unsupported_for_training(config)
+    assert any("stage 'dpo'" in p for p in problems) and any("quantization_bit 4" in p for p in problems)
+    assert unsupported_for_training(build_stage_config({"stage": "sft"})) == []
