@@ -22,7 +22,7 @@ def test_all_problems_are_reported_at_once():
     assert len(problems) == 3
     assert any("lora_rank" in p for p in problems)
     assert any("cutoff_len" in p and "number" in p for p in problems)
-    assert any("finetuning_type" in p and "lora, full" in p for p in problems)
+    assert any("finetuning_type" in p and "lora, freeze, full" in p for p in problems)
 
 
 def test_values_are_coerced_to_the_field_types():
