@@ -51,7 +51,7 @@ class TrainJob:
 def run_training(job: TrainJob) -> dict[str, float]:
     """Train, save (adapter or full weights, tokenizer, trainer state, metrics) and return metrics."""
     from datasets import load_from_disk
-    from transformers import DataCollatorForSeq2Seq, Trainer
+    from transformers import Trainer
     from transformers.trainer_utils import get_last_checkpoint
 
     from tuneline.core.callbacks import LogCallback, plot_loss
@@ -71,7 +71,7 @@ def run_training(job: TrainJob) -> dict[str, float]:
         args=args,
         train_dataset=datasets["train"],
         eval_dataset=datasets["validation"] if "validation" in datasets else None,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
+        data_collator=build_collator(datasets["train"], tokenizer=tokenizer, model=model),
         processing_class=tokenizer,
         callbacks=[LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id)],
     )
@@ -92,6 +92,17 @@ def run_training(job: TrainJob) -> dict[str, float]:
         for stale in Path(job.output_dir).glob("checkpoint-*"):
             shutil.rmtree(stale)
     return metrics
+
+
+def build_collator(train_dataset, *, tokenizer, model):
+    """Packed datasets (they carry position_ids) keep their examples apart; others pad per batch."""
+    from transformers import DataCollatorForSeq2Seq
+
+    from tuneline.core.collator import PackedCollator
+
+    if "position_ids" in train_dataset.column_names:
+        return PackedCollator(tokenizer.pad_token_id, attn_implementation=model.config._attn_implementation)
+    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
 
 
 def training_arguments(output_dir: str, training: Mapping[str, Any]):

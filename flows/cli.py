@@ -4,6 +4,7 @@
     tuneline run PIPELINE.yaml [--workspace DIR] [key=value ...]
     tuneline train CONFIG.yaml [key=value ...]
     tuneline data preprocess CONFIG.yaml --output DIR [key=value ...]
+    tuneline data preview CONFIG.yaml [--count N] [key=value ...]
     tuneline export CONFIG.yaml [key=value ...]
 
 Exit status: 0 success, 2 bad configuration or input (one paragraph, no traceback), 1 otherwise.
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     preprocess.add_argument("overrides", nargs="*", metavar="key=value")
     preprocess.set_defaults(handler=run_preprocess)
 
+    preview = data.add_parser("preview", help="show the first examples as the model sees them, with the counters")
+    preview.add_argument("config")
+    preview.add_argument("--count", type=int, default=3, help="examples to show (default 3)")
+    preview.add_argument("overrides", nargs="*", metavar="key=value")
+    preview.set_defaults(handler=run_preview)
+
     export = commands.add_parser("export", help="merge an adapter and write a Hugging Face model folder to export_dir")
     export.add_argument("config")
     export.add_argument("overrides", nargs="*", metavar="key=value")
@@ -140,6 +147,13 @@ def run_preprocess(args: argparse.Namespace) -> int:
 
     counters = preprocess(args.config, args.overrides, output=args.output)
     print(f"tokenized to {args.output}: " + ", ".join(f"{k}={v}" for k, v in counters.items()))
+    return 0
+
+
+def run_preview(args: argparse.Namespace) -> int:
+    from tuneline.flows.single import preview
+
+    print(preview(args.config, args.overrides, count=args.count))
     return 0
 
 

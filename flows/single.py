@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuneline.core.artifacts import find_artifact, write_artifact
 from tuneline.core.config import StageConfig, cache_root, load_stage_config, unsupported_for_training
-from tuneline.core.data.dataset import DEFAULT_TEMPLATE, dataset_fingerprints, tokenize_dataset
+from tuneline.core.data.dataset import DEFAULT_TEMPLATE, TOKENIZER_DIR, dataset_fingerprints, render_preview, tokenize_dataset
 from tuneline.core.errors import ConfigError
 from tuneline.core.export import export_model, merge_adapter
 from tuneline.core.fingerprint import tree_fingerprint
@@ -70,6 +70,29 @@ def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[s
         shutil.rmtree(output_dir)
     os.replace(draft, output_dir)
     return counters
+
+
+def preview(config_path: str, overrides: list[str], *, count: int) -> str:
+    """The first `count` training examples, trained tokens in [[brackets]], and the counters."""
+    from datasets import load_from_disk
+
+    from tuneline.core.artifacts import read_manifest
+    from tuneline.core.model import load_tokenizer
+
+    config = load_stage_config(config_path, overrides)
+    _require(config, ("model_name_or_path", "dataset"), source=config_path)
+    tokenized = tokenized_dataset(config)
+    tokenizer = load_tokenizer(tokenized / TOKENIZER_DIR)
+    train = load_from_disk(str(tokenized))["train"]
+    blocks = []
+    for index in range(min(count, len(train))):
+        example = train[index]
+        trained = sum(1 for label in example["labels"] if label != -100)
+        blocks.append(f"--- example {index}: {len(example['input_ids'])} tokens, {trained} trained [[like this]]\n"
+                      + render_preview(example, tokenizer).split("\n\n", 1)[1])
+    counters = read_manifest(tokenized)["metrics"]
+    blocks.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+    return "\n".join(blocks)
 
 
 def export(config_path: str, overrides: list[str]) -> Path:

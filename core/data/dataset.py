@@ -1,19 +1,24 @@
-"""Tokenize a stage's datasets to Arrow: rows in, `input_ids`/`attention_mask`/`labels` out.
+"""Tokenize a stage's datasets to Arrow: rows in, LLaMA-Factory's columns out.
 
-The output folder loads with `datasets.load_from_disk` (splits `train` and, with `val_size`,
-`validation`) and holds the tokenizer as the template fixed it, under `tokenizer/`, so training,
-merging and export all use exactly the tokens this step produced.
+Rows stream from the registry in batches of `preprocessing_batch_size`; each batch is encoded
+(by `preprocessing_num_workers` processes when asked) and appended to Arrow at once, so memory
+does not grow with the dataset. The output folder loads with `datasets.load_from_disk` (splits
+`train` and, with `val_size` or `eval_dataset`, `validation`) and keeps the tokenizer as the
+template fixed it under `tokenizer/`, so training, merging and export all see the same tokens.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import StageConfig
-from tuneline.core.data.processors import encode_pretrain_texts, encode_supervised_row
+from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
+from tuneline.core.data.encoding import EncodingSpec, pool_map
 from tuneline.core.data.registry import dataset_file_paths, get_dataset_attrs, load_rows
 from tuneline.core.errors import ConfigError
 from tuneline.core.fingerprint import tree_fingerprint
@@ -36,93 +41,117 @@ def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
 
 
 def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+    """All rows of the named datasets, `max_samples` of each, in order."""
+    return list(iter_rows(names, config))
+
+
+def iter_rows(names: Sequence[str], config: StageConfig) -> Iterator[dict[str, Any]]:
     for attr in get_dataset_attrs(names, config.data.dataset_dir):
-        loaded = load_rows(attr, config.data.dataset_dir)
-        rows.extend(loaded[: config.data.max_samples] if config.data.max_samples else loaded)
-    return rows
+        rows = load_rows(attr, config.data.dataset_dir)
+        yield from itertools.islice(rows, config.data.max_samples)
 
 
-def split_rows(rows: list[dict], *, val_size: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, validation), the validation rows drawn by a seeded shuffle of row indices."""
-    if not val_size:
-        return rows, []
-    count = int(val_size) if val_size >= 1 else max(1, round(len(rows) * val_size))
-    if count >= len(rows):
-        raise ConfigError(f"'val_size: {val_size}' leaves no training rows out of {len(rows)}.")
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    held = set(order[:count])
-    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
-
-
-def tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, int]:
-    """Write the tokenized splits and fixed tokenizer to `output_dir`; return the counters."""
-    from datasets import Dataset, DatasetDict
-
+def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
+    """The tokenizer as the template needs it (eos, pad, stop words, chat template) and the template."""
     from tuneline.core.model import load_tokenizer
 
-    if not config.data.dataset:
-        raise ConfigError("'dataset' is not set; name one or more entries of dataset_info.json.")
     tokenizer = load_tokenizer(tokenizer_path, model=config.model)
     template = get_template(config.data.template or DEFAULT_TEMPLATE)
     fix_tokenizer(template, tokenizer)
     tokenizer.chat_template = chat_template_jinja(template, tokenizer)
+    return tokenizer, template
 
-    seed = int(config.training.get("seed", 42))
-    train_rows, val_rows = split_rows(read_rows(dataset_names(config.data.dataset), config), val_size=config.data.val_size, seed=seed)
-    if config.data.eval_dataset:
-        val_rows = read_rows(dataset_names(config.data.eval_dataset), config)
-    counters: dict[str, int] = {"rows_in": len(train_rows) + len(val_rows)}
-    splits = {"train": _encode(train_rows, config, tokenizer, template, counters)}
-    if val_rows:
-        splits["validation"] = _encode(val_rows, config, tokenizer, template, counters)
-    if not len(splits["train"]):
-        raise ConfigError(f"no training example is left after tokenization with cutoff_len {config.data.cutoff_len}.")
 
+def tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
+    """Write the tokenized splits and fixed tokenizer to `output_dir`; return the counters."""
+    if not config.data.dataset:
+        raise ConfigError("'dataset' is not set; name one or more entries of dataset_info.json.")
+    tokenizer, template = prepare_tokenizer(config, tokenizer_path)
     output_dir = Path(output_dir)
-    DatasetDict({name: Dataset.from_list(examples) for name, examples in splits.items()}).save_to_disk(str(output_dir))
+    spec = EncodingSpec.from_config(config, template=template)
+    counters: Counter = Counter()
+    writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
+    train_rows = iter_rows(dataset_names(config.data.dataset), config)
+    routed = route_validation(train_rows, val_size=config.data.val_size, seed=int(config.training.get("seed", 42)),
+                              total=_count_if_needed(config))
+    if config.data.val_size or config.data.eval_dataset:
+        writers["validation"] = SplitWriter(output_dir / "validation", fingerprint=output_dir.name + "v")
+    if config.data.eval_dataset:
+        routed = itertools.chain(((row, "train") for row, _ in routed),
+                                 ((row, "validation") for row in iter_rows(dataset_names(config.data.eval_dataset), config)))
+    first_example = None
+    batches = _batches_by_split(routed, config.data.preprocessing_batch_size)
+    for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
+                                                       workers=config.data.preprocessing_num_workers or 1):
+        writers[split].write(examples)
+        counters.update({f"{split}_{k}" if split != "train" else k: v for k, v in batch_counters.items()})
+        if first_example is None and split == "train" and examples:
+            first_example = examples[0]
+    for writer in writers.values():
+        writer.close()
+    if first_example is None:
+        raise ConfigError(f"no training example is left after tokenization with cutoff_len {config.data.cutoff_len}; "
+                          "raise cutoff_len or check the dataset.")
+    write_dataset_dict(output_dir, [name for name, writer in writers.items() if writer.rows])
     tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
-    (output_dir / PREVIEW_FILE).write_text(render_preview(splits["train"][0], tokenizer), encoding="utf-8")
-    return counters
+    (output_dir / PREVIEW_FILE).write_text(render_preview(first_example, tokenizer), encoding="utf-8")
+    return finish_counters(counters)
 
 
-def _encode(rows: list[dict], config: StageConfig, tokenizer, template, counters: dict[str, int]) -> list[dict]:
-    data = config.data
-    if config.finetuning.stage == "pt":
-        texts = [row["prompt"][0]["content"] for row in rows]
-        examples = encode_pretrain_texts(texts, tokenizer=tokenizer, template=template, cutoff_len=data.cutoff_len)
-    else:
-        encoded = [
-            encode_supervised_row(
-                row, template=template, tokenizer=tokenizer, cutoff_len=data.cutoff_len,
-                train_on_prompt=data.train_on_prompt, mask_history=data.mask_history,
-            )
-            for row in rows
-        ]
-        examples = [e for e in encoded if e is not None]
-        counters["rows_dropped_nothing_to_train"] = counters.get("rows_dropped_nothing_to_train", 0) + len(encoded) - len(examples)
-    counters["examples"] = counters.get("examples", 0) + len(examples)
-    counters["total_tokens"] = counters.get("total_tokens", 0) + sum(len(e["input_ids"]) for e in examples)
-    counters["trained_tokens"] = counters.get("trained_tokens", 0) + sum(
-        sum(1 for label in e["labels"] if label != -100) for e in examples
-    )
-    return examples
+def route_validation(rows: Iterable[dict], *, val_size: float, seed: int, total: int | None) -> Iterator[tuple[dict, str]]:
+    """(row, split) pairs: a seeded draw holds out `val_size` (a share, or a count of `total` rows)."""
+    if not val_size:
+        yield from ((row, "train") for row in rows)
+        return
+    if val_size >= 1:
+        assert total is not None
+        if int(val_size) >= total:
+            raise ConfigError(f"'val_size: {val_size}' leaves no training rows out of {total}.")
+        held = set(random.Random(seed).sample(range(total), int(val_size)))
+        yield from ((row, "validation" if i in held else "train") for i, row in enumerate(rows))
+        return
+    draw = random.Random(seed)
+    yield from ((row, "validation" if draw.random() < val_size else "train") for row in rows)
+
+
+def _count_if_needed(config: StageConfig) -> int | None:
+    if config.data.val_size < 1:
+        return None
+    return sum(1 for _ in iter_rows(dataset_names(config.data.dataset), config))
+
+
+def _batches_by_split(routed: Iterable[tuple[dict, str]], size: int) -> Iterator[tuple[str, list[dict]]]:
+    """Consecutive rows grouped per split into batches of at most `size`."""
+    pending: dict[str, list[dict]] = {}
+    for row, split in routed:
+        batch = pending.setdefault(split, [])
+        batch.append(row)
+        if len(batch) >= size:
+            yield split, pending.pop(split)
+    for split, batch in pending.items():
+        if batch:
+            yield split, batch
+
+
+def finish_counters(counters: Counter) -> dict[str, Any]:
+    """Counters plus the padding ratio of the train split (share of pad positions in its batches)."""
+    result: dict[str, Any] = dict(sorted(counters.items()))
+    padded = counters.get("padded_positions", 0)
+    result["padding_ratio"] = round(counters.get("pad_positions", 0) / padded, 4) if padded else 0.0
+    return result
 
 
 def render_preview(example: dict, tokenizer) -> str:
-    """The example as the model sees it: trained spans in [[double brackets]], the rest masked."""
-    pieces, current, trained = [], [], None
-    for token, label in zip(example["input_ids"], example["labels"]):
-        is_trained = label != -100
-        if trained is not None and is_trained != trained:
-            pieces.append((trained, current))
-            current = []
-        current.append(token)
-        trained = is_trained
-    if current:
-        pieces.append((trained, current))
-    text = "".join(
-        f"[[{tokenizer.decode(ids)}]]" if is_trained else tokenizer.decode(ids) for is_trained, ids in pieces
-    )
-    return f"input_ids: {example['input_ids']}\nlabels: {example['labels']}\n\n{text}\n"
+    """An example as the model sees it: trained spans in [[double brackets]], the rest masked."""
+    ids = example.get("input_ids") or example.get("chosen_input_ids") or []
+    labels = example.get("labels") or example.get("chosen_labels") or [-100] * len(ids)
+    pieces: list[tuple[bool, list[int]]] = []
+    for token, label in zip(ids, labels):
+        trained = label != -100
+        if pieces and pieces[-1][0] == trained:
+            pieces[-1][1].append(token)
+        else:
+            pieces.append((trained, [token]))
+    text = "".join(f"[[{tokenizer.decode(t)}]]" if trained else tokenizer.decode(t) for trained, t in pieces)
+    return f"input_ids: {ids}\nlabels: {labels}\n\n{text}\n"
+

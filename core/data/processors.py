@@ -1,12 +1,15 @@
-"""Rows to model inputs: supervised turns with label masks, and packed pretraining blocks.
+"""Rows to model inputs: supervised, pairwise, unsupervised and feedback (KTO) examples, and
+pretraining blocks.
 
-Token-exact with LLaMA-Factory 0.9.5's supervised and pretraining processors (truncation per
-turn, labels -100 on prompts, eos text appended to documents). One deliberate difference: a row
-left with no trained token is returned as None instead of being kept.
+Token-exact with LLaMA-Factory 0.9.5's processors (truncation per turn or per prompt/response,
+labels -100 on prompts, eos text appended to documents). Deliberate differences: a malformed row
+raises `DataError` instead of being dropped silently, and a row left with nothing to train is
+returned as None instead of being kept. SFT packing is in `tuneline.core.data.packing`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +20,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100
+PREPROCESSING_BATCH_SIZE = 1000
+"""Rows per preprocessing batch, LLaMA-Factory's `preprocessing_batch_size`: pretraining blocks,
+SFT packs and KTO's mismatched pairs are formed within a batch, never across two."""
+
+Message = dict[str, str]
+_RESPONSE_SHAPES = {
+    "supervised": (1, "exactly one response message"),
+    "pairwise": (2, "exactly two response messages, [chosen, rejected]"),
+    "feedback": (1, "exactly one response message and a boolean 'kto_tag'"),
+}
 
 
 def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int, int]:
@@ -36,14 +49,20 @@ def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int
     return new_source_len, new_target_len
 
 
-def _check_row(row: dict[str, Any]) -> None:
-    prompt, response = row.get("prompt"), row.get("response")
+def _check_prompt(row: dict[str, Any], *, kind: str) -> None:
+    prompt = row.get("prompt")
     if not isinstance(prompt, list) or len(prompt) % 2 != 1:
-        raise DataError(
-            f"a supervised row needs an odd number of prompt messages ending with user, got {prompt!r}"
-        )
-    if not isinstance(response, list) or len(response) != 1:
-        raise DataError(f"a supervised row needs exactly one response message, got {response!r}")
+        raise DataError(f"a {kind} row needs an odd number of prompt messages ending with user, got {prompt!r}")
+
+
+def _check_row(row: dict[str, Any], *, kind: str = "supervised") -> None:
+    _check_prompt(row, kind=kind)
+    count, shape = _RESPONSE_SHAPES[kind]
+    response = row.get("response")
+    if not isinstance(response, list) or len(response) != count:
+        raise DataError(f"a {kind} row needs {shape}, got response {response!r}")
+    if kind == "feedback" and not isinstance(row.get("kto_tag"), bool):
+        raise DataError(f"a feedback row needs {shape}, got kto_tag {row.get('kto_tag')!r}")
 
 
 def _source_labels(
@@ -113,6 +132,122 @@ def encode_supervised_row(
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
 
 
+def _encode_oneturn(
+    row: dict[str, Any], reply: Message, *, template: Template, tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[int], list[int]]:
+    """(prompt_ids, reply_ids): everything before `reply` is prompt, earlier turns included.
+
+    This is LLaMA-Factory's `encode_oneturn`; with `efficient_eos` the eos is appended to the reply.
+    """
+    pairs = encode_turns(
+        template,
+        tokenizer,
+        prompt=row["prompt"],
+        response=[reply],
+        system=row.get("system") or None,
+        tools=row.get("tools") or None,
+    )
+    prompt_ids = [token for source, target in pairs[:-1] for token in source + target] + pairs[-1][0]
+    reply_ids = list(pairs[-1][1])
+    if template.efficient_eos:
+        reply_ids.append(tokenizer.eos_token_id)
+    return prompt_ids, reply_ids
+
+
+def _prompt_reply_example(prompt_ids: list[int], reply_ids: list[int], *, prefix: str = "") -> dict[str, list[int]]:
+    input_ids = prompt_ids + reply_ids
+    return {
+        f"{prefix}input_ids": input_ids,
+        f"{prefix}attention_mask": [1] * len(input_ids),
+        f"{prefix}labels": [IGNORE_INDEX] * len(prompt_ids) + reply_ids,
+    }
+
+
+def encode_pairwise_row(
+    row: dict[str, Any], *, template: Template, tokenizer: PreTrainedTokenizerBase, cutoff_len: int
+) -> dict[str, list[int]] | None:
+    """`chosen_*` and `rejected_*` input ids, attention masks and labels of one preference row.
+
+    The row's response is [chosen, rejected]. One budget split (`infer_seqlen`) is made for the
+    prompt against the longer reply, and both replies are cut to that same length, so chosen and
+    rejected share the prompt exactly. None if the cut leaves a reply with no token.
+    """
+    _check_row(row, kind="pairwise")
+    chosen, rejected = row["response"]
+    prompt_ids, chosen_ids = _encode_oneturn(row, chosen, template=template, tokenizer=tokenizer)
+    _, rejected_ids = _encode_oneturn(row, rejected, template=template, tokenizer=tokenizer)
+    source_len, target_len = infer_seqlen(len(prompt_ids), max(len(chosen_ids), len(rejected_ids)), cutoff_len)
+    prompt_ids, chosen_ids, rejected_ids = prompt_ids[:source_len], chosen_ids[:target_len], rejected_ids[:target_len]
+    if not chosen_ids or not rejected_ids:
+        return None
+    return {
+        **_prompt_reply_example(prompt_ids, chosen_ids, prefix="chosen_"),
+        **_prompt_reply_example(prompt_ids, rejected_ids, prefix="rejected_"),
+    }
+
+
+def encode_unsupervised_row(
+    row: dict[str, Any], *, template: Template, tokenizer: PreTrainedTokenizerBase, cutoff_len: int
+) -> dict[str, list[int]]:
+    """Prompt `input_ids` (ending with the generation prefix) and the reply as `labels`, for prediction.
+
+    A row with exactly one response message uses it as the reference reply; any other row (no
+    response, or a preference pair) gets an empty reply, whose labels are the template's turn end.
+    Prompt and reply are cut together by `infer_seqlen`; the labels are not aligned to the inputs.
+    """
+    _check_prompt(row, kind="prediction")
+    response = row.get("response") or []
+    reply = response[0] if len(response) == 1 else {"role": "assistant", "content": ""}
+    prompt_ids, reply_ids = _encode_oneturn(row, reply, template=template, tokenizer=tokenizer)
+    source_len, target_len = infer_seqlen(len(prompt_ids), len(reply_ids), cutoff_len)
+    return {"input_ids": prompt_ids[:source_len], "attention_mask": [1] * source_len, "labels": reply_ids[:target_len]}
+
+
+def _encode_feedback_row(
+    row: dict[str, Any], kl_reply: Message, *, template: Template, tokenizer: PreTrainedTokenizerBase, cutoff_len: int
+) -> dict[str, Any] | None:
+    reply = row["response"][0]
+    example: dict[str, Any] = {}
+    for prefix, message in (("", reply), ("kl_", kl_reply)):
+        prompt_ids, reply_ids = _encode_oneturn(row, message, template=template, tokenizer=tokenizer)
+        source_len, target_len = infer_seqlen(len(prompt_ids), len(reply_ids), cutoff_len)
+        if prefix == "" and target_len == 0:
+            return None
+        example.update(_prompt_reply_example(prompt_ids[:source_len], reply_ids[:target_len], prefix=prefix))
+    # LLaMA-Factory reads desirability off the reply slot that holds text, so an empty reply is undesired
+    example["kto_tags"] = row["kto_tag"] and bool(reply["content"])
+    return example
+
+
+def encode_feedback_rows(
+    rows: Sequence[dict[str, Any]],
+    *,
+    template: Template,
+    tokenizer: PreTrainedTokenizerBase,
+    cutoff_len: int,
+    batch_size: int = PREPROCESSING_BATCH_SIZE,
+) -> list[dict[str, Any] | None]:
+    """KTO examples, one per row in row order (None where the cut leaves the row's reply empty).
+
+    A row is a prompt, one reply and a boolean `kto_tag` (desired or not). Besides its own example
+    (`input_ids`, `attention_mask`, `labels`, `kto_tags`), each row gets a mismatched one for KTO's
+    KL term (`kl_input_ids`, `kl_attention_mask`, `kl_labels`): its prompt with the reply of the
+    row before it in its batch of `batch_size` rows, the first row taking the batch's last reply.
+    This is LLaMA-Factory's rotation of the replies by one within each preprocessing batch.
+    """
+    for row in rows:
+        _check_row(row, kind="feedback")
+    encoded: list[dict[str, Any] | None] = []
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        for i, row in enumerate(batch):
+            kl_reply = batch[i - 1]["response"][0]  # i == 0 takes the batch's last row
+            encoded.append(
+                _encode_feedback_row(row, kl_reply, template=template, tokenizer=tokenizer, cutoff_len=cutoff_len)
+            )
+    return encoded
+
+
 def _adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether encoding with special tokens puts the BOS token first."""
     if tokenizer.bos_token_id is None:
@@ -122,24 +257,44 @@ def _adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 def encode_pretrain_texts(
-    texts: list[str], *, tokenizer: PreTrainedTokenizerBase, template: Template, cutoff_len: int
+    texts: Sequence[str],
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    template: Template,
+    cutoff_len: int,
+    packing: bool | None = None,
+    batch_size: int = PREPROCESSING_BATCH_SIZE,
 ) -> list[dict[str, list[int]]]:
-    """Blocks of exactly `cutoff_len` tokens from one batch of documents (the tail is dropped).
+    """Pretraining examples from documents; labels equal the input ids.
 
-    Each document gets the eos text appended (llama3: `<|end_of_text|>`), the batch is
-    concatenated and cut into blocks; a tokenizer that adds BOS gets it written over position 0
-    of each block. Labels equal the input ids.
+    Each document gets the eos text appended (llama3: `<|end_of_text|>`). With packing, each batch
+    of `batch_size` documents is concatenated and cut into blocks, the batch's tail dropped, and a
+    tokenizer that adds BOS gets it written over position 0 of each block. Packing is on by default
+    (`packing=None`) with blocks of `cutoff_len` tokens; an explicit `packing=True` gives blocks of
+    `cutoff_len - 1`, because LLaMA-Factory cuts `cutoff_len` by one whenever packing is set
+    (its stage-pt default is applied after that cut). With `packing=False` each document is one
+    example cut to `cutoff_len`, the BOS text written in front when the tokenizer adds BOS.
     """
-    if cutoff_len < 1:
-        raise ConfigError(f"cutoff_len must be at least 1, got {cutoff_len}")
+    block_size = cutoff_len - 1 if packing else cutoff_len
+    if block_size < 1:
+        minimum = 2 if packing else 1
+        raise ConfigError(f"cutoff_len must be at least {minimum} (packing: {packing}), got {cutoff_len}")
     eos_text = template.pretrain_eos or tokenizer.eos_token
     if eos_text is None:
         raise ConfigError("the tokenizer has no eos token; call fix_tokenizer(template, tokenizer) first")
-    encoded = tokenizer([text + eos_text for text in texts], add_special_tokens=False)["input_ids"]
-    stream = list(chain.from_iterable(encoded))
-    total = len(stream) // cutoff_len * cutoff_len
-    blocks = [stream[i : i + cutoff_len] for i in range(0, total, cutoff_len)]
-    if _adds_bos(tokenizer):
-        for block in blocks:
-            block[0] = tokenizer.bos_token_id
-    return [{"input_ids": b, "attention_mask": [1] * len(b), "labels": list(b)} for b in blocks]
+    adds_bos = _adds_bos(tokenizer)
+    examples: list[list[int]] = []
+    for start in range(0, len(texts), batch_size):
+        batch = [text + eos_text for text in texts[start : start + batch_size]]
+        if packing is False:
+            batch = [tokenizer.bos_token + text for text in batch] if adds_bos else batch
+            examples += tokenizer(batch, add_special_tokens=False, truncation=True, max_length=cutoff_len)["input_ids"]
+            continue
+        stream = list(chain.from_iterable(tokenizer(batch, add_special_tokens=False)["input_ids"]))
+        total = len(stream) // block_size * block_size
+        blocks = [stream[i : i + block_size] for i in range(0, total, block_size)]
+        if adds_bos:
+            for block in blocks:
+                block[0] = tokenizer.bos_token_id
+        examples += blocks
+    return [{"input_ids": ids, "attention_mask": [1] * len(ids), "labels": list(ids)} for ids in examples]

@@ -1,4 +1,5 @@
-"""Supervised and pretraining processors: labels, per-turn truncation, packing into blocks."""
+"""Processors: supervised labels and per-turn truncation, pairwise, unsupervised and KTO
+examples, pretraining blocks. Expectations are computed by hand from the rules in BEHAVIOUR.md."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from transformers import AutoTokenizer
 
 from tuneline.core.data.processors import (
     IGNORE_INDEX,
+    encode_feedback_rows,
+    encode_pairwise_row,
     encode_pretrain_texts,
     encode_supervised_row,
+    encode_unsupervised_row,
     infer_seqlen,
 )
 from tuneline.core.errors import ConfigError, DataError
@@ -55,9 +59,9 @@ def _encode(row: dict, tokenizer, *, template: str = "default", cutoff_len: int 
     )
 
 
-def _pretrain(texts: list[str], tokenizer, *, template: str, cutoff_len: int) -> list[dict]:
+def _pretrain(texts: list[str], tokenizer, *, template: str, cutoff_len: int, **options) -> list[dict]:
     template_value = get_template(template)
-    return encode_pretrain_texts(texts, tokenizer=tokenizer, template=template_value, cutoff_len=cutoff_len)
+    return encode_pretrain_texts(texts, tokenizer=tokenizer, template=template_value, cutoff_len=cutoff_len, **options)
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -209,3 +213,183 @@ def test_pretrain_llama3_uses_end_of_text_and_writes_bos(llama3):
     assert [b["input_ids"] for b in blocks] == [[128000, 1917, 128001], [128000, 3703, 51347]]
     assert [b["labels"] for b in blocks] == [b["input_ids"] for b in blocks]
 
+
+
+def test_pretrain_explicit_packing_gives_blocks_one_shorter(gpt2):
+    blocks = _pretrain(["hello world", "foo bar baz"], gpt2, template="default", cutoff_len=3, packing=True)
+    # LLaMA-Factory cuts cutoff_len by one when packing is set: blocks of 2 from the 8-token stream
+    assert [b["input_ids"] for b in blocks] == [[31373, 995], [50256, 21943], [2318, 275], [1031, 50256]]
+    with pytest.raises(ConfigError, match="cutoff_len"):
+        _pretrain(["hello"], gpt2, template="default", cutoff_len=1, packing=True)
+
+
+def test_pretrain_blocks_stay_within_a_batch_of_rows(gpt2):
+    texts = ["hello world", "foo bar baz"]
+    # one row per batch: [31373, 995, 50256] gives one block of 2, its last token dropped
+    blocks = _pretrain(texts, gpt2, template="default", cutoff_len=2, batch_size=1)
+    assert [b["input_ids"] for b in blocks] == [[31373, 995], [21943, 2318], [275, 1031]]
+    together = _pretrain(texts, gpt2, template="default", cutoff_len=2)
+    assert [b["input_ids"] for b in together] == [[31373, 995], [50256, 21943], [2318, 275], [1031, 50256]]
+
+
+def test_pretrain_without_packing_cuts_each_document(gpt2, llama3):
+    blocks = _pretrain(["hello world", "foo bar baz"], gpt2, template="default", cutoff_len=4, packing=False)
+    assert [b["input_ids"] for b in blocks] == [[31373, 995, 50256], [21943, 2318, 275, 1031]]
+    assert [b["labels"] for b in blocks] == [b["input_ids"] for b in blocks]
+    # llama3 adds BOS: its text goes in front, then the document is cut to cutoff_len
+    blocks = _pretrain(["hello world"], llama3, template="llama3", cutoff_len=3, packing=False)
+    assert [b["input_ids"] for b in blocks] == [[128000, 15339, 1917]]
+    blocks = _pretrain(["hello world"], llama3, template="llama3", cutoff_len=8, packing=False)
+    assert [b["input_ids"] for b in blocks] == [[128000, 15339, 1917, 128001]]
+
+
+# ---------------------------------------------------------------- pairwise (BEHAVIOUR.md §4)
+
+
+def _pair(prompt: str, chosen: str, rejected: str, *, history: tuple[str, str] | None = None) -> dict:
+    messages = []
+    if history:
+        messages = [{"role": "user", "content": history[0]}, {"role": "assistant", "content": history[1]}]
+    return {
+        "prompt": [*messages, {"role": "user", "content": prompt}],
+        "response": [{"role": "assistant", "content": chosen}, {"role": "assistant", "content": rejected}],
+        "system": "",
+        "tools": "",
+    }
+
+
+def _pairwise(row: dict, tokenizer, *, template: str = "empty", cutoff_len: int = 1024):
+    return encode_pairwise_row(row, template=get_template(template), tokenizer=tokenizer, cutoff_len=cutoff_len)
+
+
+def test_pairwise_labels_mask_the_prompt(gpt2):
+    encoded = _pairwise(_pair("Hi", "Hello", "Bye"), gpt2, template="default")
+    prompt = [20490, 25, 15902, 50256, 198, 48902, 25]  # "Human: Hi" <eos> "\nAssistant:"
+    chosen, rejected = [15496, 50256, 198], [3886, 68, 50256, 198]  # "Hello"/"Bye" <eos> "\n"
+    assert encoded == {
+        "chosen_input_ids": prompt + chosen,
+        "chosen_attention_mask": [1] * 10,
+        "chosen_labels": [M] * 7 + chosen,
+        "rejected_input_ids": prompt + rejected,
+        "rejected_attention_mask": [1] * 11,
+        "rejected_labels": [M] * 7 + rejected,
+    }
+
+
+def test_pairwise_earlier_turns_are_prompt(gpt2):
+    row = _pair("Bye", "Ciao", "No", history=("Hi", "Hello"))
+    encoded = _pairwise(row, gpt2, template="default")
+    supervised = _encode(_row(("Hi", "Hello"), ("Bye", "Ciao")), gpt2)
+    assert encoded["chosen_input_ids"] == supervised["input_ids"]
+    # unlike SFT, the earlier reply "Hello" is not trained: only the last reply is
+    assert gpt2.decode([t for t in encoded["chosen_labels"] if t != M]) == "Ciao<|endoftext|>\n"
+    assert gpt2.decode([t for t in encoded["rejected_labels"] if t != M]) == "No<|endoftext|>\n"
+
+
+def test_pairwise_one_split_against_the_longer_reply(gpt2):
+    a, b, c = _ids(gpt2, _words("a", 60)), _ids(gpt2, _words("b", 40)), _ids(gpt2, _words("c", 30))
+    encoded = _pairwise(_pair(_words("a", 60), _words("b", 40), _words("c", 30)), gpt2, cutoff_len=50)
+    # infer_seqlen(60, max(40, 30), 50) = (30, 20): both replies are cut to 20
+    assert encoded["chosen_input_ids"] == a[:30] + b[:20]
+    assert encoded["rejected_input_ids"] == a[:30] + c[:20]
+    assert encoded["rejected_labels"] == [M] * 30 + c[:20]
+
+
+def test_pairwise_longer_rejected_reply_sets_the_split(gpt2):
+    a, b, c = _ids(gpt2, _words("a", 10)), _ids(gpt2, _words("b", 5)), _ids(gpt2, _words("c", 45))
+    encoded = _pairwise(_pair(_words("a", 10), _words("b", 5), _words("c", 45)), gpt2, cutoff_len=40)
+    # infer_seqlen(10, 45, 40): the source is under half, so the replies get 40 - 10 = 30
+    assert infer_seqlen(10, 45, 40) == (10, 30)
+    assert encoded["chosen_input_ids"] == a + b
+    assert encoded["rejected_input_ids"] == a + c[:30]
+    assert encoded["rejected_labels"] == [M] * 10 + c[:30]
+
+
+def test_pairwise_rows_need_two_replies(gpt2):
+    row = _pair("Hi", "Hello", "Bye")
+    row["response"] = row["response"][:1]
+    with pytest.raises(DataError, match="chosen, rejected"):
+        _pairwise(row, gpt2)
+    assert _pairwise(_pair(_words("a", 5), "b", "c"), gpt2, cutoff_len=1) is None
+
+
+# ---------------------------------------------------------------- unsupervised (prediction)
+
+
+def _unsupervised(row: dict, tokenizer, *, template: str = "default", cutoff_len: int = 1024):
+    return encode_unsupervised_row(row, template=get_template(template), tokenizer=tokenizer, cutoff_len=cutoff_len)
+
+
+def test_unsupervised_gives_the_prompt_and_the_reply_as_labels(gpt2):
+    encoded = _unsupervised(_row(("Hi", "Hello")), gpt2)
+    assert encoded == {
+        "input_ids": [20490, 25, 15902, 50256, 198, 48902, 25],
+        "attention_mask": [1] * 7,
+        "labels": [15496, 50256, 198],
+    }
+
+
+def test_unsupervised_without_a_single_reply_uses_an_empty_one(gpt2):
+    no_reply = {**_row(("Hi", "Hello")), "response": []}
+    assert _unsupervised(no_reply, gpt2)["labels"] == [50256, 198]  # "" <eos> "\n"
+    pair = _pair("Hi", "Hello", "Bye")
+    assert _unsupervised(pair, gpt2) == _unsupervised(no_reply, gpt2)
+
+
+def test_unsupervised_cuts_prompt_and_reply_together(gpt2):
+    a, b = _ids(gpt2, _words("a", 60)), _ids(gpt2, _words("b", 40))
+    encoded = _unsupervised(_row((_words("a", 60), _words("b", 40))), gpt2, template="empty", cutoff_len=50)
+    assert encoded == {"input_ids": a[:30], "attention_mask": [1] * 30, "labels": b[:20]}
+
+
+# ---------------------------------------------------------------- feedback (KTO)
+
+
+def _feedback(prompt: str, reply: str, tag: bool) -> dict:
+    return {**_row((prompt, reply)), "kto_tag": tag}
+
+
+def _kto(rows: list[dict], tokenizer, *, template: str = "empty", cutoff_len: int = 1024, **options):
+    template_value = get_template(template)
+    return encode_feedback_rows(rows, template=template_value, tokenizer=tokenizer, cutoff_len=cutoff_len, **options)
+
+
+KTO_ROWS = (("Hi", "Hello", True), ("Bye", "Ciao", False), ("Yes", "Sure", True))
+
+
+def test_kto_pairs_each_prompt_with_the_previous_rows_reply(gpt2):
+    encoded = _kto([_feedback(*row) for row in KTO_ROWS], gpt2)
+    hi, bye, yes = ([17250], [3886, 68], [5297])
+    hello, ciao, sure = ([15496], [34, 13481], [19457])
+    assert [e["input_ids"] for e in encoded] == [hi + hello, bye + ciao, yes + sure]
+    assert [e["labels"] for e in encoded] == [[M] + hello, [M, M] + ciao, [M] + sure]
+    assert [e["kto_tags"] for e in encoded] == [True, False, True]
+    # replies rotated by one: row 0 takes the last row's reply, row i the reply of row i - 1
+    assert [e["kl_input_ids"] for e in encoded] == [hi + sure, bye + hello, yes + ciao]
+    assert [e["kl_labels"] for e in encoded] == [[M] + sure, [M, M] + hello, [M] + ciao]
+    assert [e["kl_attention_mask"] for e in encoded] == [[1, 1], [1, 1, 1], [1, 1, 1]]
+
+
+def test_kto_rotation_stays_within_a_batch(gpt2):
+    encoded = _kto([_feedback(*row) for row in KTO_ROWS], gpt2, batch_size=2)
+    # batches [row 0, row 1] and [row 2]: row 2 is alone, so it is paired with its own reply
+    assert [e["kl_input_ids"] for e in encoded] == [[17250, 34, 13481], [3886, 68, 15496], [5297, 19457]]
+
+
+def test_kto_cuts_the_kl_example_on_its_own(gpt2):
+    a, b, c = (_ids(gpt2, _words(x, n)) for x, n in (("a", 60), ("b", 40), ("c", 10)))
+    rows = [_feedback(_words("a", 60), _words("b", 40), True), _feedback(_words("a", 60), _words("c", 10), False)]
+    first, second = _kto(rows, gpt2, cutoff_len=50)
+    # own example: infer_seqlen(60, 40, 50) = (30, 20); kl example: infer_seqlen(60, 10, 50) = (40, 10)
+    assert first["input_ids"] == a[:30] + b[:20]
+    assert first["kl_input_ids"] == a[:40] + c
+    assert second["input_ids"] == a[:40] + c
+    assert second["kl_input_ids"] == a[:30] + b[:20]
+
+
+def test_kto_empty_reply_is_undesired_and_bad_rows_are_reported(gpt2):
+    (encoded,) = _kto([_feedback("Hi", "", True)], gpt2, template="default")
+    assert encoded["labels"][-2:] == [50256, 198] and encoded["kto_tags"] is False
+    with pytest.raises(DataError, match="kto_tag"):
+        _kto([{**_row(("Hi", "Hello")), "kto_tag": "yes"}], gpt2)
+    assert _kto([_feedback(_words("a", 5), "b", True)], gpt2, cutoff_len=1) == [None]

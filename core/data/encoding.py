@@ -1,0 +1,187 @@
+"""Encode batches of standard rows into examples for one stage, in this process or a pool.
+
+`encode_batch` is a pure function of (rows, spec, tokenizer); `pool_map` runs it over batches
+in `workers` processes that each hold the tokenizer, and yields results in input order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tuneline.core.config import StageConfig
+from tuneline.core.data.packing import encode_packed_supervised_rows
+from tuneline.core.data.processors import (
+    encode_feedback_rows,
+    encode_pairwise_row,
+    encode_pretrain_texts,
+    encode_supervised_row,
+    encode_unsupervised_row,
+)
+from tuneline.core.templates import Template
+
+Batch = tuple[str, list[dict[str, Any]]]
+Encoded = tuple[list[dict[str, Any]], Counter]
+
+
+@dataclass(frozen=True)
+class EncodingSpec:
+    """What decides how rows become examples (picklable, sent once to each worker)."""
+
+    stage: str
+    template: Template
+    cutoff_len: int
+    train_on_prompt: bool
+    mask_history: bool
+    packing: bool | None
+    neat_packing: bool
+    predict: bool  # prompts for generation (do_predict without do_train)
+    batch_size: int  # the trainer's per-device batch, for the padding ratio
+
+    @classmethod
+    def from_config(cls, config: StageConfig, *, template: Template) -> EncodingSpec:
+        training = config.training
+        return cls(
+            stage=config.finetuning.stage,
+            template=template,
+            cutoff_len=config.data.cutoff_len,
+            train_on_prompt=config.data.train_on_prompt,
+            mask_history=config.data.mask_history,
+            packing=config.data.packing,
+            neat_packing=config.data.neat_packing,
+            predict=bool(training.get("do_predict")) and not training.get("do_train", True),
+            batch_size=int(training.get("per_device_train_batch_size", 8)),
+        )
+
+
+def encode_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -> Encoded:
+    """Examples of one batch of rows and the counters describing what happened to them."""
+    kind = "predict" if spec.predict else spec.stage
+    examples, counters = _ENCODERS[kind](rows, spec, tokenizer)
+    counters["rows_in"] += len(rows)
+    counters["examples"] += len(examples)
+    ids_key = "chosen_input_ids" if kind in ("rm", "dpo") else "input_ids"
+    labels_key = "chosen_labels" if kind in ("rm", "dpo") else "labels"
+    counters["total_tokens"] += sum(len(e[ids_key]) for e in examples) - (counters["pad_positions"] if spec.packing else 0)
+    counters["trained_tokens"] += sum(sum(1 for label in e[labels_key] if label != -100) for e in examples)
+    if not spec.packing and kind != "pt":
+        _count_padding([len(e[ids_key]) for e in examples], spec.batch_size, counters)
+    return examples, counters
+
+
+def _encode_pretrain(rows, spec: EncodingSpec, tokenizer) -> Encoded:
+    texts = [row["prompt"][0]["content"] for row in rows]
+    examples = encode_pretrain_texts(texts, tokenizer=tokenizer, template=spec.template, cutoff_len=spec.cutoff_len,
+                                     packing=spec.packing, batch_size=len(rows) or 1)
+    counters: Counter = Counter()
+    if spec.packing is False:
+        _count_padding([len(e["input_ids"]) for e in examples], spec.batch_size, counters)
+    return examples, counters
+
+
+def _encode_supervised(rows, spec: EncodingSpec, tokenizer) -> Encoded:
+    if spec.packing or spec.neat_packing:
+        packed = encode_packed_supervised_rows(
+            rows, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len, neat_packing=spec.neat_packing,
+            train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history, batch_size=len(rows) or 1,
+        )
+        counters = Counter()
+        for example in packed:
+            counters["padded_positions"] += len(example["input_ids"])
+            counters["pad_positions"] += _trailing_padding(example, tokenizer.pad_token_id)
+        return packed, counters
+    return _per_row(rows, lambda row: encode_supervised_row(
+        row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len,
+        train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history,
+    ))
+
+
+def _encode_pairwise(rows, spec: EncodingSpec, tokenizer) -> Encoded:
+    return _per_row(rows, lambda row: encode_pairwise_row(row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len))
+
+
+def _encode_unsupervised(rows, spec: EncodingSpec, tokenizer) -> Encoded:
+    return _per_row(rows, lambda row: encode_unsupervised_row(row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len))
+
+
+def _encode_feedback(rows, spec: EncodingSpec, tokenizer) -> Encoded:
+    encoded = encode_feedback_rows(rows, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len,
+                                   batch_size=len(rows) or 1)
+    examples = [e for e in encoded if e is not None]
+    return examples, Counter({"rows_dropped_no_trained_token": len(encoded) - len(examples)})
+
+
+def _trailing_padding(example: dict[str, list[int]], pad_token_id: int) -> int:
+    """Pad positions at the end of a pack (pad id, not trained)."""
+    count = 0
+    for token, label in zip(reversed(example["input_ids"]), reversed(example["labels"])):
+        if token != pad_token_id or label != -100:
+            break
+        count += 1
+    return count
+
+
+def _per_row(rows, encode) -> Encoded:
+    counters: Counter = Counter()
+    examples = []
+    for row in rows:
+        example = encode(row)
+        if example is None:
+            counters["rows_dropped_no_trained_token"] += 1
+        else:
+            examples.append(example)
+    return examples, counters
+
+
+_ENCODERS = {
+    "pt": _encode_pretrain,
+    "sft": _encode_supervised,
+    "rm": _encode_pairwise,
+    "dpo": _encode_pairwise,
+    "kto": _encode_feedback,
+    "ppo": _encode_unsupervised,
+    "predict": _encode_unsupervised,
+}
+
+
+def _count_padding(all_lengths: list[int], batch_size: int, counters: Counter) -> None:
+    """Pad positions if the examples were batched in order with dynamic padding."""
+    for start in range(0, len(all_lengths), batch_size):
+        lengths = all_lengths[start : start + batch_size]
+        counters["padded_positions"] += max(lengths) * len(lengths)
+        counters["pad_positions"] += max(lengths) * len(lengths) - sum(lengths)
+
+
+# -- worker pool -------------------------------------------------------------------------------
+
+_WORKER_STATE: dict[str, Any] = {}
+
+
+def _init_worker(spec: EncodingSpec, tokenizer) -> None:
+    _WORKER_STATE.update(spec=spec, tokenizer=tokenizer)
+
+
+def _encode_in_worker(batch: Batch) -> tuple[str, Encoded]:
+    split, rows = batch
+    return split, encode_batch(rows, spec=_WORKER_STATE["spec"], tokenizer=_WORKER_STATE["tokenizer"])
+
+
+def pool_map(batches: Iterable[Batch], *, spec: EncodingSpec, tokenizer, workers: int) -> Iterator[tuple[str, Encoded]]:
+    """Encode `batches` in order, in `workers` processes when more than one is asked for."""
+    if workers <= 1:
+        for split, rows in batches:
+            yield split, encode_batch(rows, spec=spec, tokenizer=tokenizer)
+        return
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with context.Pool(workers, initializer=_init_worker, initargs=(spec, tokenizer)) as pool:
+        # A window of 2 batches per worker: Pool.imap would read the whole input ahead.
+        in_flight: deque = deque()
+        for batch in batches:
+            in_flight.append(pool.apply_async(_encode_in_worker, (batch,)))
+            if len(in_flight) >= 2 * workers:
+                yield in_flight.popleft().get()
+        while in_flight:
+            yield in_flight.popleft().get()
