@@ -2,7 +2,7 @@
 
 A writer fills a temporary sibling (`.<key>.partial`) and renames it into place after writing
 `manifest.json`; a directory without a manifest does not exist for any reader. The partial
-directory is kept when the work fails so a training stage can resume from its checkpoints.
+directory is kept when the work fails only for writers that resume (training checkpoints).
 """
 
 from __future__ import annotations
@@ -81,7 +81,12 @@ def write_artifact(
         shutil.rmtree(draft_dir)
     draft_dir.mkdir(parents=True, exist_ok=True)
     draft = ArtifactDraft(draft_dir)
-    yield draft
+    try:
+        yield draft
+    except BaseException:
+        if not keep_partial:  # nothing worth resuming from: leave no half-written files behind
+            shutil.rmtree(draft_dir, ignore_errors=True)
+        raise
     manifest = {
         "kind": kind,
         "key": key,

@@ -65,7 +65,11 @@ def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[s
     output_dir = Path(output)
     draft = output_dir.with_name(f".{output_dir.name}.partial")
     shutil.rmtree(draft, ignore_errors=True)
-    counters = tokenize_dataset(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft)
+    try:
+        counters = tokenize_dataset(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft)
+    except BaseException:
+        shutil.rmtree(draft, ignore_errors=True)
+        raise
     if output_dir.exists():
         shutil.rmtree(output_dir)
     os.replace(draft, output_dir)

@@ -21,9 +21,18 @@ def test_artifact_appears_only_when_complete(tmp_path: Path):
     assert not partial_path(tmp_path, "kind", "k1").exists()
 
 
-def test_failed_writer_leaves_no_artifact_but_keeps_its_partial_work(tmp_path: Path):
+def test_failed_writer_leaves_nothing_unless_it_resumes(tmp_path: Path):
     with pytest.raises(RuntimeError):
-        with write_artifact(tmp_path, "kind", "k2", config={}) as draft:
+        with write_artifact(tmp_path, "kind", "k3", config={}) as draft:
+            (draft.path / "half.arrow").write_text("x")
+            raise RuntimeError("bad row")
+    assert not partial_path(tmp_path, "kind", "k3").exists()
+    assert find_artifact(tmp_path, "kind", "k3") is None
+
+
+def test_failed_resumable_writer_keeps_its_partial_work(tmp_path: Path):
+    with pytest.raises(RuntimeError):
+        with write_artifact(tmp_path, "kind", "k2", config={}, keep_partial=True) as draft:
             (draft.path / "checkpoint-1").mkdir()
             raise RuntimeError("killed")
     assert find_artifact(tmp_path, "kind", "k2") is None
