@@ -63,6 +63,7 @@ class DataConfig:
     tokenized_path: str | None = _doc("Save or load the tokenized dataset here.", default=None)
     mix_strategy: Literal["concat", "interleave_under", "interleave_over"] = _doc("How several datasets are mixed.", default="concat")
     interleave_probs: str | None = _doc("Sampling probabilities of the datasets when interleaving, comma-separated.", default=None)
+    on_bad_row: Literal["error", "skip"] = _doc("A malformed row stops with an error naming it, or is dropped and counted.", default="error")
     allow_template_mismatch: bool = _doc("Train even if the template renders differently from the tokenizer's own chat template.", default=False)
     streaming: bool = _doc("Stream datasets instead of loading them whole.", default=False)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from tuneline.core.base_model import build_base_model
 from tuneline.core.config import StageConfig
-from tuneline.core.data.dataset import dataset_fingerprints, read_rows
-from tuneline.core.data.registry import dataset_file_paths, get_dataset_attrs, load_rows
-from tuneline.core.fingerprint import stage_key, tree_fingerprint
+from tuneline.core.data.dataset import dataset_fingerprints, entry_fingerprint, read_rows
+from tuneline.core.data.registry import get_dataset_attrs, load_rows
+from tuneline.core.fingerprint import stage_key
 from tuneline.core.pipeline import BaseStage, EvaluateSettings, ExportSettings, Pipeline, TrainingStage
 
 # Keys that change how a stage runs or reports, never what it produces.
@@ -48,7 +48,7 @@ def pipeline_dataset_fingerprints(pipeline: Pipeline) -> dict[str, str]:
 
 def base_key(stage: BaseStage) -> tuple[str, dict[str, str]]:
     attrs = get_dataset_attrs(stage.corpus, stage.dataset_dir)
-    inputs = {a.name: tree_fingerprint(dataset_file_paths(a, stage.dataset_dir)) for a in attrs}
+    inputs = {a.name: entry_fingerprint(a, stage.dataset_dir) for a in attrs}
     config = {**dataclasses.asdict(stage.build), "corpus": list(stage.corpus)}
     return stage_key("base", config=config, inputs=inputs), inputs
 
@@ -105,7 +105,7 @@ def heldout_fingerprints(settings: EvaluateSettings, config: StageConfig) -> dic
     if not settings.dataset:
         return {}
     attrs = get_dataset_attrs([settings.dataset], config.data.dataset_dir)
-    return {a.name: tree_fingerprint(dataset_file_paths(a, config.data.dataset_dir)) for a in attrs}
+    return {a.name: entry_fingerprint(a, config.data.dataset_dir) for a in attrs}
 
 
 # -- merge and export --------------------------------------------------------------------------

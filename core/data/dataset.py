@@ -9,8 +9,12 @@ template fixed it under `tokenizer/`, so training, merging and export all see th
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import json
 import random
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -19,7 +23,14 @@ from typing import Any
 from tuneline.core.config import StageConfig
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
-from tuneline.core.data.registry import dataset_file_paths, get_dataset_attrs, load_rows
+from tuneline.core.data.mixing import mix_rows
+from tuneline.core.data.registry import (
+    LoadReport,
+    dataset_file_paths,
+    get_dataset_attrs,
+    load_rows_with_report,
+)
+from tuneline.core.data.registry import iter_rows as registry_iter_rows
 from tuneline.core.errors import ConfigError
 from tuneline.core.fingerprint import tree_fingerprint
 from tuneline.core.templates import chat_template_jinja, fix_tokenizer, get_template
@@ -34,21 +45,41 @@ def dataset_names(value: str | None) -> list[str]:
 
 
 def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
-    """Content digest of every dataset the stage reads, by dataset name."""
+    """Digest of every dataset the stage reads, by name: its files' content and its registry entry
+    (a changed column mapping changes the rows as surely as changed data)."""
     names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
     attrs = get_dataset_attrs(names, config.data.dataset_dir)
-    return {attr.name: tree_fingerprint(dataset_file_paths(attr, config.data.dataset_dir)) for attr in attrs}
+    return {attr.name: entry_fingerprint(attr, config.data.dataset_dir) for attr in attrs}
+
+
+def entry_fingerprint(attr, dataset_dir: str) -> str:
+    entry = hashlib.sha256(json.dumps(dataclasses.asdict(attr), sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(f"{entry}:{tree_fingerprint(dataset_file_paths(attr, dataset_dir))}".encode()).hexdigest()
 
 
 def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]:
-    """All rows of the named datasets, `max_samples` of each, in order."""
+    """All rows of the named datasets, `max_samples` of each, mixed as configured."""
     return list(iter_rows(names, config))
 
 
-def iter_rows(names: Sequence[str], config: StageConfig) -> Iterator[dict[str, Any]]:
-    for attr in get_dataset_attrs(names, config.data.dataset_dir):
-        rows = load_rows(attr, config.data.dataset_dir)
-        yield from itertools.islice(rows, config.data.max_samples)
+def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadReport] | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of the named datasets: streamed one after another (concat), or mixed in memory."""
+    data = config.data
+    attrs = get_dataset_attrs(names, data.dataset_dir)
+    reports = reports if reports is not None else []
+    if data.mix_strategy == "concat" or len(attrs) == 1:
+        for attr in attrs:
+            reports.append(LoadReport(dataset=attr.name))
+            yield from registry_iter_rows(attr, data.dataset_dir, on_bad_row=data.on_bad_row,
+                                          max_samples=data.max_samples, report=reports[-1])
+        return
+    per_dataset = []
+    for attr in attrs:
+        rows, report = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples)
+        per_dataset.append(rows)
+        reports.append(report)
+    probs = [float(p) for p in data.interleave_probs.split(",")] if data.interleave_probs else None
+    yield from mix_rows(per_dataset, strategy=data.mix_strategy, probs=probs, seed=int(config.training.get("seed", 42)))
 
 
 def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
@@ -71,14 +102,16 @@ def tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_
     spec = EncodingSpec.from_config(config, template=template)
     counters: Counter = Counter()
     writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
-    train_rows = iter_rows(dataset_names(config.data.dataset), config)
+    reports: list[LoadReport] = []
+    train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports)
     routed = route_validation(train_rows, val_size=config.data.val_size, seed=int(config.training.get("seed", 42)),
                               total=_count_if_needed(config))
     if config.data.val_size or config.data.eval_dataset:
         writers["validation"] = SplitWriter(output_dir / "validation", fingerprint=output_dir.name + "v")
     if config.data.eval_dataset:
         routed = itertools.chain(((row, "train") for row, _ in routed),
-                                 ((row, "validation") for row in iter_rows(dataset_names(config.data.eval_dataset), config)))
+                                 ((row, "validation") for row in iter_rows(dataset_names(config.data.eval_dataset), config,
+                                                                            reports=reports)))
     first_example = None
     batches = _batches_by_split(routed, config.data.preprocessing_batch_size)
     for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
@@ -89,6 +122,8 @@ def tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_
             first_example = examples[0]
     for writer in writers.values():
         writer.close()
+    for report in reports:
+        counters.update({"rows_dropped_" + re.sub(r"\W+", "_", reason).strip("_"): n for reason, n in report.dropped.items()})
     if first_example is None:
         raise ConfigError(f"no training example is left after tokenization with cutoff_len {config.data.cutoff_len}; "
                           "raise cutoff_len or check the dataset.")

@@ -1,151 +1,67 @@
-"""Read local dataset files and convert their rows into tuneline's standard row shape.
+"""Convert raw dataset rows into tuneline's standard row shape.
 
 A standard row is a plain JSON-serialisable dict:
 `{"prompt": [{"role", "content"}, ...], "response": [{"role", "content"}, ...],
-"system": str, "tools": str}`; the same shape as LLaMA-Factory's aligned dataset.
+"system": str, "tools": str}`, plus `"kto_tag": bool` for feedback (KTO) data; the same shape
+as LLaMA-Factory's aligned dataset. Roles are "user", "assistant", "function" (an assistant
+tool call) and "observation" (a tool result). A pairwise (ranking) row's response is
+[chosen, rejected]. A KTO row keeps its one response and says in `kto_tag` whether it is
+desirable; LLaMA-Factory encodes the same tag as an extra empty assistant message.
 
 LLaMA-Factory drops sharegpt rows with a wrong role order or message count with only a log
-warning; tuneline refuses them on purpose and names every bad row, so that a dataset never
-shrinks without anyone noticing.
+warning, and takes empty, numeric or mistyped values as they come. tuneline raises `RowProblem`
+for every such row, so that the caller can refuse it or drop and count it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-from tuneline.core.errors import DataError
 
 if TYPE_CHECKING:
     from tuneline.core.data.registry import DatasetAttr
 
-SUPPORTED_SUFFIXES = (".json", ".jsonl")
-SUPPORTED_HELP = ".json (a list of objects) and .jsonl (one object per line)"
-MAX_LISTED_PROBLEMS = 5
-
 Message = dict[str, str]
-
-
-@dataclass(frozen=True)
-class Record:
-    """One raw row of a dataset file, with where it came from for error messages."""
-
-    path: Path
-    index: int
-    line: int | None
-    data: Mapping[str, Any]
-
-    def where(self) -> str:
-        return _location(self.path, self.index, self.line)
-
-
-def _location(path: Path, index: int, line: int | None) -> str:
-    """`row 3 (line 4) of /data/x.jsonl`; rows count from 0, lines from 1."""
-    line_text = f" (line {line})" if line is not None else ""
-    return f"row {index}{line_text} of {path}"
+KTO_TEXT = {"true": True, "false": False}
 
 
 class RowProblem(Exception):
-    """Why one row cannot be converted; collected and reported together as a DataError."""
+    """Why one row cannot be converted: `reason` is a short key for counting dropped rows."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
-def read_records(path: Path, *, entry: str) -> list[Record]:
-    """The rows of one .json or .jsonl file, each checked to be a JSON object."""
-    readers = {".json": _read_json_list, ".jsonl": _read_json_lines}
-    reader = readers.get(path.suffix.lower())
-    if reader is None:
-        raise DataError(
-            f"{entry}: {path} has extension '{path.suffix}', which tuneline cannot read. "
-            f"Supported: {SUPPORTED_HELP}. Convert the file or point file_name at another one."
-        )
-    return reader(path, entry=entry)
-
-
-def _read_json_list(path: Path, *, entry: str) -> list[Record]:
-    value = _parse_json(path.read_text(encoding="utf-8"), path=path, entry=entry, line_offset=0)
-    if not isinstance(value, list):
-        raise DataError(
-            f"{entry}: {path} holds a JSON {type(value).__name__}, but a .json dataset must be "
-            "a list of row objects ([{...}, {...}]). Wrap the rows in a list, or store one "
-            "object per line in a .jsonl file."
-        )
-    return [_record(path, index, None, row, entry=entry) for index, row in enumerate(value)]
-
-
-def _read_json_lines(path: Path, *, entry: str) -> list[Record]:
-    records = []
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if text.strip():
-            row = _parse_json(text, path=path, entry=entry, line_offset=number - 1)
-            records.append(_record(path, len(records), number, row, entry=entry))
-    return records
-
-
-def _parse_json(text: str, *, path: Path, entry: str, line_offset: int) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(
-            f"{entry}: {path} is not valid JSON: {e.msg} at line {e.lineno + line_offset}, "
-            f"column {e.colno}. Fix the file at that line."
-        ) from e
-
-
-def _record(path: Path, index: int, line: int | None, row: Any, *, entry: str) -> Record:
-    if not isinstance(row, dict):
-        raise DataError(
-            f"{entry}: {_location(path, index, line)} is a JSON {type(row).__name__}, but "
-            "every row must be an object with the columns named in the entry's \"columns\"."
-        )
-    return Record(path=path, index=index, line=line, data=row)
-
-
-def convert_records(records: Sequence[Record], attr: DatasetAttr, *, entry: str) -> list[dict]:
-    """Standard rows for `records`, or one DataError naming up to five bad rows and the count."""
-    converters: dict[str, Callable[[Mapping[str, Any], DatasetAttr], dict]] = {
-        "alpaca": alpaca_row,
-        "sharegpt": sharegpt_row,
-    }
-    convert = converters[attr.formatting]
-    rows: list[dict] = []
-    problems: list[str] = []
-    for record in records:
-        try:
-            rows.append(convert(record.data, attr))
-        except RowProblem as e:
-            problems.append(f"{record.where()}: {e}")
-    if problems:
-        raise DataError(_bad_rows_message(problems, entry=entry))
-    return rows
-
-
-def _bad_rows_message(problems: list[str], *, entry: str) -> str:
-    listed = "; ".join(problems[:MAX_LISTED_PROBLEMS])
-    more = len(problems) - MAX_LISTED_PROBLEMS
-    tail = f"; and {more} more" if more > 0 else ""
-    return (
-        f"{entry}: {len(problems)} row(s) cannot be used: {listed}{tail}. Fix or remove these "
-        "rows (tuneline refuses bad rows instead of dropping them silently as LLaMA-Factory does)."
-    )
+def convert_row(data: Mapping[str, Any], attr: DatasetAttr) -> dict:
+    """The standard row for one raw row of `attr`'s dataset; raises RowProblem."""
+    convert = alpaca_row if attr.formatting == "alpaca" else sharegpt_row
+    return convert(data, attr)
 
 
 def alpaca_row(data: Mapping[str, Any], attr: DatasetAttr) -> dict:
     """History pairs, then `instruction + "\\n" + input` as the user turn, then the output."""
     columns = attr.columns
     prompt = _history(data, columns["history"]) if "history" in columns else []
-    parts = [_text(data, columns[key], key) for key in ("prompt", "query") if key in columns]
+    keys = [key for key in ("prompt", "query") if key in columns]
+    parts = [_text(data, columns[key], key) for key in keys]
+    if not any(parts):
+        names = " and ".join(f"'{columns[k]}' ({k})" for k in keys)
+        raise RowProblem(f"the user turn is empty: {names} hold no text; fill it in or remove "
+                         "the row", reason="empty_content")
     prompt.append(_message("user", "\n".join(part for part in parts if part)))
     if attr.ranking:
         response = [_message("assistant", _text(data, columns[key], key, required=True))
                     for key in ("chosen", "rejected")]
-    elif "response" in columns and _column(data, columns["response"], "response") is not None:
-        response = [_message("assistant", _text(data, columns["response"], "response"))]
+    elif "kto_tag" in columns or (
+        "response" in columns and _column(data, columns["response"], "response") is not None
+    ):
+        response = [_message("assistant", _text(data, columns["response"], "response",
+                                                required=True))]
     else:
         response = []
-    return _standard(prompt, response, data=data, columns=columns)
+    return _standard(prompt, response, data=data, attr=attr)
 
 
 def _history(data: Mapping[str, Any], column: str) -> list[Message]:
@@ -153,14 +69,18 @@ def _history(data: Mapping[str, Any], column: str) -> list[Message]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise RowProblem(f"column '{column}' (history) must be a list of [query, response] pairs")
+        raise RowProblem(f"column '{column}' (history) must be a list of [query, response] "
+                         f"pairs, not {type(value).__name__}", reason="wrong_type")
     messages = []
     for number, pair in enumerate(value):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
-            raise RowProblem(
-                f"history item {number} in column '{column}' must be a [query, response] pair "
-                "of strings"
-            )
+        if not (isinstance(pair, list | tuple) and len(pair) == 2
+                and all(isinstance(t, str) for t in pair)):
+            raise RowProblem(f"history item {number} in column '{column}' must be a "
+                             "[query, response] pair of strings", reason="wrong_type")
+        if not (pair[0].strip() and pair[1].strip()):
+            raise RowProblem(f"history item {number} in column '{column}' has an empty query "
+                             "or response; fill it in or remove the pair",
+                             reason="empty_content")
         messages += [_message("user", pair[0]), _message("assistant", pair[1])]
     return messages
 
@@ -171,8 +91,8 @@ def sharegpt_row(data: Mapping[str, Any], attr: DatasetAttr) -> dict:
     tags = attr.tags
     messages = _messages(data, attr.columns["messages"])
     system = None
-    if messages and messages[0].get(tags["role_tag"]) == tags["system_tag"]:
-        system = _content(messages[0], tags, number=0)
+    if messages[0].get(tags["role_tag"]) == tags["system_tag"]:
+        system = _content(messages[0], tags, number=0, allow_empty=True)
         messages = messages[1:]
     offset = 0 if system is None else 1
     aligned = [_aligned(message, tags, turn=turn, number=turn + offset)
@@ -182,15 +102,16 @@ def sharegpt_row(data: Mapping[str, Any], attr: DatasetAttr) -> dict:
         prompt, response = aligned, [_ranked(data, attr, key) for key in ("chosen", "rejected")]
     else:
         prompt, response = aligned[:-1], aligned[-1:]
-    return _standard(prompt, response, data=data, columns=attr.columns, system=system)
+    return _standard(prompt, response, data=data, attr=attr, system=system)
 
 
 def _messages(data: Mapping[str, Any], column: str) -> list[Mapping[str, Any]]:
     value = _column(data, column, "messages")
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
-        raise RowProblem(f"column '{column}' (messages) must be a list of message objects")
+        raise RowProblem(f"column '{column}' (messages) must be a list of message objects",
+                         reason="wrong_type")
     if not value:
-        raise RowProblem(f"column '{column}' (messages) is empty")
+        raise RowProblem(f"column '{column}' (messages) is empty", reason="message_count")
     return value
 
 
@@ -212,62 +133,95 @@ def _aligned(message: Mapping[str, Any], tags: Mapping[str, str], *, turn: int,
     allowed = ((tags["user_tag"], tags["observation_tag"]) if turn % 2 == 0
                else (tags["assistant_tag"], tags["function_tag"]))
     if role not in allowed:
+        known = [t for t in _role_names(tags) if t != tags["system_tag"]]
+        if role not in known:
+            raise RowProblem(
+                f"message {number} has {tags['role_tag']} {role!r}, which is not a role of this "
+                f"entry ({', '.join(repr(t) for t in known)}); fix the message or set the "
+                "entry's \"tags\"", reason="unknown_role")
         side = "user" if turn % 2 == 0 else "assistant"
         raise RowProblem(
             f"message {number} has {tags['role_tag']} {role!r} where a {side} turn "
             f"({' or '.join(repr(t) for t in allowed)}) is expected; messages must alternate "
-            "user and assistant, starting with the user"
-        )
+            "user and assistant, starting with the user", reason="wrong_role_order")
     return _message(_role_names(tags)[role], _content(message, tags, number=number))
 
 
-def _content(message: Mapping[str, Any], tags: Mapping[str, str], *, number: int) -> str:
-    content = message.get(tags["content_tag"])
+def _content(message: Mapping[str, Any], tags: Mapping[str, str], *, number: int,
+             allow_empty: bool = False) -> str:
+    key = tags["content_tag"]
+    if key not in message:
+        raise RowProblem(f"message {number} has no '{key}' (the entry's content_tag); add it "
+                         "or fix \"tags\"", reason="missing_column")
+    content = message[key]
     if not isinstance(content, str):
-        raise RowProblem(f"message {number} has no string '{tags['content_tag']}'")
+        raise RowProblem(
+            f"message {number} has a {type(content).__name__} as '{key}', not a string; "
+            "tuneline reads text-only messages (no lists of content parts)",
+            reason="non_string_content")
+    if not allow_empty and not content.strip():
+        raise RowProblem(f"message {number} has an empty '{key}'; fill it in or remove the row",
+                         reason="empty_content")
     return content
 
 
 def _check_count(count: int, *, ranking: bool) -> None:
     if count == 0:
-        raise RowProblem("has no messages besides the system message")
+        raise RowProblem("has no messages besides the system message", reason="message_count")
     if not ranking and count % 2 != 0:
         raise RowProblem(
             f"has {count} messages besides the system message; a training row needs an even "
-            "number (user/assistant pairs) ending with an assistant turn"
-        )
+            "number (user/assistant pairs) ending with an assistant turn",
+            reason="message_count")
     if ranking and count % 2 == 0:
         raise RowProblem(
             f"has {count} messages besides the system message; a ranking row needs an odd "
-            "number ending with a user turn, followed by the chosen and rejected columns"
-        )
+            "number ending with a user turn, followed by the chosen and rejected columns",
+            reason="message_count")
 
 
 def _ranked(data: Mapping[str, Any], attr: DatasetAttr, key: str) -> Message:
-    value = _column(data, attr.columns[key], key)
+    column = attr.columns[key]
+    value = _column(data, column, key)
     if not isinstance(value, dict):
-        raise RowProblem(f"column '{attr.columns[key]}' ({key}) must be one message object")
-    return _ranked_message(value, attr.tags, key=key)
-
-
-def _ranked_message(value: Mapping[str, Any], tags: Mapping[str, str], *, key: str) -> Message:
+        raise RowProblem(f"column '{column}' ({key}) must be one message object, not "
+                         f"{type(value).__name__}", reason="wrong_type")
+    tags = attr.tags
     role = value.get(tags["role_tag"])
     allowed = (tags["assistant_tag"], tags["function_tag"])
     if role not in allowed:
         raise RowProblem(f"the {key} message has {tags['role_tag']} {role!r}, expected "
-                         f"{' or '.join(repr(t) for t in allowed)}")
-    content = value.get(tags["content_tag"])
-    if not isinstance(content, str):
-        raise RowProblem(f"the {key} message has no string '{tags['content_tag']}'")
+                         f"{' or '.join(repr(t) for t in allowed)}", reason="wrong_role_order")
+    try:
+        content = _content(value, tags, number=0)
+    except RowProblem as e:
+        raise RowProblem(str(e).replace("message 0", f"the {key} message"),
+                         reason=e.reason) from None
     return _message(_role_names(tags)[role], content)
 
 
 def _standard(prompt: list[Message], response: list[Message], *, data: Mapping[str, Any],
-              columns: Mapping[str, str], system: str | None = None) -> dict:
+              attr: DatasetAttr, system: str | None = None) -> dict:
+    columns = attr.columns
     if system is None:
         system = _text(data, columns["system"], "system") if "system" in columns else ""
     tools = _tools(data, columns["tools"]) if "tools" in columns else ""
-    return {"prompt": prompt, "response": response, "system": system, "tools": tools}
+    row = {"prompt": prompt, "response": response, "system": system, "tools": tools}
+    if "kto_tag" in columns:
+        row["kto_tag"] = _kto_tag(data, columns["kto_tag"])
+    return row
+
+
+def _kto_tag(data: Mapping[str, Any], column: str) -> bool:
+    """true/false; the strings "true"/"false" too, since a CSV file has no booleans."""
+    value = _column(data, column, "kto_tag")
+    if isinstance(value, str) and value.strip().lower() in KTO_TEXT:
+        return KTO_TEXT[value.strip().lower()]
+    if not isinstance(value, bool):
+        raise RowProblem(f"column '{column}' (kto_tag) must be true or false, got {value!r:.40}; "
+                         "mark desirable responses true and undesirable ones false",
+                         reason="bad_kto_tag")
+    return value
 
 
 def _tools(data: Mapping[str, Any], column: str) -> str:
@@ -281,17 +235,21 @@ def _column(data: Mapping[str, Any], column: str, key: str) -> Any:
     if column not in data:
         raise RowProblem(
             f"no column '{column}' (mapped as {key} in the entry's \"columns\"); add it to "
-            "every row or change the mapping"
-        )
+            "every row or change the mapping", reason="missing_column")
     return data[column]
 
 
 def _text(data: Mapping[str, Any], column: str, key: str, *, required: bool = False) -> str:
+    """The column's string; null is "" unless `required`, where it must be non-empty text."""
     value = _column(data, column, key)
     if value is None and not required:
         return ""
     if not isinstance(value, str):
-        raise RowProblem(f"column '{column}' ({key}) must be a string, got {value!r:.60}")
+        raise RowProblem(f"column '{column}' ({key}) must be a string, got {value!r:.60}",
+                         reason="wrong_type")
+    if required and not value.strip():
+        raise RowProblem(f"column '{column}' ({key}) is empty; fill it in or remove the row",
+                         reason="empty_content")
     return value
 
 

@@ -197,25 +197,12 @@ def test_escaping_file_name_is_refused_when_loading(tmp_path: Path) -> None:
         dataset_file_paths(attr, tmp_path)
 
 
-def test_hub_and_unsupported_files_are_refused_clearly(tmp_path: Path) -> None:
-    write_dataset(tmp_path, {
-        "hub": {"hf_hub_url": "someone/data"},
-        "csv": {"file_name": "rows.csv"},
-    }, {"rows.csv": "a,b\n1,2\n"})
-    with pytest.raises(DataError, match="hub datasets are not loaded yet") as info:
-        load(tmp_path, "hub")
-    assert "dataset 'hub'" in str(info.value) and "someone/data" in str(info.value)
-    with pytest.raises(DataError, match=r"extension '\.csv'.*Supported: \.json .* \.jsonl"):
-        load(tmp_path, "csv")
-
-
 def test_invalid_jsonl_names_the_line(tmp_path: Path) -> None:
     write_dataset(tmp_path, {"p": {"file_name": "p.jsonl", "columns": {"prompt": "text"}}},
                   {"p.jsonl": '{"text": "one"}\n\n{"text": "two"\n'})
     with pytest.raises(DataError) as info:
         load(tmp_path, "p")
-    assert f"{tmp_path / 'p.jsonl'} is not valid JSON" in str(info.value)
-    assert "line 3" in str(info.value)
+    assert f"row 1 (line 3) of {tmp_path / 'p.jsonl'}: is not valid JSON" in str(info.value)
 
 
 def test_folder_of_files_is_read_in_name_order(tmp_path: Path) -> None:
@@ -350,16 +337,20 @@ def test_sharegpt_ranking_rows(tmp_path: Path) -> None:
                                {"role": "assistant", "content": "bad"}]
 
 
-def test_rows_must_be_objects_in_a_list(tmp_path: Path) -> None:
+def test_rows_must_be_objects_in_a_list_or_lines(tmp_path: Path) -> None:
     entry = {"columns": {"prompt": "text"}}
-    write_dataset(tmp_path, {"obj": {"file_name": "obj.json", **entry},
+    write_dataset(tmp_path, {"line": {"file_name": "line.json", **entry},
+                             "obj": {"file_name": "obj.json", **entry},
                              "row": {"file_name": "row.jsonl", **entry}},
-                  {"obj.json": {"text": "a"}, "row.jsonl": '{"text": "a"}\n["b"]\n'})
+                  {"line.json": '{"text": "a"}\n', "obj.json": '{\n  "text": "a"\n}\n',
+                   "row.jsonl": '{"text": "a"}\n["b"]\n'})
+    # One object per line is JSON lines, whatever the extension (as `datasets` reads it).
+    assert [r["prompt"][0]["content"] for r in load(tmp_path, "line")] == ["a"]
     with pytest.raises(DataError, match=r"obj\.json holds a JSON dict, but a \.json dataset"):
         load(tmp_path, "obj")
     with pytest.raises(DataError) as info:
         load(tmp_path, "row")
-    assert f"row 1 (line 2) of {tmp_path / 'row.jsonl'} is a JSON list" in str(info.value)
+    assert f"row 1 (line 2) of {tmp_path / 'row.jsonl'}: is a JSON list" in str(info.value)
 
 
 def test_system_only_conversation_is_refused(tmp_path: Path) -> None:
