@@ -11,12 +11,18 @@ measured in a fresh child process, so one run does not inflate the other).
 
 from __future__ import annotations
 
+import os
+import sys
+
+# This file's name shadows the standard library's `tokenize` (which inspect and linecache import)
+# when it runs as a script, so its own folder leaves the import path first.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
 import argparse
 import json
 import random
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +56,8 @@ def stage_yaml(folder: Path, tokenizer: str, workers: int) -> Path:
 
 def child(folder: Path, tokenizer: str, workers: int) -> None:
     """Run `tuneline data preprocess` in this process; print rows/s and peak RSS as JSON."""
+    from transformers import AutoTokenizer  # noqa: F401  (imports cost once per process, not per row: not timed)
+
     from tuneline.flows.single import preprocess
 
     config = stage_yaml(folder, tokenizer, workers)

@@ -124,7 +124,7 @@ def score_model(
     rows = heldout_rows(settings, config)
     predictions: list[dict[str, str]] = []
     if rows:
-        template = get_template(config.data.template or DEFAULT_TEMPLATE)
+        template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
         answers = greedy_answers(model, tokenizer, rows, template=template, max_new_tokens=settings.max_new_tokens)
         metrics["answer_f1"] = answer_score(answers, rows)
         predictions = [

@@ -29,7 +29,7 @@ def write_hf_folder(model_dir: str | Path, out_dir: str | Path, *, template: str
 
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir)
-    model.generation_config.eos_token_id = stop_token_ids(get_template(template), tokenizer)
+    model.generation_config.eos_token_id = stop_token_ids(get_template(template, tokenizer=tokenizer), tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir, safe_serialization=True, max_shard_size=f"{export_size_gb}GB")
     tokenizer.save_pretrained(out_dir)

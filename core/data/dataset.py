@@ -33,6 +33,7 @@ from tuneline.core.data.registry import (
 from tuneline.core.data.registry import iter_rows as registry_iter_rows
 from tuneline.core.errors import ConfigError
 from tuneline.core.fingerprint import tree_fingerprint
+from tuneline.core.template_check import check_template
 from tuneline.core.templates import chat_template_jinja, fix_tokenizer, get_template
 
 TOKENIZER_DIR = "tokenizer"
@@ -83,11 +84,19 @@ def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadRe
 
 
 def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
-    """The tokenizer as the template needs it (eos, pad, stop words, chat template) and the template."""
+    """The tokenizer as the template needs it (eos, pad, stop words, chat template) and the template.
+
+    A named template that renders a probe conversation differently from the tokenizer's own chat
+    template is refused before any work, unless `allow_template_mismatch` says otherwise.
+    """
     from tuneline.core.model import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path, model=config.model)
-    template = get_template(config.data.template or DEFAULT_TEMPLATE)
+    template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+    mismatch = check_template(template, tokenizer) if tokenizer.chat_template else None
+    if mismatch and not config.data.allow_template_mismatch:
+        raise ConfigError(f"template '{template.name}' does not render like the tokenizer's own chat template: {mismatch} "
+                          "Choose the matching template (or 'auto'), or set 'allow_template_mismatch: true' to train anyway.")
     fix_tokenizer(template, tokenizer)
     tokenizer.chat_template = chat_template_jinja(template, tokenizer)
     return tokenizer, template

@@ -7,6 +7,7 @@ in `workers` processes that each hold the tokenizer, and yields results in input
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from tuneline.core.data.processors import (
     encode_supervised_row,
     encode_unsupervised_row,
 )
+from tuneline.core.errors import TunelineError
+from tuneline.core.template_encode import message_pieces
 from tuneline.core.templates import Template
 
 Batch = tuple[str, list[dict[str, Any]]]
@@ -60,6 +63,8 @@ class EncodingSpec:
 def encode_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -> Encoded:
     """Examples of one batch of rows and the counters describing what happened to them."""
     kind = "predict" if spec.predict else spec.stage
+    if kind != "pt":
+        tokenizer = PrefetchedTokenizer(tokenizer, _batch_texts(rows, spec, tokenizer))
     examples, counters = _ENCODERS[kind](rows, spec, tokenizer)
     counters["rows_in"] += len(rows)
     counters["examples"] += len(examples)
@@ -70,6 +75,48 @@ def encode_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -
     if not spec.packing and kind != "pt":
         _count_padding([len(e[ids_key]) for e in examples], spec.batch_size, counters)
     return examples, counters
+
+
+class PrefetchedTokenizer:
+    """The tokenizer, answering `tokenizer(texts, add_special_tokens=False)` from one batched call
+    made beforehand for a whole preprocessing batch.
+
+    Templates encode each message on its own (token-exactness), so rows are encoded a few strings
+    at a time; one call over the batch's strings lets the Rust tokenizer use every core and cuts
+    the per-call overhead. Every other attribute is the tokenizer's own.
+    """
+
+    def __init__(self, tokenizer, texts: Iterable[str]) -> None:
+        self.tokenizer = tokenizer
+        unique = list(dict.fromkeys(texts))
+        encoded = tokenizer(unique, add_special_tokens=False)["input_ids"] if unique else []
+        self.cache = dict(zip(unique, encoded))
+
+    def __call__(self, text, add_special_tokens: bool = True, **kwargs):
+        cache = self.cache
+        if not add_special_tokens and not kwargs and isinstance(text, list) and all(t in cache for t in text):
+            return {"input_ids": [list(cache[t]) for t in text]}
+        return self.tokenizer(text, add_special_tokens=add_special_tokens, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+def _batch_texts(rows: list[dict[str, Any]], spec: EncodingSpec, tokenizer) -> Iterator[str]:
+    """Every string the template will encode for `rows` (a row it cannot render is left to the
+    processor, which reports it properly)."""
+    for row in rows:
+        for response in row["response"] or [None]:
+            messages = [*row["prompt"], *([response] if response else [])]
+            try:
+                pieces = message_pieces(spec.template, tokenizer, messages=messages, system=row.get("system") or None,
+                                        tools=row.get("tools") or None)
+            except TunelineError:
+                continue
+            yield from (piece for message in pieces for piece in message if isinstance(piece, str))
 
 
 def _encode_pretrain(rows, spec: EncodingSpec, tokenizer) -> Encoded:
@@ -175,6 +222,8 @@ def pool_map(batches: Iterable[Batch], *, spec: EncodingSpec, tokenizer, workers
         for split, rows in batches:
             yield split, encode_batch(rows, spec=spec, tokenizer=tokenizer)
         return
+    # Each worker encodes single-threaded; the Rust tokenizer's own threads would oversubscribe.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with context.Pool(workers, initializer=_init_worker, initargs=(spec, tokenizer)) as pool:
         # A window of 2 batches per worker: Pool.imap would read the whole input ahead.

@@ -137,6 +137,12 @@ def test_template_without_content_slot_is_refused():
         Template(name="broken", format_user=("USER:",))
     with pytest.raises(ConfigError, match="replace_eos needs at least one stop word"):
         Template(name="broken", replace_eos=True)
+    with pytest.raises(ConfigError, match="format_observation .* has no"):
+        Template(name="broken", format_observation=("TOOL:",))
+
+
+def test_named_templates_ignore_the_tokenizer(load):
+    assert get_template("qwen", tokenizer=load("llama3")) is TEMPLATES["qwen"]
 
 
 # ---------------------------------------------------------------- token-exact against the official templates
@@ -304,6 +310,8 @@ def test_tools_refused_where_the_template_has_no_tool_format(fixed):
     [
         ([_assistant("x")], [_user("y")], "message 0 has role 'assistant'"),
         ([_user("x"), _user("y")], [_assistant("z")], "message 1 has role 'user'"),
+        ([_user("x"), {"role": "observation", "content": "{}"}], [_assistant("z")], "message 1 has role 'observation'"),
+        ([{"role": "function", "content": "{}"}], [_assistant("z")], "message 0 has role 'function'"),
         ([_user("x")], [], "end with an assistant message"),
     ],
 )
@@ -339,6 +347,15 @@ def test_fix_tokenizer_replaces_eos_with_existing_token(load, fixed):
     assert fixed.added[("qwen2.5", "qwen")] == []
     assert (qwen.eos_token_id, qwen.pad_token_id) == (151645, 151643)
     assert stop_token_ids(get_template("qwen"), qwen) == [151645]
+
+
+def test_fix_tokenizer_keeps_the_settings_of_a_token_it_makes_eos(load, fixed):
+    """Phi-3's <|end|> swallows the newline after it (rstrip); as eos it still does, so a turn
+    encodes as the official tokenizer encodes it."""
+    text = "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n"
+    ids = fixed("phi3.5", "phi").encode(text, add_special_tokens=False)
+    assert ids == load("phi3.5").encode(text, add_special_tokens=False)
+    assert ids == [32010, 6324, 32007, 32001, 15043, 32007]
 
 
 def test_fix_tokenizer_adds_missing_chatml_tokens_to_gpt2(load, fixed):

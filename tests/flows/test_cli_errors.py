@@ -47,3 +47,19 @@ def test_pipeline_with_a_cycle_exits_2_naming_the_stages(tmp_path: Path):
     assert result.returncode == 2
     assert "a -> b -> a" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_preprocess_of_bad_data_exits_2_and_leaves_no_partial_output(tmp_path: Path, shared_dir: Path):
+    shared = shared_dir
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "d.jsonl").write_text('{"instruction": "Hi", "input": "", "output": "Hello"}\n{"instruction": "Hi", "output": \n')
+    (data / "dataset_info.json").write_text(json.dumps({"d": {"file_name": "d.jsonl"}}))
+    config = tmp_path / "stage.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(shared / "tokenizers/gpt2"), "stage": "sft", "dataset": "d",
+                                      "dataset_dir": str(data), "template": "default"}))
+    result = run_cli("data", "preprocess", str(config), "--output", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "d.jsonl" in result.stderr and "line 2" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".out.partial").exists()

@@ -1,0 +1,133 @@
+"""The `Template` value: how each message of a conversation is written out, as LLaMA-Factory 0.9.5
+describes it with its `register_template` fields.
+
+A slot is a tuple of pieces: text, in which the first `{content}` is replaced by the message, `BOS`
+/ `EOS` (the tokenizer's bos/eos token after `fix_tokenizer`), or `Token("...")`, one vocabulary
+token written by id. Each text piece is encoded on its own (LLaMA-Factory never lets BPE merge
+across two slot elements), so the split into pieces is part of the template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from tuneline.core.errors import ConfigError
+
+
+class Special(Enum):
+    """A slot piece that is a special token of the (fixed) tokenizer, not text."""
+
+    BOS = "bos_token"
+    EOS = "eos_token"
+
+
+@dataclass(frozen=True)
+class Token:
+    """A slot piece written as the id of one vocabulary token (LLaMA-Factory's `{"token": ...}`)."""
+
+    text: str
+
+
+BOS = Special.BOS
+EOS = Special.EOS
+CONTENT = "{content}"
+
+Piece = str | Special | Token
+Slot = tuple[Piece, ...]
+ToolFormat = Literal["default", "qwen", "mistral", "glm4", "llama3", "seed_oss"]
+DEFAULT_THOUGHT_WORDS = ("<think>\n", "\n</think>\n\n")
+
+
+@dataclass(frozen=True)
+class Template:
+    """How a conversation becomes text, with LLaMA-Factory's semantics for each field.
+
+    Roles: `user` and `observation` (a tool result) open a turn; `assistant` and `function` (a
+    tool call: a JSON object or list of `{"name", "arguments"}`) answer it.
+    """
+
+    name: str
+    format_user: Slot = (CONTENT,)
+    """A user message, followed by the assistant's generation prefix (it opens the reply)."""
+    format_assistant: Slot = (CONTENT, EOS)
+    """An assistant message, including whatever closes the turn."""
+    format_system: Slot = (CONTENT,)
+    """The system message (plus the tool descriptions), written before the first user message."""
+    format_function: Slot | None = None
+    """A tool call, `{content}` being the calls written in `tool_format`; None: `format_assistant`."""
+    format_observation: Slot | None = None
+    """A tool result; None: `format_user`."""
+    format_prefix: Slot = ()
+    """Written once at the very start (usually the BOS token)."""
+    default_system: str = ""
+    """Used when a row has no system message."""
+    stop_words: tuple[str, ...] = ()
+    """Texts that end a reply; with `replace_eos` the first becomes the tokenizer's eos."""
+    efficient_eos: bool = False
+    """The assistant slot has no eos: one eos is appended after the last turn and the eos that
+    closes each earlier turn is trained as the first label of the following source."""
+    replace_eos: bool = False
+    """Make `stop_words[0]` the tokenizer's eos token (see `fix_tokenizer`)."""
+    system_in_user: bool = False
+    """Fold the system text into the first user message (llama2, mistral, gemma), as
+    LLaMA-Factory's Llama2Template does; only the first piece of `format_system` is used."""
+    reasoning: bool = False
+    """LLaMA-Factory's ReasoningTemplate: a reply without a thought gets an empty one
+    (`thought_words` joined), trained with `enable_thinking`, else written into the prompt."""
+    enable_thinking: bool = True
+    """For reasoning templates: keep thoughts and train the empty ones; False drops every
+    thought from the replies and writes the empty thought after each prompt instead."""
+    thought_words: tuple[str, str] = DEFAULT_THOUGHT_WORDS
+    """What opens and closes a thought. A tool call's leading thought is kept in front of it."""
+    generation_prefix: str = ""
+    """The end of `format_user` that opens the assistant's reply. The exported Jinja template
+    leaves it out after a final user message when `add_generation_prompt` is false; empty means
+    the prompt ends the same either way (llama2, mistral)."""
+    tool_format: ToolFormat = "default"
+    """How tool descriptions (system text) and tool calls (`function` messages) are written."""
+    pretrain_eos: str | None = None
+    """Text appended to each pretraining document instead of the tokenizer's eos text."""
+    chat_template: str | None = None
+    """Set only by `template: auto`: the tokenizer's own Jinja chat template renders every
+    conversation and the slots above are unused."""
+
+    def __post_init__(self) -> None:
+        problems = [f"template '{self.name}': {p}" for p in _problems(self)]
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def function_slot(self) -> Slot:
+        return self.format_assistant if self.format_function is None else self.format_function
+
+    @property
+    def observation_slot(self) -> Slot:
+        return self.format_user if self.format_observation is None else self.format_observation
+
+
+def _has_content(slot: Slot) -> bool:
+    return any(isinstance(piece, str) and CONTENT in piece for piece in slot)
+
+
+def _problems(template: Template) -> list[str]:
+    problems = []
+    slots = {"format_user": template.format_user, "format_assistant": template.format_assistant,
+             "format_system": template.format_system, "format_function": template.function_slot,
+             "format_observation": template.observation_slot}
+    problems += [f"{field} {slot!r} has no {CONTENT} piece" for field, slot in slots.items() if not _has_content(slot)]
+    if any(isinstance(piece, str) and CONTENT in piece for piece in template.format_prefix):
+        problems.append(f"format_prefix {template.format_prefix!r} must not hold {CONTENT}")
+    if template.replace_eos and not template.stop_words:
+        problems.append("replace_eos needs at least one stop word")
+    if template.efficient_eos and EOS in template.format_assistant:
+        problems.append("efficient_eos templates end replies without EOS in format_assistant")
+    if template.system_in_user and not (template.format_system and isinstance(template.format_system[0], str)):
+        problems.append("system_in_user needs format_system to start with its text piece")
+    last = template.format_user[-1] if template.format_user else None
+    if template.generation_prefix and not (isinstance(last, str) and last.endswith(template.generation_prefix)):
+        problems.append(f"generation_prefix {template.generation_prefix!r} must end format_user")
+    if len(template.thought_words) != 2 or not all(template.thought_words):
+        problems.append(f"thought_words must be two non-empty texts, got {template.thought_words!r}")
+    return problems

@@ -1,0 +1,106 @@
+"""Tokenizing a stage's datasets to Arrow: exact ids, splits, counters, workers, guard, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tuneline.core.config import build_stage_config
+from tuneline.core.data.dataset import tokenize_dataset
+from tuneline.core.errors import ConfigError, DataError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(**values):
+    return build_stage_config({"stage": "sft", "dataset_dir": str(REPO_ROOT / "data"), "template": "default",
+                               "cutoff_len": 64, **values})
+
+
+def test_sft_tokens_equal_the_per_row_encoder_and_counters_add_up(shared_dir: Path, tmp_path: Path):
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.dataset import read_rows
+    from tuneline.core.data.processors import encode_supervised_row
+    from tuneline.core.templates import fix_tokenizer, get_template
+
+    config = _config(dataset="demo_alpaca,demo_sharegpt", max_samples=150, preprocessing_batch_size=64)
+    counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/gpt2")
+    template = get_template("default")
+    fix_tokenizer(template, tokenizer)
+    expected = [encode_supervised_row(row, template=template, tokenizer=tokenizer, cutoff_len=64) for row in read_rows(
+        ["demo_alpaca", "demo_sharegpt"], config)]
+    assert [e["input_ids"] for e in expected] == train["input_ids"]
+    assert [e["labels"] for e in expected] == train["labels"]
+    assert counters["rows_in"] == counters["examples"] == 300
+    assert counters["total_tokens"] == sum(len(ids) for ids in train["input_ids"])
+    assert counters["trained_tokens"] == sum(sum(1 for x in labels if x != -100) for labels in train["labels"])
+    assert 0 < counters["padding_ratio"] < 1
+    assert (tmp_path / "out/tokenizer/tokenizer_config.json").is_file()
+    assert "[[" in (tmp_path / "out/preview.txt").read_text()
+
+
+def test_worker_processes_give_the_same_dataset(shared_dir: Path, tmp_path: Path):
+    from datasets import load_from_disk
+
+    for workers in (1, 2):
+        config = _config(dataset="demo_alpaca", max_samples=200, preprocessing_batch_size=50, preprocessing_num_workers=workers,
+                         val_size=0.1)
+        tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / f"w{workers}")
+    one, two = load_from_disk(str(tmp_path / "w1")), load_from_disk(str(tmp_path / "w2"))
+    assert one["train"]["input_ids"] == two["train"]["input_ids"]
+    assert one["validation"]["input_ids"] == two["validation"]["input_ids"]
+    assert len(one["train"]) + len(one["validation"]) == 200 and 5 <= len(one["validation"]) <= 40
+
+
+def test_named_template_that_disagrees_with_the_tokenizer_is_refused_unless_allowed(shared_dir: Path, tmp_path: Path):
+    qwen = shared_dir / "tokenizers/qwen2.5"
+    with pytest.raises(ConfigError, match="allow_template_mismatch"):
+        tokenize_dataset(_config(dataset="demo_alpaca", max_samples=5, template="llama3"), tokenizer_path=qwen, output_dir=tmp_path / "a")
+    counters = tokenize_dataset(_config(dataset="demo_alpaca", max_samples=5, template="llama3", allow_template_mismatch=True),
+                                tokenizer_path=qwen, output_dir=tmp_path / "b")
+    assert counters["examples"] == 5
+    assert tokenize_dataset(_config(dataset="demo_alpaca", max_samples=5, template="qwen"), tokenizer_path=qwen,
+                            output_dir=tmp_path / "c")["examples"] == 5
+
+
+@pytest.mark.parametrize(("dataset", "stage", "columns"), [
+    ("alpaca_en_demo", "sft", {"input_ids", "attention_mask", "labels"}),
+    ("identity", "sft", {"input_ids", "attention_mask", "labels"}),
+    ("glaive_toolcall_en_demo", "sft", {"input_ids", "attention_mask", "labels"}),
+    ("dpo_en_demo", "dpo", {"chosen_input_ids", "chosen_attention_mask", "chosen_labels", "rejected_input_ids",
+                            "rejected_attention_mask", "rejected_labels"}),
+    ("kto_en_demo", "kto", {"input_ids", "attention_mask", "labels", "kl_input_ids", "kl_attention_mask", "kl_labels", "kto_tags"}),
+    ("c4_demo", "pt", {"input_ids", "attention_mask", "labels"}),
+    ("wiki_demo", "pt", {"input_ids", "attention_mask", "labels"}),
+])
+def test_llamafactory_demo_datasets_tokenize_with_their_stage(shared_dir: Path, tmp_path: Path, dataset, stage, columns):
+    from datasets import load_from_disk
+
+    config = build_stage_config({"stage": stage, "dataset": dataset, "dataset_dir": str(shared_dir / "llamafactory/data"),
+                                 "template": "qwen", "cutoff_len": 256, "max_samples": 40})
+    counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/qwen2.5", output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    assert set(train.column_names) == columns
+    assert len(train) > 0 and counters["trained_tokens"] > 0
+
+
+def test_bad_row_leaves_no_output_and_names_the_row(shared_dir: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"instruction": "Hi", "input": "", "output": "Hello"}, {"instruction": "Hi", "input": "", "output": ["not", "text"]}]
+    (data / "d.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"d": {"file_name": "d.json"}}))
+    config = build_stage_config({"stage": "sft", "dataset": "d", "dataset_dir": str(data), "template": "default"})
+    with pytest.raises(DataError, match="row 1"):
+        tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
+    lenient = build_stage_config({"stage": "sft", "dataset": "d", "dataset_dir": str(data), "template": "default", "on_bad_row": "skip"})
+    counters = tokenize_dataset(lenient, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "ok")
+    assert counters["examples"] == 1
+    assert sum(v for k, v in counters.items() if k.startswith("rows_dropped_")) == 1
