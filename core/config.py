@@ -304,22 +304,19 @@ def load_stage_config(path: str | Path, overrides: list[str] | None = None) -> S
 
 
 def coerce_fields(group: type, values: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    hints = typing.get_type_hints(group)
-    coerced = {}
-    for key, value in values.items():
-        try:
-            coerced[key] = coerce(value, hints[key])
-        except (TypeError, ValueError) as e:
-            problems.append(f"'{key}': {e}")
-    return coerced
+    """`values` coerced to the annotated field types of dataclass `group`; problems appended."""
+    return _coerce_all(values, typing.get_type_hints(group), problems)
 
 
 def _coerce_training(values: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    kinds = training_fields()
+    return _coerce_all(values, training_fields(), problems)
+
+
+def _coerce_all(values: dict[str, Any], types_by_key: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     coerced = {}
     for key, value in values.items():
         try:
-            coerced[key] = coerce(value, kinds[key])
+            coerced[key] = coerce(value, types_by_key[key])
         except (TypeError, ValueError) as e:
             problems.append(f"'{key}': {e}")
     return coerced
