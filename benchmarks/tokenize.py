@@ -64,8 +64,19 @@ def child(folder: Path, tokenizer: str, workers: int) -> None:
     started = time.perf_counter()
     counters = preprocess(str(config), [], output=str(folder / "out"))
     seconds = time.perf_counter() - started
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"rows": counters["rows_in"], "seconds": seconds, "peak_rss_mib": peak_kib / 1024}))
+    print(json.dumps({"rows": counters["rows_in"], "seconds": seconds, "peak_rss_mib": peak_rss_kib() / 1024}))
+
+
+def peak_rss_kib() -> int:
+    """This process's peak RSS. Linux's VmHWM starts afresh at exec; ru_maxrss does not, so it
+    would report the benchmark parent's size at the moment it forked this child."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def raw_ceiling(folder: Path, tokenizer_path: str) -> float:
