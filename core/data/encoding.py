@@ -24,7 +24,7 @@ from tuneline.core.data.processors import (
 )
 from tuneline.core.errors import TunelineError
 from tuneline.core.template_encode import message_pieces
-from tuneline.core.templates import Template
+from tuneline.core.templates import Template, encode_turns
 
 Batch = tuple[str, list[dict[str, Any]]]
 Encoded = tuple[list[dict[str, Any]], Counter]
@@ -140,10 +140,35 @@ def _encode_supervised(rows, spec: EncodingSpec, tokenizer) -> Encoded:
             counters["padded_positions"] += len(example["input_ids"])
             counters["pad_positions"] += _trailing_padding(example, tokenizer.pad_token_id)
         return packed, counters
-    return _per_row(rows, lambda row: encode_supervised_row(
-        row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len,
-        train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history,
-    ))
+    counters: Counter = Counter()
+
+    def encode(row):
+        example = encode_supervised_row(
+            row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len,
+            train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history,
+        )
+        if example is not None:
+            _count_truncation(row, example, spec, tokenizer, counters)
+        return example
+
+    examples, dropped = _per_row(rows, encode)
+    return examples, counters + dropped
+
+
+def _count_truncation(row: dict[str, Any], example: dict[str, list[int]], spec: EncodingSpec, tokenizer, counters: Counter) -> None:
+    """Count a row whose tokens were cut to fit cutoff_len, and one whose trained reply lost tokens."""
+    pairs = encode_turns(spec.template, tokenizer, prompt=row["prompt"], response=row["response"],
+                         system=row.get("system") or None, tools=row.get("tools") or None)
+    full = sum(len(source) + len(target) for source, target in pairs)
+    if len(example["input_ids"]) >= full:
+        return
+    counters["rows_truncated"] += 1
+    if spec.train_on_prompt:
+        expected = full
+    else:
+        expected = len(pairs[-1][1]) if spec.mask_history else sum(len(target) for _, target in pairs)
+    if sum(1 for label in example["labels"] if label != -100) < expected:
+        counters["responses_cut"] += 1
 
 
 def _encode_pairwise(rows, spec: EncodingSpec, tokenizer) -> Encoded:

@@ -104,3 +104,16 @@ def test_bad_row_leaves_no_output_and_names_the_row(shared_dir: Path, tmp_path: 
     counters = tokenize_dataset(lenient, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "ok")
     assert counters["examples"] == 1
     assert sum(v for k, v in counters.items() if k.startswith("rows_dropped_")) == 1
+
+
+def test_truncation_is_counted(shared_dir: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    data.mkdir()
+    long_reply = " ".join(["word"] * 200)
+    rows = [{"instruction": "Hi", "input": "", "output": "Hello"}, {"instruction": "Tell a story", "input": "", "output": long_reply}]
+    (data / "d.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"d": {"file_name": "d.json"}}))
+    config = build_stage_config({"stage": "sft", "dataset": "d", "dataset_dir": str(data), "template": "default", "cutoff_len": 64})
+    counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
+    assert counters["rows_truncated"] == 1 and counters["responses_cut"] == 1
+    assert counters["examples"] == 2
