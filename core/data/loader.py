@@ -65,7 +65,7 @@ def alpaca_row(data: Mapping[str, Any], attr: DatasetAttr) -> dict:
 
 
 def _history(data: Mapping[str, Any], column: str) -> list[Message]:
-    value = _column(data, column, "history")
+    value = _column(data, column, "history", optional=True)
     if value is None:
         return []
     if not isinstance(value, list):
@@ -225,14 +225,18 @@ def _kto_tag(data: Mapping[str, Any], column: str) -> bool:
 
 
 def _tools(data: Mapping[str, Any], column: str) -> str:
-    value = _column(data, column, "tools")
+    value = _column(data, column, "tools", optional=True)
     if value is None:
         return ""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _column(data: Mapping[str, Any], column: str, key: str) -> Any:
+def _column(data: Mapping[str, Any], column: str, key: str, *, optional: bool = False) -> Any:
+    """The row's value of `column`. An optional column missing from a row reads as null, as
+    LLaMA-Factory sees it (`datasets` fills keys some rows lack with None)."""
     if column not in data:
+        if optional:
+            return None
         raise RowProblem(
             f"no column '{column}' (mapped as {key} in the entry's \"columns\"); add it to "
             "every row or change the mapping", reason="missing_column")
@@ -241,7 +245,7 @@ def _column(data: Mapping[str, Any], column: str, key: str) -> Any:
 
 def _text(data: Mapping[str, Any], column: str, key: str, *, required: bool = False) -> str:
     """The column's string; null is "" unless `required`, where it must be non-empty text."""
-    value = _column(data, column, key)
+    value = _column(data, column, key, optional=not required)
     if value is None and not required:
         return ""
     if not isinstance(value, str):

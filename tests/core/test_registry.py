@@ -245,17 +245,26 @@ def test_alpaca_joins_instruction_and_input_and_keeps_history(tmp_path: Path) ->
     assert second["system"] == "Be brief."
 
 
-def test_missing_mapped_column_names_the_row(tmp_path: Path) -> None:
+def test_missing_required_column_names_the_row(tmp_path: Path) -> None:
     write_dataset(tmp_path, {"a": {"file_name": "a.json"}}, {"a.json": [
         {"instruction": "q0", "input": "", "output": "r0"},
-        {"instruction": "q1", "output": "r1"},
+        {"instruction": "q1", "input": ""},
     ]})
     with pytest.raises(DataError) as info:
         load(tmp_path, "a")
     message = str(info.value)
     assert f"dataset 'a' in {tmp_path / 'dataset_info.json'}" in message
-    assert f"row 1 of {tmp_path / 'a.json'}: no column 'input' (mapped as query" in message
+    assert f"row 1 of {tmp_path / 'a.json'}: no column 'output' (mapped as response" in message
     assert "1 row(s)" in message
+
+
+def test_missing_optional_column_reads_as_empty_as_in_llamafactory(tmp_path: Path) -> None:
+    write_dataset(tmp_path, {"a": {"file_name": "a.json"}}, {"a.json": [
+        {"instruction": "q0", "input": "i0", "output": "r0"},
+        {"instruction": "q1", "output": "r1"},
+    ]})
+    rows = load(tmp_path, "a")
+    assert [r["prompt"][-1]["content"] for r in rows] == ["q0\ni0", "q1"]
 
 
 def test_num_samples_takes_first_rows_and_cycles(tmp_path: Path) -> None:
