@@ -14,7 +14,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.errors import ConfigError, DataError
-from tuneline.core.templates import Template, encode_turns
+from tuneline.core.templates import Template, encode_oneturn, encode_turns
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -137,9 +137,10 @@ def _encode_oneturn(
 ) -> tuple[list[int], list[int]]:
     """(prompt_ids, reply_ids): everything before `reply` is prompt, earlier turns included.
 
-    This is LLaMA-Factory's `encode_oneturn`; with `efficient_eos` the eos is appended to the reply.
+    This is LLaMA-Factory's `encode_oneturn` (reasoning templates drop the thoughts of earlier
+    replies); with `efficient_eos` the eos is appended to the reply.
     """
-    pairs = encode_turns(
+    prompt_ids, reply_ids = encode_oneturn(
         template,
         tokenizer,
         prompt=row["prompt"],
@@ -147,8 +148,7 @@ def _encode_oneturn(
         system=row.get("system") or None,
         tools=row.get("tools") or None,
     )
-    prompt_ids = [token for source, target in pairs[:-1] for token in source + target] + pairs[-1][0]
-    reply_ids = list(pairs[-1][1])
+    reply_ids = list(reply_ids)
     if template.efficient_eos:
         reply_ids.append(tokenizer.eos_token_id)
     return prompt_ids, reply_ids

@@ -393,3 +393,25 @@ def test_kto_empty_reply_is_undesired_and_bad_rows_are_reported(gpt2):
     with pytest.raises(DataError, match="kto_tag"):
         _kto([{**_row(("Hi", "Hello")), "kto_tag": "yes"}], gpt2)
     assert _kto([_feedback(_words("a", 5), "b", True)], gpt2, cutoff_len=1) == [None]
+
+
+def test_pairwise_with_a_reasoning_template_drops_earlier_thoughts(shared_dir):
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.processors import encode_pairwise_row
+    from tuneline.core.templates import fix_tokenizer, get_template
+
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
+    template = get_template("qwen3")
+    fix_tokenizer(template, tokenizer)
+    row = {
+        "prompt": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>\nsecret\n</think>\n\nb"},
+                   {"role": "user", "content": "c"}],
+        "response": [{"role": "assistant", "content": "d"}, {"role": "assistant", "content": "e"}],
+        "system": "", "tools": "",
+    }
+    example = encode_pairwise_row(row, template=template, tokenizer=tokenizer, cutoff_len=256)
+    chosen = tokenizer.decode(example["chosen_input_ids"])
+    assert "secret" not in chosen and "assistant\nb<|im_end|>" in chosen
+    trained = [t for t, label in zip(example["chosen_input_ids"], example["chosen_labels"]) if label != -100]
+    assert tokenizer.decode(trained) == "<think>\n\n</think>\n\nd<|im_end|>\n"
