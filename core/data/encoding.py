@@ -71,7 +71,7 @@ def encode_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -
     ids_key = "chosen_input_ids" if kind in ("rm", "dpo") else "input_ids"
     labels_key = "chosen_labels" if kind in ("rm", "dpo") else "labels"
     counters["total_tokens"] += sum(len(e[ids_key]) for e in examples) - (counters["pad_positions"] if spec.packing else 0)
-    counters["trained_tokens"] += sum(sum(1 for label in e[labels_key] if label != -100) for e in examples)
+    counters["trained_tokens"] += sum(len(e[labels_key]) - e[labels_key].count(-100) for e in examples)
     if not spec.packing and kind != "pt":
         _count_padding([len(e[ids_key]) for e in examples], spec.batch_size, counters)
     return examples, counters
@@ -89,8 +89,9 @@ class PrefetchedTokenizer:
     def __init__(self, tokenizer, texts: Iterable[str]) -> None:
         self.tokenizer = tokenizer
         unique = list(dict.fromkeys(texts))
-        encoded = tokenizer(unique, add_special_tokens=False)["input_ids"] if unique else []
-        self.cache = dict(zip(unique, encoded))
+        # The Rust tokenizer directly: the same ids as tokenizer(unique), without wrapping each result.
+        encoded = tokenizer.backend_tokenizer.encode_batch(unique, add_special_tokens=False) if unique else []
+        self.cache = {text: encoding.ids for text, encoding in zip(unique, encoded)}
 
     def __call__(self, text, add_special_tokens: bool = True, **kwargs):
         cache = self.cache
@@ -147,7 +148,8 @@ def _encode_supervised(rows, spec: EncodingSpec, tokenizer) -> Encoded:
             row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len,
             train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history,
         )
-        if example is not None:
+        # Truncation fills the budget, so only a full-length example can have been cut.
+        if example is not None and len(example["input_ids"]) >= spec.cutoff_len:
             _count_truncation(row, example, spec, tokenizer, counters)
         return example
 
@@ -167,7 +169,7 @@ def _count_truncation(row: dict[str, Any], example: dict[str, list[int]], spec: 
         expected = full
     else:
         expected = len(pairs[-1][1]) if spec.mask_history else sum(len(target) for _, target in pairs)
-    if sum(1 for label in example["labels"] if label != -100) < expected:
+    if len(example["labels"]) - example["labels"].count(-100) < expected:
         counters["responses_cut"] += 1
 
 

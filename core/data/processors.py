@@ -127,7 +127,7 @@ def encode_supervised_row(
     if template.efficient_eos:
         input_ids.append(eos_id)
         labels.append(eos_id)
-    if all(label == IGNORE_INDEX for label in labels):
+    if labels.count(IGNORE_INDEX) == len(labels):
         return None
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
 
