@@ -59,3 +59,18 @@ def tiny_base(tmp_path_factory) -> Path:
                              num_attention_heads=2, num_key_value_heads=1)
     build_base_model(texts, path, config=config)
     return path
+
+
+@pytest.fixture(scope="module")
+def load(shared_dir: Path):
+    """`load(name)`: an unmodified tokenizer from shared/tokenizers, loaded once per test module."""
+    from transformers import AutoTokenizer
+
+    cache = {}
+
+    def _load(name: str):
+        if name not in cache:
+            cache[name] = AutoTokenizer.from_pretrained(shared_dir / "tokenizers" / name)
+        return cache[name]
+
+    return _load

@@ -7,7 +7,6 @@ import dataclasses
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.templates import (
@@ -54,17 +53,6 @@ CONVERSATIONS = {
 CASES = [(conv, system) for conv in CONVERSATIONS for system in (None, SYSTEM)]
 
 
-@pytest.fixture(scope="module")
-def load(shared_dir):
-    """Unmodified tokenizers, loaded once per module."""
-    cache = {}
-
-    def _load(name: str):
-        if name not in cache:
-            cache[name] = AutoTokenizer.from_pretrained(shared_dir / "tokenizers" / name)
-        return cache[name]
-
-    return _load
 
 
 class _FixedTokenizers:

@@ -7,7 +7,6 @@ import dataclasses
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.templates import (
@@ -29,16 +28,6 @@ CONVERSATION = [
 ]
 
 
-@pytest.fixture(scope="module")
-def load(shared_dir):
-    cache = {}
-
-    def _load(name: str):
-        if name not in cache:
-            cache[name] = AutoTokenizer.from_pretrained(shared_dir / "tokenizers" / name)
-        return cache[name]
-
-    return _load
 
 
 def _turns(template, tokenizer, messages, system=None, tools=None):
