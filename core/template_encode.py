@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 _MERGE_STARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _merge_starts(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
+def merge_starts(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
     """Added tokens a text may start with and still be encoded together with the text before it.
 
     Added tokens are cut out of the text before normalisation and pre-tokenisation, so two texts
@@ -96,7 +96,7 @@ def message_pieces(
     if template.chat_template is not None:
         return list(auto_message_pieces(template, tokenizer, messages=messages, system=system, tools=tools))
     formatted = format_messages(template, messages, system=system, tools=tools, oneturn=oneturn)
-    starts = _merge_starts(tokenizer)
+    starts = merge_starts(tokenizer)
     return [_resolve(pieces, tokenizer, template, starts) for pieces in formatted]
 
 

@@ -41,9 +41,11 @@ __all__ = [
     "fix_tokenizer",
     "get_template",
     "message_pieces",
+    "pair_turns",
     "render_text",
     "stop_token_ids",
     "template_from_tokenizer",
+    "turn_pieces",
 ]
 
 
@@ -143,6 +145,26 @@ def _conversation(prompt: list[Message], response: list[Message]) -> list[Messag
     return messages
 
 
+def turn_pieces(
+    template: Template,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    prompt: list[Message],
+    response: list[Message],
+    system: str | None,
+    tools: str | None = None,
+) -> list[list[str | int]]:
+    """The pieces of each message of `prompt + response` (see `message_pieces`), checked to be a
+    conversation that ends with the reply; `pair_turns` of their encoding is `encode_turns`."""
+    messages = _conversation(prompt, response)
+    return message_pieces(template, tokenizer, messages=messages, system=system, tools=tools)
+
+
+def pair_turns(encoded: list[list[int]]) -> list[tuple[list[int], list[int]]]:
+    """(source_ids, target_ids) per turn from the ids of each message."""
+    return [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
+
+
 def encode_turns(
     template: Template,
     tokenizer: PreTrainedTokenizerBase,
@@ -154,9 +176,8 @@ def encode_turns(
 ) -> list[tuple[list[int], list[int]]]:
     """(source_ids, target_ids) for each turn of `prompt + response` (LLaMA-Factory's
     `encode_multiturn`): the prefix and system text open the first source."""
-    messages = _conversation(prompt, response)
-    encoded = _encode(template, tokenizer, messages, system=system, tools=tools)
-    return [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
+    pieces = turn_pieces(template, tokenizer, prompt=prompt, response=response, system=system, tools=tools)
+    return pair_turns(encode_pieces(tokenizer, pieces))
 
 
 def encode_oneturn(

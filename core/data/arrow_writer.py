@@ -6,6 +6,7 @@ stream as they are encoded, and the small JSON files `datasets` expects are writ
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,6 +38,22 @@ def _arrow_type(feature: Mapping[str, Any]):
     return {"bool": pa.bool_(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}[feature["dtype"]]
 
 
+def _column_array(values: list[Any], feature: Mapping[str, Any]):
+    """One column as an Arrow array; token lists go through one flat int32 buffer and their
+    offsets, several times faster than converting each list on its own."""
+    import numpy as np
+    import pyarrow as pa
+
+    if feature["_type"] != "List":
+        return pa.array(values, type=_arrow_type(feature))
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(value) for value in values], out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:
+        raise ValueError(f"a batch of {offsets[-1]} tokens is too large for one Arrow list array; lower preprocessing_batch_size")
+    flat = np.fromiter(itertools.chain.from_iterable(values), dtype=np.int32, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat), type=_arrow_type(feature))
+
+
 class SplitWriter:
     """Appends examples (dicts of equal keys) of one split; `close()` finishes the folder."""
 
@@ -55,9 +72,8 @@ class SplitWriter:
 
         if self._writer is None:
             self._open(examples[0])
-        columns = {name: [example[name] for example in examples] for name in self.features}
-        batch = pa.record_batch([pa.array(columns[name], type=_arrow_type(f)) for name, f in self.features.items()],
-                                names=list(self.features))
+        arrays = [_column_array([example[name] for example in examples], feature) for name, feature in self.features.items()]
+        batch = pa.record_batch(arrays, names=list(self.features))
         self._writer.write_batch(batch)
         self.rows += len(examples)
 

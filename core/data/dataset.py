@@ -10,6 +10,7 @@ template fixed it under `tokenizer/`, so training, merging and export all see th
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import itertools
 import json
@@ -17,6 +18,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,25 @@ def tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_
     """Write the tokenized splits and fixed tokenizer to `output_dir`; return the counters."""
     if not config.data.dataset:
         raise ConfigError("'dataset' is not set; name one or more entries of dataset_info.json.")
+    with _cyclic_gc_paused():
+        return _tokenize_dataset(config, tokenizer_path=tokenizer_path, output_dir=output_dir)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cycle collector: tokenization allocates millions of short-lived lists, which
+    reference counting frees, but each allocation burst would also start a collection pass over
+    every live object (about a third of the run). Rows and examples hold no cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
     tokenizer, template = prepare_tokenizer(config, tokenizer_path)
     output_dir = Path(output_dir)
     spec = EncodingSpec.from_config(config, template=template)

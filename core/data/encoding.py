@@ -8,23 +8,30 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
+import threading
+import weakref
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from tuneline.core.config import StageConfig
-from tuneline.core.data.packing import encode_packed_supervised_rows
+from tuneline.core.data.packing import pack_examples
 from tuneline.core.data.processors import (
+    check_supervised_options,
+    check_supervised_row,
     encode_feedback_rows,
     encode_pairwise_row,
     encode_pretrain_texts,
-    encode_supervised_row,
     encode_unsupervised_row,
+    supervised_example,
 )
-from tuneline.core.errors import TunelineError
-from tuneline.core.template_encode import message_pieces
-from tuneline.core.templates import Template, encode_turns
+from tuneline.core.errors import ConfigError, TunelineError
+from tuneline.core.template_encode import merge_starts, message_pieces
+from tuneline.core.templates import Template, encode_turns, pair_turns, turn_pieces
 
 Batch = tuple[str, list[dict[str, Any]]]
 Encoded = tuple[list[dict[str, Any]], Counter]
@@ -60,12 +67,65 @@ class EncodingSpec:
         )
 
 
+@dataclass
+class PreparedBatch:
+    """A batch of rows rendered to pieces, with the texts still to encode (all unique)."""
+
+    rows: list[dict[str, Any]]
+    texts: list[str]
+    pieces: list[list[list[str | int]] | None] | None  # SFT: each row's message pieces, None for a bad row
+    split: dict[str, list[str]] | None = None  # SFT: each text piece's parts, encoded apart (see `_segmenter`)
+
+
 def encode_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -> Encoded:
     """Examples of one batch of rows and the counters describing what happened to them."""
-    kind = "predict" if spec.predict else spec.stage
-    if kind != "pt":
-        tokenizer = PrefetchedTokenizer(tokenizer, _batch_texts(rows, spec, tokenizer))
-    examples, counters = _ENCODERS[kind](rows, spec, tokenizer)
+    prepared = prepare_batch(rows, spec=spec, tokenizer=tokenizer)
+    return finish_batch(prepared, encode_texts(tokenizer, prepared.texts), spec=spec, tokenizer=tokenizer)
+
+
+def prepare_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -> PreparedBatch:
+    """Render `rows` to the pieces their template encodes (pure Python; see `encode_texts`)."""
+    kind = _kind(spec)
+    if kind == "pt":
+        return PreparedBatch(rows, [], None)
+    if kind == "sft":
+        pieces = [_supervised_pieces(row, spec, tokenizer) for row in rows]
+        texts = dict.fromkeys(piece for row in pieces if row for message in row for piece in message if isinstance(piece, str))
+        segments = _segmenter(spec.template, tokenizer)
+        split = {text: segments(text) for text in texts}
+        return PreparedBatch(rows, list(dict.fromkeys(s for parts in split.values() for s in parts)), pieces, split)
+    return PreparedBatch(rows, list(dict.fromkeys(_batch_texts(rows, spec, tokenizer))), None)
+
+
+def encode_texts(tokenizer, texts: list[str], lock: threading.Lock | None = None) -> dict[str, list[int]]:
+    """Ids of each text as `tokenizer(text, add_special_tokens=False)` gives them, in one call.
+
+    The Rust tokenizer is called directly (without offsets, which nothing here reads): the same
+    ids without wrapping each result, and it releases the GIL, so rendering can go on meanwhile.
+    """
+    if not texts:
+        return {}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    with lock or nullcontext():
+        if backend is None:
+            return dict(zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"]))
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        encodings = encode(texts, add_special_tokens=False)
+    return {text: encoding.ids for text, encoding in zip(texts, encodings)}
+
+
+def finish_batch(prepared: PreparedBatch, encoded: dict[str, list[int]], *, spec: EncodingSpec, tokenizer,
+                 lock: threading.Lock | None = None) -> Encoded:
+    """Examples and counters of a prepared batch, given the ids of its texts."""
+    kind = _kind(spec)
+    rows = prepared.rows
+    if kind == "pt":
+        with lock or nullcontext():
+            examples, counters = _encode_pretrain(rows, spec, tokenizer)
+    elif kind == "sft":
+        examples, counters = _encode_supervised(prepared, encoded, spec, PrefetchedTokenizer(tokenizer, encoded, lock))
+    else:
+        examples, counters = _ENCODERS[kind](rows, spec, PrefetchedTokenizer(tokenizer, encoded, lock))
     counters["rows_in"] += len(rows)
     counters["examples"] += len(examples)
     ids_key = "chosen_input_ids" if kind in ("rm", "dpo") else "input_ids"
@@ -77,33 +137,47 @@ def encode_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -
     return examples, counters
 
 
+def _kind(spec: EncodingSpec) -> str:
+    return "predict" if spec.predict else spec.stage
+
+
 class PrefetchedTokenizer:
-    """The tokenizer, answering `tokenizer(texts, add_special_tokens=False)` from one batched call
-    made beforehand for a whole preprocessing batch.
+    """The tokenizer, answering `tokenizer(texts, add_special_tokens=False)` from ids encoded
+    beforehand for a whole preprocessing batch (`encode_texts`).
 
     Templates encode each message on its own (token-exactness), so rows are encoded a few strings
     at a time; one call over the batch's strings lets the Rust tokenizer use every core and cuts
-    the per-call overhead. Every other attribute is the tokenizer's own.
+    the per-call overhead. A text not encoded beforehand goes to the tokenizer, under `lock` when
+    another thread may be encoding. Every other attribute is the tokenizer's own.
     """
 
-    def __init__(self, tokenizer, texts: Iterable[str]) -> None:
+    def __init__(self, tokenizer, encoded: dict[str, list[int]], lock: threading.Lock | None = None) -> None:
         self.tokenizer = tokenizer
-        unique = list(dict.fromkeys(texts))
-        # The Rust tokenizer directly: the same ids as tokenizer(unique), without wrapping each result.
-        encoded = tokenizer.backend_tokenizer.encode_batch(unique, add_special_tokens=False) if unique else []
-        self.cache = {text: encoding.ids for text, encoding in zip(unique, encoded)}
+        self.cache = encoded
+        self.lock = lock
 
     def __call__(self, text, add_special_tokens: bool = True, **kwargs):
         cache = self.cache
         if not add_special_tokens and not kwargs and isinstance(text, list) and all(t in cache for t in text):
             return {"input_ids": [list(cache[t]) for t in text]}
-        return self.tokenizer(text, add_special_tokens=add_special_tokens, **kwargs)
+        with self.lock or nullcontext():
+            return self.tokenizer(text, add_special_tokens=add_special_tokens, **kwargs)
 
     def __len__(self) -> int:
         return len(self.tokenizer)
 
     def __getattr__(self, name: str):
         return getattr(self.tokenizer, name)
+
+
+def _supervised_pieces(row: dict[str, Any], spec: EncodingSpec, tokenizer) -> list[list[str | int]] | None:
+    """The row's message pieces, or None for a row the checked path must report."""
+    try:
+        check_supervised_row(row)
+        return turn_pieces(spec.template, tokenizer, prompt=row["prompt"], response=row["response"],
+                           system=row.get("system") or None, tools=row.get("tools") or None)
+    except TunelineError:
+        return None
 
 
 def _batch_texts(rows: list[dict[str, Any]], spec: EncodingSpec, tokenizer) -> Iterator[str]:
@@ -114,7 +188,7 @@ def _batch_texts(rows: list[dict[str, Any]], spec: EncodingSpec, tokenizer) -> I
             messages = [*row["prompt"], *([response] if response else [])]
             try:
                 pieces = message_pieces(spec.template, tokenizer, messages=messages, system=row.get("system") or None,
-                                        tools=row.get("tools") or None)
+                                        tools=row.get("tools") or None, oneturn=True)
             except TunelineError:
                 continue
             yield from (piece for message in pieces for piece in message if isinstance(piece, str))
@@ -130,38 +204,88 @@ def _encode_pretrain(rows, spec: EncodingSpec, tokenizer) -> Encoded:
     return examples, counters
 
 
-def _encode_supervised(rows, spec: EncodingSpec, tokenizer) -> Encoded:
-    if spec.packing or spec.neat_packing:
-        packed = encode_packed_supervised_rows(
-            rows, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len, neat_packing=spec.neat_packing,
-            train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history, batch_size=len(rows) or 1,
-        )
-        counters = Counter()
-        for example in packed:
-            counters["padded_positions"] += len(example["input_ids"])
-            counters["pad_positions"] += _trailing_padding(example, tokenizer.pad_token_id)
-        return packed, counters
+def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], spec: EncodingSpec, tokenizer) -> Encoded:
+    """Supervised examples (packed when asked), counting rows cut to fit and replies that lost tokens."""
+    template = spec.template
+    check_supervised_options(template, train_on_prompt=spec.train_on_prompt)
+    packed = bool(spec.packing or spec.neat_packing)
+    if packed and spec.cutoff_len < 2:
+        raise ConfigError(f"packing needs cutoff_len of at least 2, got {spec.cutoff_len}")
+    budget = spec.cutoff_len - 1 if packed else spec.cutoff_len  # LLaMA-Factory's room in a pack
     counters: Counter = Counter()
-
-    def encode(row):
-        example = encode_supervised_row(
-            row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len,
-            train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history,
-        )
+    eos_id = tokenizer.eos_token_id
+    examples: list[dict[str, list[int]] | None] = []
+    for row, pieces in zip(prepared.rows, prepared.pieces or [None] * len(prepared.rows)):
+        if pieces is None:  # the checked path raises the row's error
+            check_supervised_row(row)
+            pairs = encode_turns(template, tokenizer, prompt=row["prompt"], response=row["response"],
+                                 system=row.get("system") or None, tools=row.get("tools") or None)
+        else:
+            pairs = pair_turns(_pieces_ids(pieces, encoded, prepared.split))
+        example = supervised_example(pairs, template=template, eos_id=eos_id, cutoff_len=budget,
+                                     train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history)
         # Truncation fills the budget, so only a full-length example can have been cut.
-        if example is not None and len(example["input_ids"]) >= spec.cutoff_len:
-            _count_truncation(row, example, spec, tokenizer, counters)
-        return example
+        if example is not None and len(example["input_ids"]) >= budget:
+            _count_truncation(pairs, example, spec, counters)
+        examples.append(example)
+    counters["rows_dropped_no_trained_token"] += examples.count(None)
+    if not packed:
+        return [e for e in examples if e is not None], counters
+    packs = pack_examples(examples, cutoff_len=spec.cutoff_len, pad_token_id=tokenizer.pad_token_id,
+                          neat_packing=spec.neat_packing, batch_size=len(examples) or 1)
+    for pack in packs:
+        counters["padded_positions"] += len(pack["input_ids"])
+        counters["pad_positions"] += _trailing_padding(pack, tokenizer.pad_token_id)
+    return packs, counters
 
-    examples, dropped = _per_row(rows, encode)
-    return examples, counters + dropped
+
+def _pieces_ids(pieces: list[list[str | int]], encoded: dict[str, list[int]], split: dict[str, list[str]]) -> list[list[int]]:
+    ids = []
+    for message in pieces:
+        message_ids: list[int] = []
+        for piece in message:
+            if isinstance(piece, int):
+                message_ids.append(piece)
+            else:
+                for part in split[piece]:
+                    message_ids += encoded[part]
+        ids.append(message_ids)
+    return ids
 
 
-def _count_truncation(row: dict[str, Any], example: dict[str, list[int]], spec: EncodingSpec, tokenizer, counters: Counter) -> None:
+_SEGMENTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _segmenter(template: Template, tokenizer) -> Callable[[str], list[str]]:
+    """Split a text before each added token of the template's own turn markup.
+
+    A text encodes the same whole or cut before such a token (see `merge_starts`), and the cut
+    lets the parts every row repeats (the default system prompt, role headers, turn ends) be
+    encoded once per batch instead of once per row.
+    """
+    cached = _SEGMENTERS.get(tokenizer)
+    if cached is not None and cached[0] == (template, len(tokenizer)):
+        return cached[1]
+    probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    try:
+        markup = "".join(piece for message in message_pieces(template, tokenizer, messages=probe, system="sys")
+                         for piece in message if isinstance(piece, str))
+    except TunelineError:
+        markup = ""
+    tokens = sorted((token for token in merge_starts(tokenizer) if token in markup), key=len, reverse=True)
+    if tokens:
+        pattern = re.compile("(?=" + "|".join(map(re.escape, tokens)) + ")")
+        segments = lambda text: [part for part in pattern.split(text) if part]  # noqa: E731
+    else:
+        segments = lambda text: [text]  # noqa: E731
+    _SEGMENTERS[tokenizer] = ((template, len(tokenizer)), segments)
+    return segments
+
+
+def _count_truncation(pairs: list[tuple[list[int], list[int]]], example: dict[str, list[int]], spec: EncodingSpec,
+                      counters: Counter) -> None:
     """Count a row whose tokens were cut to fit cutoff_len, and one whose trained reply lost tokens."""
-    pairs = encode_turns(spec.template, tokenizer, prompt=row["prompt"], response=row["response"],
-                         system=row.get("system") or None, tools=row.get("tools") or None)
-    full = sum(len(source) + len(target) for source, target in pairs)
+    full = sum(len(source) + len(target) for source, target in pairs) + (1 if spec.template.efficient_eos else 0)
     if len(example["input_ids"]) >= full:
         return
     counters["rows_truncated"] += 1
@@ -212,7 +336,6 @@ def _per_row(rows, encode) -> Encoded:
 
 _ENCODERS = {
     "pt": _encode_pretrain,
-    "sft": _encode_supervised,
     "rm": _encode_pairwise,
     "dpo": _encode_pairwise,
     "kto": _encode_feedback,
@@ -246,8 +369,7 @@ def _encode_in_worker(batch: Batch) -> tuple[str, Encoded]:
 def pool_map(batches: Iterable[Batch], *, spec: EncodingSpec, tokenizer, workers: int) -> Iterator[tuple[str, Encoded]]:
     """Encode `batches` in order, in `workers` processes when more than one is asked for."""
     if workers <= 1:
-        for split, rows in batches:
-            yield split, encode_batch(rows, spec=spec, tokenizer=tokenizer)
+        yield from _overlapped(batches, spec=spec, tokenizer=tokenizer)
         return
     # Each worker encodes single-threaded; the Rust tokenizer's own threads would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -261,3 +383,19 @@ def pool_map(batches: Iterable[Batch], *, spec: EncodingSpec, tokenizer, workers
                 yield in_flight.popleft().get()
         while in_flight:
             yield in_flight.popleft().get()
+
+
+def _overlapped(batches: Iterable[Batch], *, spec: EncodingSpec, tokenizer) -> Iterator[tuple[str, Encoded]]:
+    """Encode in this process: the Rust tokenizer encodes one batch in a thread (without the GIL)
+    while this thread finishes the batch before it, hands it on, and reads and renders the next."""
+    lock = threading.Lock()  # the tokenizer is used by one thread at a time, except lock-free reads
+    pending = None
+    with ThreadPoolExecutor(1, thread_name_prefix="tuneline-encode") as executor:
+        for split, rows in batches:
+            prepared = prepare_batch(rows, spec=spec, tokenizer=tokenizer)
+            future = executor.submit(encode_texts, tokenizer, prepared.texts, lock)
+            if pending is not None:
+                yield pending[0], finish_batch(pending[1], pending[2].result(), spec=spec, tokenizer=tokenizer, lock=lock)
+            pending = (split, prepared, future)
+        if pending is not None:
+            yield pending[0], finish_batch(pending[1], pending[2].result(), spec=spec, tokenizer=tokenizer, lock=lock)

@@ -85,14 +85,9 @@ def encode_supervised_row(
     train_on_prompt: bool = False,
     mask_history: bool = False,
 ) -> dict[str, list[int]] | None:
-    """`input_ids`, `attention_mask` and `labels` of one conversation, or None if nothing is trained.
-
-    Turns are truncated one by one against the remaining budget (`infer_seqlen`); turns after the
-    budget runs out are dropped. With `mask_history` turns are taken last-first and only the last
-    one is trained.
-    """
-    if train_on_prompt and template.efficient_eos:
-        raise ConfigError(f"train_on_prompt cannot be used with template '{template.name}' (efficient_eos)")
+    """`input_ids`, `attention_mask` and `labels` of one conversation, or None if nothing is trained
+    (see `supervised_example`)."""
+    check_supervised_options(template, train_on_prompt=train_on_prompt)
     _check_row(row)
     pairs = encode_turns(
         template,
@@ -102,9 +97,38 @@ def encode_supervised_row(
         system=row.get("system") or None,
         tools=row.get("tools") or None,
     )
+    return supervised_example(pairs, template=template, eos_id=tokenizer.eos_token_id, cutoff_len=cutoff_len,
+                              train_on_prompt=train_on_prompt, mask_history=mask_history)
+
+
+def check_supervised_options(template: Template, *, train_on_prompt: bool) -> None:
+    if train_on_prompt and template.efficient_eos:
+        raise ConfigError(f"train_on_prompt cannot be used with template '{template.name}' (efficient_eos)")
+
+
+def check_supervised_row(row: dict[str, Any]) -> None:
+    """Raise `DataError` unless `row` has a prompt ending with user and exactly one reply."""
+    _check_row(row)
+
+
+def supervised_example(
+    pairs: list[tuple[list[int], list[int]]],
+    *,
+    template: Template,
+    eos_id: int,
+    cutoff_len: int,
+    train_on_prompt: bool = False,
+    mask_history: bool = False,
+) -> dict[str, list[int]] | None:
+    """The supervised example of a conversation's (source_ids, target_ids) turns, or None if
+    nothing is trained.
+
+    Turns are truncated one by one against the remaining budget (`infer_seqlen`); turns after the
+    budget runs out are dropped. With `mask_history` turns are taken last-first and only the last
+    one is trained.
+    """
     if mask_history:
         pairs = pairs[::-1]  # the last turns have priority
-    eos_id = tokenizer.eos_token_id
     total_length = 1 if template.efficient_eos else 0
     input_ids: list[int] = []
     labels: list[int] = []

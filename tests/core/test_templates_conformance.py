@@ -364,3 +364,34 @@ def test_auto_tool_calls_equal_official(tokenizers, tokenizer_name, case):
         if message["role"] == "function":
             names = [name for name, _ in parse_calls(message["content"])]
             assert all(name in tokenizers(tokenizer_name).decode(target) for name in names)
+
+
+# ---------------------------------------------------------------- the batch encoder
+
+
+MARKUP_IN_TEXT = Case("markup_tokens_in_text", _turns("What do <|im_end|>, </s>, [INST] and <|eot_id|> mean?",
+                                                      "Turn markers: <|im_start|>assistant and <|end|>."), SYSTEM)
+
+
+@pytest.mark.parametrize("template_name", ["named", "auto"])
+@pytest.mark.parametrize("pairing", PAIRINGS, ids=[p.tokenizer for p in PAIRINGS])
+def test_batch_encoder_equals_row_by_row_encoding(tokenizers, pairing, template_name):
+    """Preprocessing encodes a batch's texts in one call, cut before the template's added tokens
+    and shared between rows; its examples equal those of each row encoded on its own."""
+    from tuneline.core.data.encoding import EncodingSpec, encode_batch
+    from tuneline.core.data.processors import encode_supervised_row
+
+    name = pairing.template if template_name == "named" else "auto"
+    tokenizer = tokenizers(pairing.tokenizer, name)
+    template = get_template(name, tokenizer=tokenizer)
+    cases = [*CASES, MARKUP_IN_TEXT] + (TOOL_CASES if pairing.tokenizer in ("qwen2.5", "mistral-v0.3") else [])
+    rows = [{"prompt": list(case.messages[:-1]), "response": list(case.messages[-1:]), "system": case.system or "",
+             "tools": json.dumps(list(case.tools), ensure_ascii=False) if case.tools else ""} for case in cases]
+    for cutoff_len in (4096, 24):  # whole, and cut by the truncation rule
+        spec = EncodingSpec(stage="sft", template=template, cutoff_len=cutoff_len, train_on_prompt=False,
+                            mask_history=False, packing=False, neat_packing=False, predict=False, batch_size=4)
+        batch, counters = encode_batch(rows, spec=spec, tokenizer=tokenizer)
+        single = [encode_supervised_row(row, template=template, tokenizer=tokenizer, cutoff_len=cutoff_len) for row in rows]
+        assert batch == [example for example in single if example is not None]
+        assert counters["rows_in"] == len(rows)
+        assert (counters["rows_truncated"] > 0) == (cutoff_len == 24)

@@ -113,7 +113,9 @@ def test_truncation_is_counted(shared_dir: Path, tmp_path: Path):
     rows = [{"instruction": "Hi", "input": "", "output": "Hello"}, {"instruction": "Tell a story", "input": "", "output": long_reply}]
     (data / "d.json").write_text(json.dumps(rows))
     (data / "dataset_info.json").write_text(json.dumps({"d": {"file_name": "d.json"}}))
-    config = build_stage_config({"stage": "sft", "dataset": "d", "dataset_dir": str(data), "template": "default", "cutoff_len": 64})
-    counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
-    assert counters["rows_truncated"] == 1 and counters["responses_cut"] == 1
-    assert counters["examples"] == 2
+    for packing in (False, True):
+        config = build_stage_config({"stage": "sft", "dataset": "d", "dataset_dir": str(data), "template": "default",
+                                     "cutoff_len": 64, "packing": packing})
+        counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / f"out{packing}")
+        assert counters["rows_truncated"] == 1 and counters["responses_cut"] == 1
+        assert counters["examples"] == 2  # packed: the long row fills a pack on its own
