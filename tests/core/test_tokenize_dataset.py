@@ -70,15 +70,23 @@ def test_named_template_that_disagrees_with_the_tokenizer_is_refused_unless_allo
                             output_dir=tmp_path / "c")["examples"] == 5
 
 
+SUPERVISED = {"input_ids", "attention_mask", "labels"}
+PAIRWISE = {"chosen_input_ids", "chosen_attention_mask", "chosen_labels", "rejected_input_ids", "rejected_attention_mask",
+            "rejected_labels"}
+
+
+# Every text dataset with a local file in LLaMA-Factory's demo dataset_info.json.
 @pytest.mark.parametrize(("dataset", "stage", "columns"), [
-    ("alpaca_en_demo", "sft", {"input_ids", "attention_mask", "labels"}),
-    ("identity", "sft", {"input_ids", "attention_mask", "labels"}),
-    ("glaive_toolcall_en_demo", "sft", {"input_ids", "attention_mask", "labels"}),
-    ("dpo_en_demo", "dpo", {"chosen_input_ids", "chosen_attention_mask", "chosen_labels", "rejected_input_ids",
-                            "rejected_attention_mask", "rejected_labels"}),
+    ("alpaca_en_demo", "sft", SUPERVISED),
+    ("alpaca_zh_demo", "sft", SUPERVISED),
+    ("identity", "sft", SUPERVISED),
+    ("glaive_toolcall_en_demo", "sft", SUPERVISED),
+    ("glaive_toolcall_zh_demo", "sft", SUPERVISED),
+    ("dpo_en_demo", "dpo", PAIRWISE),
+    ("dpo_zh_demo", "rm", PAIRWISE),
     ("kto_en_demo", "kto", {"input_ids", "attention_mask", "labels", "kl_input_ids", "kl_attention_mask", "kl_labels", "kto_tags"}),
-    ("c4_demo", "pt", {"input_ids", "attention_mask", "labels"}),
-    ("wiki_demo", "pt", {"input_ids", "attention_mask", "labels"}),
+    ("c4_demo", "pt", SUPERVISED),
+    ("wiki_demo", "pt", SUPERVISED),
 ])
 def test_llamafactory_demo_datasets_tokenize_with_their_stage(shared_dir: Path, tmp_path: Path, dataset, stage, columns):
     from datasets import load_from_disk
