@@ -42,6 +42,8 @@ class ModelConfig:
     quantization_method: Literal["bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq"] = _doc("Quantization backend.", default="bnb")
     quantization_type: Literal["fp4", "nf4"] = _doc("4-bit data type of bitsandbytes.", default="nf4")
     double_quantization: bool = _doc("Quantize the quantization constants too (bitsandbytes).", default=True)
+    allow_pickle_weights: bool = _doc("Load pickle (.bin) weights of the model or adapter when they have no safetensors; "
+                                      "unpickling can run code, so only for files you trust.", default=False)
 
 
 @dataclass(frozen=True)
@@ -389,17 +391,32 @@ def _conflicts(config: StageConfig) -> list[str]:
         probs, names = data.interleave_probs.split(","), data.dataset.split(",")
         if len(probs) != len(names):
             problems.append(f"'interleave_probs' has {len(probs)} values for {len(names)} datasets; give one per dataset.")
+    problems.extend(_predict_conflicts(config))
+    from tuneline.core.model import method_problems  # model.py builds on these dataclasses
+
+    problems.extend(method_problems(config.model, config.finetuning))
+    return problems
+
+
+def _predict_conflicts(config: StageConfig) -> list[str]:
+    """`do_predict` / `predict_with_generate` settings that could not work, found before any training."""
+    do_predict, with_generate = config.training.get("do_predict"), config.training.get("predict_with_generate")
+    problems = []
+    if do_predict and not with_generate:
+        problems.append("'do_predict: true' needs 'predict_with_generate: true' (answers are generated and scored); set it or remove do_predict.")
+    if with_generate and config.finetuning.stage != "sft":
+        problems.append(f"'predict_with_generate: true' is for stage sft, not '{config.finetuning.stage}'; remove it.")
+    if do_predict and with_generate and not (config.data.eval_dataset or config.data.val_size):
+        problems.append("'do_predict: true' needs a predict set: name 'eval_dataset' or hold rows out with 'val_size'.")
+    if do_predict and with_generate and config.data.train_on_prompt:
+        problems.append("'do_predict: true' finds where each prompt ends from the label mask, which 'train_on_prompt: true' "
+                        "removes; remove one of the two.")
     return problems
 
 
 # What this version parses (so LLaMA-Factory configs load) but cannot train yet, by key.
 _NOT_TRAINABLE_YET = {
     "stage": lambda c: c.finetuning.stage not in ("pt", "sft") and f"stage '{c.finetuning.stage}'",
-    "finetuning_type": lambda c: c.finetuning.finetuning_type == "freeze" and "finetuning_type 'freeze'",
-    "quantization_bit": lambda c: c.model.quantization_bit is not None and f"quantization_bit {c.model.quantization_bit}",
-    "pissa_init": lambda c: c.finetuning.pissa_init and "pissa_init",
-    "loraplus_lr_ratio": lambda c: c.finetuning.loraplus_lr_ratio is not None and "loraplus_lr_ratio",
-    "adapter_name_or_path": lambda c: c.model.adapter_name_or_path is not None and "adapter_name_or_path (continuing an adapter)",
     "export_quantization_bit": lambda c: c.export.export_quantization_bit is not None and "export_quantization_bit",
 }
 

@@ -34,9 +34,12 @@ class TrainJob:
     finetuning: dict[str, Any]
     training: dict[str, Any]
     model: dict[str, Any] = field(default_factory=dict)
+    generating: dict[str, Any] = field(default_factory=dict)  # GeneratingConfig for do_predict
     tracking_uri: str | None = None
     run_id: str | None = None
     keep_checkpoints: bool = True
+    world_size: int = 1  # processes the launcher starts (NPROC_PER_NODE x NNODES); the worker checks it
+    overwrite_output_dir: bool = False  # start over instead of resuming from output_dir's checkpoints
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)
@@ -51,21 +54,23 @@ class TrainJob:
 def run_training(job: TrainJob) -> dict[str, float]:
     """Train, save (adapter or full weights, tokenizer, trainer state, metrics) and return metrics."""
     from datasets import load_from_disk
-    from transformers import Trainer
-    from transformers.trainer_utils import get_last_checkpoint
+    from transformers import Trainer, set_seed
 
     from tuneline.core.callbacks import LogCallback, plot_loss
-    from tuneline.core.model import apply_finetuning, load_model, load_tokenizer, trainable_summary
+    from tuneline.core.checkpoint_record import CheckpointRecord
+    from tuneline.core.model import apply_finetuning, load_model, load_tokenizer, loraplus_optimizer, trainable_summary
 
+    args = training_arguments(job.output_dir, job.training)
+    checkpoint = prepare_run(job, args)
+    set_seed(args.seed)  # before the adapter's random init, so equal seeds give equal runs
     finetuning = FinetuningConfig(**job.finetuning)
     model_config = ModelConfig(**job.model)
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
     datasets = load_from_disk(job.dataset_path)
-    model = load_model(job.model_path, model=model_config, vocab_size=len(tokenizer))
-    model = apply_finetuning(model, finetuning)
+    model = load_model(job.model_path, model=model_config, vocab_size=len(tokenizer), training=job.training)
+    model = apply_finetuning(model, finetuning, model_config=model_config, training=job.training)
     print(trainable_summary(model), flush=True)
 
-    args = training_arguments(job.output_dir, job.training)
     trainer = Trainer(
         model=model,
         args=args,
@@ -73,25 +78,57 @@ def run_training(job: TrainJob) -> dict[str, float]:
         eval_dataset=datasets["validation"] if "validation" in datasets else None,
         data_collator=build_collator(datasets["train"], tokenizer=tokenizer, model=model),
         processing_class=tokenizer,
-        callbacks=[LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id)],
+        optimizers=(loraplus_optimizer(model, finetuning=finetuning, args=args), None),
+        callbacks=[LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id), CheckpointRecord()],
     )
-    checkpoint = get_last_checkpoint(job.output_dir) if Path(job.output_dir).is_dir() else None
+    LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)
-    tokenizer.save_pretrained(job.output_dir)
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(job.output_dir)
     trainer.save_state()
-    metrics = dict(result.metrics)
+    metrics = {**result.metrics, "global_batch_size": global_batch_size(args)}
     trainer.save_metrics("train", metrics)
     if trainer.eval_dataset is not None:
         eval_metrics = trainer.evaluate()
         eval_metrics["eval_perplexity"] = math.exp(min(eval_metrics["eval_loss"], 50.0))
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
-    plot_loss(job.output_dir)
-    if not job.keep_checkpoints:
-        for stale in Path(job.output_dir).glob("checkpoint-*"):
-            shutil.rmtree(stale)
+    if args.do_predict:
+        from tuneline.core.predict import predict_after_training
+
+        metrics.update(predict_after_training(trainer, datasets, generating=job.generating))
+    if trainer.is_world_process_zero():  # rank 0 alone writes the stage's files
+        plot_loss(job.output_dir)
+        if not job.keep_checkpoints:
+            for stale in Path(job.output_dir).glob("checkpoint-*"):
+                shutil.rmtree(stale)
     return metrics
+
+
+def prepare_run(job: TrainJob, args) -> str | None:
+    """Check that the processes asked for met, report the global batch, pick the checkpoint to resume from.
+
+    Rank 0 tidies the output folder first (incomplete checkpoints, log lines past the resumed step);
+    the other processes wait for it, then pick the same checkpoint.
+    """
+    from transformers.training_args import ParallelMode
+
+    from tuneline.core.checkpoints import resume_point
+    from tuneline.core.distributed import check_world_size
+
+    check_world_size(job.world_size, seen=args.world_size if args.parallel_mode == ParallelMode.DISTRIBUTED else 1)
+    if args.process_index == 0:
+        print(f"global batch size {global_batch_size(args)} = {args.per_device_train_batch_size} per device x "
+              f"{args.world_size} process(es) x {args.gradient_accumulation_steps} accumulation step(s)", flush=True)
+    with args.main_process_first(local=False, desc="choosing the checkpoint to resume from"):
+        return resume_point(job.output_dir, requested=job.training.get("resume_from_checkpoint"),
+                            fresh=job.overwrite_output_dir, tidy=args.process_index == 0, log_file=LOG_FILE)
+
+
+def global_batch_size(args) -> int:
+    """Examples per optimizer step across all processes."""
+    return args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
 
 
 def build_collator(train_dataset, *, tokenizer, model):
@@ -107,10 +144,13 @@ def build_collator(train_dataset, *, tokenizer, model):
 
 def training_arguments(output_dir: str, training: Mapping[str, Any]):
     """Seq2SeqTrainingArguments from LLaMA-Factory keys; the project does its own reporting."""
+    import os
     import sys
 
     import torch
     from transformers import Seq2SeqTrainingArguments
+
+    from tuneline.core.distributed import process_group_settings
 
     values = {
         "dataloader_pin_memory": torch.cuda.is_available(),
@@ -122,6 +162,8 @@ def training_arguments(output_dir: str, training: Mapping[str, Any]):
         **training,
         "output_dir": output_dir,
     }
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    values.update(process_group_settings(training, world_size=world_size, accelerator=torch.accelerator.is_available()))
     if values.get("report_to") in ("none", None):
         values["report_to"] = []
     if values.get("save_steps") and "save_strategy" not in training:

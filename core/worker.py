@@ -1,18 +1,21 @@
 """The training worker: `python -m tuneline.core.worker JOB.json`.
 
-Started by `launch.py` as a child process (or several, through torchrun/accelerate), so training
-never shares a process with the orchestrator. Metrics are printed as one JSON line at the end.
+Started by `launch.py` as a child process (or several, through torchrun), so training never shares
+a process with the orchestrator. Rank 0 prints the metrics as one JSON line at the end; a problem
+the user can fix is printed as one JSON line too, so the launcher can report it whatever exit
+status the process launcher (torchrun) turns it into.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from tuneline.core.errors import TunelineError
-from tuneline.core.train import TrainJob, run_training
 
 RESULT_PREFIX = "TUNELINE_RESULT "
+ERROR_PREFIX = "TUNELINE_ERROR "
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,12 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m tuneline.core.worker JOB.json", file=sys.stderr)
         return 2
+    from tuneline.core.distributed import check_world_size
+    from tuneline.core.train import TrainJob, run_training
+
     try:
-        metrics = run_training(TrainJob.read(argv[0]))
+        job = TrainJob.read(argv[0])
+        check_world_size(job.world_size, seen=int(os.environ.get("WORLD_SIZE", "1")))  # before any model loads
+        metrics = run_training(job)
     except TunelineError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(ERROR_PREFIX + json.dumps(str(e)), flush=True)
         return e.exit_code
-    print(RESULT_PREFIX + json.dumps(metrics), flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(RESULT_PREFIX + json.dumps(metrics), flush=True)
     return 0
 
 

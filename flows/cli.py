@@ -6,6 +6,7 @@
     tuneline data preprocess CONFIG.yaml --output DIR [key=value ...]
     tuneline data preview CONFIG.yaml [--count N] [key=value ...]
     tuneline export CONFIG.yaml [key=value ...]
+    tuneline chat PATH [--system TEXT] [--max-new-tokens N] [--do-sample] [--temperature T] ...
 
 Exit status: 0 success, 2 bad configuration or input (one paragraph, no traceback), 1 otherwise.
 """
@@ -18,6 +19,10 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuneline.core.config import GeneratingConfig
 
 # Telemetry off and quiet libraries before Prefect, MLflow or transformers are imported.
 _QUIET_ENV = {
@@ -90,7 +95,26 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("config")
     export.add_argument("overrides", nargs="*", metavar="key=value")
     export.set_defaults(handler=run_export)
+    add_chat_parser(commands)
     return parser
+
+
+def add_chat_parser(commands: argparse._SubParsersAction) -> None:
+    from tuneline.core.config import GeneratingConfig
+
+    defaults = GeneratingConfig()
+    chat = commands.add_parser("chat", help="chat with a model, adapter or stage artifact in the terminal (reads stdin line by line)")
+    chat.add_argument("path", help="model folder, adapter folder, or a stage's artifact folder in a workspace")
+    chat.add_argument("--system", default=None, help="system prompt")
+    chat.add_argument("--template", default=None, help="render with this tuneline template instead of the tokenizer's own")
+    chat.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"(default {defaults.max_new_tokens})")
+    chat.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    chat.add_argument("--temperature", type=float, default=defaults.temperature, help=f"(default {defaults.temperature})")
+    chat.add_argument("--top-p", type=float, default=defaults.top_p, help=f"(default {defaults.top_p})")
+    chat.add_argument("--top-k", type=int, default=defaults.top_k, help=f"(default {defaults.top_k})")
+    chat.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty,
+                      help=f"(default {defaults.repetition_penalty})")
+    chat.set_defaults(handler=run_chat)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -161,6 +185,54 @@ def run_export(args: argparse.Namespace) -> int:
 
     print(f"exported to {export(args.config, args.overrides)}")
     return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from tuneline.core.chat import ChatSession, chat_loop, load_chat_model, resolve_source
+    from tuneline.core.config import GeneratingConfig
+
+    generating = GeneratingConfig(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
+                                  top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
+    _check_generating(generating)
+    source = resolve_source(args.path)
+    model, tokenizer = load_chat_model(source, template=args.template)
+    session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system)
+    interactive = sys.stdin.isatty()
+    try:
+        return chat_loop(session, _typed_lines() if interactive else sys.stdin, write=_write, echo=not interactive)
+    except KeyboardInterrupt:
+        _write("\n")
+        return 0
+
+
+def _check_generating(generating: GeneratingConfig) -> None:
+    problems = []
+    if generating.max_new_tokens <= 0:
+        problems.append(f"--max-new-tokens must be positive, got {generating.max_new_tokens}.")
+    if generating.do_sample and generating.temperature <= 0:
+        problems.append(f"--temperature must be positive when sampling, got {generating.temperature}.")
+    if not 0 < generating.top_p <= 1:
+        problems.append(f"--top-p must be in (0, 1], got {generating.top_p}.")
+    if generating.repetition_penalty <= 0:
+        problems.append(f"--repetition-penalty must be positive, got {generating.repetition_penalty}.")
+    if problems:
+        from tuneline.core.errors import ConfigError
+
+        raise ConfigError(problems, source="tuneline chat")
+
+
+def _typed_lines():
+    """Lines typed at the terminal, each after a 'User: ' prompt, until end of input."""
+    while True:
+        try:
+            yield input("User: ")
+        except EOFError:
+            return
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

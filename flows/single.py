@@ -12,15 +12,17 @@ import shutil
 from pathlib import Path
 
 from tuneline.core.artifacts import find_artifact, write_artifact
+from tuneline.core.checkpoints import CHECKPOINT_PREFIX
 from tuneline.core.config import StageConfig, cache_root, load_stage_config, unsupported_for_training
 from tuneline.core.data.dataset import DEFAULT_TEMPLATE, TOKENIZER_DIR, dataset_fingerprints, render_preview, tokenize_dataset
+from tuneline.core.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
 from tuneline.core.export import export_model, merge_adapter
 from tuneline.core.fingerprint import tree_fingerprint
-from tuneline.core.launch import launch_training
+from tuneline.core.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline import TrainingStage
 from tuneline.core.stages import tokenize_key
-from tuneline.core.train import TrainJob
+from tuneline.core.train import LOG_FILE, TrainJob
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -29,8 +31,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset", "output_dir"), source=config_path)
-    if unsupported_for_training(config):
-        raise ConfigError(unsupported_for_training(config), source=config_path)
+    problems = unsupported_for_training(config) + check_parallel_settings(config.training)
+    if problems:
+        raise ConfigError(problems, source=config_path)
+    plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
     dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
     output_dir = Path(config.training["output_dir"])
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
@@ -42,6 +46,8 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
         finetuning=dataclasses.asdict(config.finetuning),
         training={k: v for k, v in config.training.items() if k != "output_dir"},
         model=dataclasses.asdict(config.model),
+        generating=dataclasses.asdict(config.generating),
+        overwrite_output_dir=config.output.overwrite_output_dir,
     )
     return launch_training(job)
 
@@ -130,11 +136,15 @@ def _require(config: StageConfig, keys: tuple[str, ...], *, source: str) -> None
 
 
 def _check_output_dir(output_dir: Path, *, overwrite: bool) -> None:
-    """Refuse to mix a new run into a folder of other files; checkpoints mean resume."""
+    """Refuse to mix a new run into a folder of other files; checkpoints mean resume (DESIGN.md §6).
+
+    A run killed before its first checkpoint leaves only its job and log; rerun, it starts over.
+    """
     if not output_dir.is_dir() or overwrite:
         return
     entries = [p.name for p in output_dir.iterdir()]
-    if entries and not any(name.startswith("checkpoint-") for name in entries):
+    restartable = {JOB_FILE, LOG_FILE}
+    if set(entries) - restartable and not any(name.startswith(CHECKPOINT_PREFIX) for name in entries):
         raise ConfigError(
             f"output_dir {output_dir} already holds files ({', '.join(sorted(entries)[:5])}) and no checkpoint "
             "to resume from; choose an empty output_dir or set 'overwrite_output_dir: true'."

@@ -8,6 +8,9 @@ points). Without them the tests that need them are skipped, unless `TUNELINE_REQ
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,39 @@ def load(shared_dir: Path):
         return cache[name]
 
     return _load
+
+
+@dataclass(frozen=True)
+class TrainCli:
+    """`tuneline train` on a small SFT config, each run a real subprocess in the config's folder."""
+
+    config: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, "TUNELINE_CACHE": str(self.config.parent / "cache"), "OMP_NUM_THREADS": "1", **extra}
+
+    def command(self, *overrides: str) -> list[str]:
+        return [sys.executable, "-m", "tuneline.flows.cli", "train", str(self.config), *overrides]
+
+    def train(self, *overrides: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(*overrides), cwd=self.config.parent, capture_output=True, text=True,
+                              timeout=timeout, env=self.env(**env))
+
+
+@pytest.fixture(scope="session")
+def small_sft(tiny_base: Path, tmp_path_factory) -> TrainCli:
+    """LoRA SFT on 16 demo rows, 2 per step (8 steps an epoch), seeded, logging every step.
+
+    Its tokenized data is cached once for every test that trains with it.
+    """
+    import yaml
+
+    folder = tmp_path_factory.mktemp("small_sft")
+    config = {
+        "model_name_or_path": str(tiny_base), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
+        "dataset": "demo_alpaca", "dataset_dir": str(REPO_ROOT / "data"), "template": "chatml", "cutoff_len": 64,
+        "max_samples": 16, "output_dir": "out", "per_device_train_batch_size": 2, "learning_rate": 5.0e-3,
+        "max_steps": 4, "logging_steps": 1, "seed": 7, "report_to": "none",
+    }
+    (folder / "sft.yaml").write_text(yaml.safe_dump(config))
+    return TrainCli(folder / "sft.yaml")

@@ -91,7 +91,17 @@ def test_llamafactory_lora_examples_parse_or_name_each_unsupported_key(shared_di
 def test_parsed_stages_that_cannot_train_yet_are_named():
     from tuneline.core.config import unsupported_for_training
 
-    config = build_stage_config({"stage": "dpo", "quantization_bit": 4})
+    config = build_stage_config({"stage": "dpo", "export_quantization_bit": 4})
     problems = unsupported_for_training(config)
-    assert any("stage 'dpo'" in p for p in problems) and any("quantization_bit 4" in p for p in problems)
+    assert any("stage 'dpo'" in p for p in problems) and any("export_quantization_bit" in p for p in problems)
     assert unsupported_for_training(build_stage_config({"stage": "sft"})) == []
+    for methods in ({"finetuning_type": "freeze"}, {"quantization_bit": 4, "loraplus_lr_ratio": 16, "adapter_name_or_path": "saves/lora"},
+                    {"pissa_init": True, "adapter_name_or_path": "saves/lora", "create_new_adapter": True}):
+        assert unsupported_for_training(build_stage_config({"stage": "sft", **methods})) == []
+
+
+def test_methods_that_cannot_train_together_fail_when_the_config_is_read():
+    with pytest.raises(ConfigError) as error:
+        build_stage_config({"finetuning_type": "freeze", "quantization_bit": 4, "loraplus_lr_ratio": 16})
+    assert len(error.value.problems) == 2
+    assert "'quantization_bit: 4' trains LoRA adapters only" in str(error.value) and "loraplus_lr_ratio" in str(error.value)

@@ -1,0 +1,151 @@
+"""LoRA adapters with LLaMA-Factory's keys, and the LoRA+ optimizer.
+
+A new adapter is LoRA, rsLoRA (`use_rslora`), DoRA (`use_dora`) or PiSSA-initialised
+(`pissa_init`). `adapter_name_or_path` continues the last adapter it lists and merges the ones
+before it into the base; with `create_new_adapter` all of them are merged and a fresh adapter
+starts on top, as LLaMA-Factory does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuneline.core.config import FinetuningConfig, ModelConfig
+from tuneline.core.errors import ConfigError, unknown_name_message
+
+if TYPE_CHECKING:
+    import torch
+    from peft import LoraConfig, PeftModel
+    from transformers import PreTrainedModel, TrainingArguments
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_SAFETENSORS = "adapter_model.safetensors"
+ADAPTER_PICKLE = "adapter_model.bin"
+
+
+def apply_lora(model: PreTrainedModel, finetuning: FinetuningConfig, *, model_config: ModelConfig) -> PeftModel:
+    """A trainable LoRA adapter on `model`: the last of `adapter_name_or_path` continued, or a new one."""
+    from peft import get_peft_model
+
+    adapters = adapter_paths(model_config)
+    resume = bool(adapters) and not finetuning.create_new_adapter
+    for path in adapters[:-1] if resume else adapters:
+        model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
+    if resume:
+        return load_adapter(model, adapters[-1], model_config=model_config, trainable=True)
+    return get_peft_model(model, lora_config(model, finetuning))
+
+
+def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig) -> LoraConfig:
+    """peft's LoraConfig from the LoRA keys, target and extra module names checked against `model`.
+
+    PiSSA uses the exact SVD: peft recomputes the PiSSA residual of the base whenever the saved
+    adapter is loaded (merge, export, continued training), and only an exact SVD gives the same
+    residual again (the randomised `pissa_niter_*` would not).
+    """
+    from peft import LoraConfig, TaskType
+
+    available = linear_module_names(model)
+    if finetuning.lora_target == "all":
+        targets: str | list[str] = "all-linear"
+    else:
+        targets = _names(finetuning.lora_target)
+        missing = [t for t in targets if t not in available]
+        if missing:
+            raise ConfigError(
+                f"'lora_target' names {', '.join(missing)}, which the model does not have as linear layers; "
+                f"modules available: {', '.join(available)} (or 'all')."
+            )
+    extra = _names(finetuning.additional_target)
+    module_names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
+    unknown = [unknown_name_message("module", name, module_names) for name in extra if name not in module_names]
+    if unknown:
+        raise ConfigError([f"'additional_target': {message}" for message in unknown])
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=finetuning.lora_rank,
+        lora_alpha=finetuning.lora_alpha or finetuning.lora_rank * 2,
+        lora_dropout=finetuning.lora_dropout,
+        target_modules=targets,
+        modules_to_save=extra or None,
+        use_rslora=finetuning.use_rslora,
+        use_dora=finetuning.use_dora,
+        init_lora_weights="pissa" if finetuning.pissa_init else True,
+    )
+
+
+def adapter_paths(model_config: ModelConfig) -> list[str]:
+    return _names(model_config.adapter_name_or_path)
+
+
+def load_adapter(model: PreTrainedModel, path: str, *, model_config: ModelConfig, trainable: bool) -> PeftModel:
+    """A saved adapter on `model`; local folders must hold safetensors unless pickle is allowed."""
+    from peft import PeftModel
+
+    check_adapter_folder(path, allow_pickle=model_config.allow_pickle_weights)
+    try:
+        return PeftModel.from_pretrained(model, path, is_trainable=trainable, cache_dir=model_config.cache_dir)
+    except (OSError, ValueError) as e:
+        if Path(path).is_dir():
+            raise
+        raise ConfigError(
+            f"'adapter_name_or_path: {path}' is neither a local adapter folder nor reachable on the Hugging Face Hub "
+            "(offline, or the id is wrong); download it first or point the key at the adapter's folder."
+        ) from e
+
+
+def check_adapter_folder(path: str, *, allow_pickle: bool) -> None:
+    """A local adapter folder needs its config and safetensors weights (pickle only when allowed)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return  # a hub id: peft resolves it
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise ConfigError(f"'adapter_name_or_path: {path}' has no {ADAPTER_CONFIG}; point it at a folder saved by a LoRA run.")
+    if (folder / ADAPTER_SAFETENSORS).is_file() or allow_pickle:
+        return
+    if (folder / ADAPTER_PICKLE).is_file():
+        raise ConfigError(pickle_weights_message("adapter_name_or_path", path, [ADAPTER_PICKLE]))
+    raise ConfigError(f"'adapter_name_or_path: {path}' has no {ADAPTER_SAFETENSORS}; point it at a folder saved by a LoRA run.")
+
+
+def pickle_weights_message(key: str, path: str | Path, files: list[str]) -> str:
+    return (
+        f"'{key}: {path}' holds only pickle weights ({', '.join(files)}), and unpickling can run arbitrary code; "
+        "convert them to safetensors, or set 'allow_pickle_weights: true' if you trust their source."
+    )
+
+
+def loraplus_optimizer(
+    model: PeftModel, *, finetuning: FinetuningConfig, args: TrainingArguments
+) -> torch.optim.Optimizer | None:
+    """LoRA+ (B matrices, and biases, learn `loraplus_lr_ratio` times faster than A matrices) with
+    the optimizer the trainer arguments name; None leaves the trainer's own optimizer in place."""
+    if finetuning.loraplus_lr_ratio is None:
+        return None
+    if args.deepspeed or args.fsdp:
+        raise ConfigError("'loraplus_lr_ratio' cannot be combined with DeepSpeed or FSDP in this version; "
+                          "remove loraplus_lr_ratio or train without deepspeed/fsdp.")
+    from peft.optimizers import create_loraplus_optimizer
+    from transformers import Trainer
+
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    kwargs = {key: value for key, value in kwargs.items() if key != "lr"}
+    return create_loraplus_optimizer(model, optimizer_cls, lr=args.learning_rate, loraplus_lr_ratio=finetuning.loraplus_lr_ratio,
+                                     loraplus_weight_decay=args.weight_decay, **kwargs)
+
+
+def linear_module_names(model: PreTrainedModel) -> list[str]:
+    """Distinct short names of the linear layers (what `lora_target` may name), lm_head excluded;
+    on a model already wrapped by peft, the names of the wrapped layers."""
+    import torch
+
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".lora_" not in name and ".modules_to_save." not in name:
+            names.add(name.replace(".base_layer", "").replace(".original_module", "").rsplit(".", 1)[-1])
+    return sorted(names - {"lm_head"})
+
+
+def _names(value: str | None) -> list[str]:
+    return [name.strip() for name in (value or "").split(",") if name.strip()]

@@ -1,0 +1,93 @@
+"""Freeze and full tuning with LLaMA-Factory's keys: which of the model's own parameters train.
+
+Freeze trains the last `freeze_trainable_layers` decoder layers (the first ones when negative),
+within them only `freeze_trainable_modules` ('all', or names such as mlp, self_attn), plus the
+`freeze_extra_modules` outside the layers (embed_tokens, norm, lm_head). Names match whole module
+names, so 'norm' is the final norm and never a layer's input_layernorm.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneline.core.config import FinetuningConfig
+from tuneline.core.errors import ConfigError, nearest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def apply_full(model: PreTrainedModel, finetuning: FinetuningConfig) -> PreTrainedModel:
+    """Every parameter trains."""
+    model.requires_grad_(True)
+    return model
+
+
+def apply_freeze(model: PreTrainedModel, finetuning: FinetuningConfig) -> PreTrainedModel:
+    """Only the chosen layers' chosen modules, and the chosen extra modules, train."""
+    prefix, count = decoder_layers(model)
+    places = {name: parameter_place(name, prefix) for name, _ in model.named_parameters(remove_duplicate=False)}
+    inner = sorted({module for index, module in places.values() if index is not None})
+    outer = sorted({module for index, module in places.values() if index is None})
+    modules = _names(finetuning.freeze_trainable_modules)
+    extras = _names(finetuning.freeze_extra_modules)
+    problems = [*_unknown("freeze_trainable_modules", modules, inner, allow_all=True),
+                *_unknown("freeze_extra_modules", extras, outer, allow_all=False)]
+    if problems:
+        raise ConfigError(problems)
+    layers = set(trainable_layer_ids(finetuning.freeze_trainable_layers, count))
+    every_module = "all" in modules
+    model.requires_grad_(False)
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        index, module = places[name]
+        chosen_inner = index in layers and (every_module or module in modules)
+        if chosen_inner or (index is None and module in extras):
+            parameter.requires_grad_(True)  # a tied weight trains when either of its names is chosen
+    return model
+
+
+def trainable_layer_ids(trainable_layers: int, count: int) -> range:
+    """The last n layers for n > 0, the first -n for n < 0 (LLaMA-Factory's convention)."""
+    if trainable_layers > 0:
+        return range(max(0, count - trainable_layers), count)
+    return range(min(-trainable_layers, count))
+
+
+def decoder_layers(model: PreTrainedModel) -> tuple[str, int]:
+    """Qualified name of the module list holding the decoder layers, and how many there are."""
+    import torch
+
+    count = model.config.get_text_config().num_hidden_layers
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return name, count
+    raise ConfigError(
+        f"'finetuning_type: freeze' needs the model's {count} decoder layers in one numbered list, which "
+        f"{type(model).__name__} does not have; use 'finetuning_type: lora' or 'full'."
+    )
+
+
+def parameter_place(name: str, layers_prefix: str) -> tuple[int | None, str]:
+    """(layer index, module name within the layer) for a parameter of a decoder layer; otherwise
+    (None, the short name of the module holding it)."""
+    if name.startswith(layers_prefix + "."):
+        index, module = name[len(layers_prefix) + 1:].split(".")[:2]
+        return int(index), module
+    parts = name.split(".")
+    return None, parts[-2] if len(parts) > 1 else parts[0]
+
+
+def _names(value: str | None) -> list[str]:
+    return [name.strip() for name in (value or "").split(",") if name.strip()]
+
+
+def _unknown(key: str, names: list[str], available: list[str], *, allow_all: bool) -> list[str]:
+    problems = []
+    for name in names:
+        if name in available or (allow_all and name == "all"):
+            continue
+        guess = nearest(name, available)
+        hint = f" (did you mean '{guess}'?)" if guess else ""
+        choices = ", ".join(available) + (", or 'all'" if allow_all else "")
+        problems.append(f"'{key}' names '{name}', which the model does not have{hint}; modules available: {choices}.")
+    return problems

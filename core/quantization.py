@@ -1,0 +1,67 @@
+"""Loading the base in 4 or 8 bits with bitsandbytes (QLoRA), as LLaMA-Factory configures it.
+
+The quantized weights stay frozen; only LoRA adapters on top of them train. Nothing is upcast
+beyond what the method needs: the non-quantized parameters keep the compute dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from tuneline.core.config import ModelConfig
+from tuneline.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import BitsAndBytesConfig, PreTrainedModel
+
+
+def quantization_config(model: ModelConfig, *, compute_dtype: torch.dtype) -> BitsAndBytesConfig | None:
+    """bitsandbytes settings for `quantization_bit` (None when the base loads unquantized)."""
+    if model.quantization_bit is None:
+        return None
+    if model.quantization_method != "bnb":
+        raise ConfigError(
+            f"'quantization_method: {model.quantization_method}' is not supported for on-the-fly quantization; "
+            "use 'quantization_method: bnb' (bitsandbytes) or load a model that is already quantized."
+        )
+    from transformers import BitsAndBytesConfig
+
+    if model.quantization_bit == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    if model.quantization_bit == 4:
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+            bnb_4bit_use_double_quant=model.double_quantization,
+            bnb_4bit_quant_type=model.quantization_type,
+        )
+    raise ConfigError(f"'quantization_bit' must be 4 or 8 with bitsandbytes, got {model.quantization_bit}.")
+
+
+def quantized_device_map() -> dict[str, torch.device]:
+    """The whole model on this process's device: bitsandbytes quantizes while placing the weights."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"": torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))}
+    return {"": torch.device("cpu")}
+
+
+def keep_4bit_layout_for_training(model: PreTrainedModel) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel; returns the
+    number of layers changed.
+
+    On a CPU with AVX512-BF16, bitsandbytes (0.50) rewrites a `Linear4bit` weight in place into a
+    layout for its fast inference kernel the first time the layer runs in eval mode without grad
+    (evaluation, generation). That kernel has no backward, so every LoRA gradient computed after
+    such a pass is silently wrong (relative errors of order one). Keeping the training layout costs
+    only inference speed on the CPU. Remove once bitsandbytes undoes the repacking for training.
+    """
+    from bitsandbytes.nn import Linear4bit
+
+    layers = [module for module in model.modules() if isinstance(module, Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False
+    return len(layers)
