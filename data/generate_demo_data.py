@@ -4,6 +4,10 @@ The demo world is small and regular on purpose: capitals, opposites, colors, ani
 plurals and simple sums, stated in a few fixed sentence shapes. A tiny model with a ~4k-token
 vocabulary can learn the answer formats on a CPU in about a minute, and the held-out questions
 (entity and number combinations that no fine-tuning row asks about) show whether it did.
+Preference data pairs each question's correct answer in the house format (chosen) with a flawed
+one (rejected): a wrong fact, a bare word, a hedge, the question echoed back, or the sentence left
+unfinished. Only a wrong fact takes knowing the world to spot; the others break the format. The
+KTO set tags single answers, house answers or flawed ones, as desirable or not.
 The output is deterministic: the same seed always writes the same bytes. Standard library only.
 """
 
@@ -20,6 +24,8 @@ SEED = 1234
 PRETRAIN_LINES = 3000
 ALPACA_ROWS = 1500
 SHAREGPT_ROWS = 300
+PREFERENCE_ROWS = 400
+KTO_ROWS = 400
 
 CAPITALS = {
     "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
@@ -105,6 +111,9 @@ SYSTEMS = ["You are a helpful assistant.", "You answer with one short sentence."
            "You are a friendly teacher."]
 NAMES = ["Tom", "Anna", "Sam", "Mia", "Ben", "Lily", "Max", "Emma", "Leo", "Zoe"]
 FRUITS = ["apple", "banana", "plum", "grape", "lemon", "pear"]
+
+# How a rejected (or undesirable) answer goes wrong; the held-out pairs use each equally often.
+FLAWS = ("wrong", "bare", "hedged", "echo", "truncated")
 
 ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
@@ -221,9 +230,7 @@ def build_alpaca(rng: random.Random, facts: list[Fact]) -> list[dict[str, str]]:
 def build_sharegpt(rng: random.Random, facts: list[Fact]) -> list[dict]:
     """Conversations of 2-3 questions; each question's kind is drawn first, so sums do not
     crowd out the other kinds."""
-    by_kind: dict[str, list[Fact]] = {}
-    for fact in facts:
-        by_kind.setdefault(fact.kind, []).append(fact)
+    by_kind = facts_by_kind(facts)
     rows = []
     for _ in range(SHAREGPT_ROWS):
         turns = []
@@ -238,6 +245,74 @@ def build_sharegpt(rng: random.Random, facts: list[Fact]) -> list[dict]:
 
 def build_heldout(facts: list[Fact]) -> list[dict[str, str]]:
     return [{"instruction": f.question, "input": "", "output": f.answer} for f in facts]
+
+
+def answer_value(fact: Fact) -> str:
+    """The word(s) that answer the question: the answer sentence after its stem, no full stop."""
+    return fact.answer[len(fact.stem) + 1 : -1]
+
+
+def facts_by_kind(facts: list[Fact]) -> dict[str, list[Fact]]:
+    by_kind: dict[str, list[Fact]] = {}
+    for fact in facts:
+        by_kind.setdefault(fact.kind, []).append(fact)
+    return by_kind
+
+
+def flawed_answer(rng: random.Random, fact: Fact, flaw: str, by_kind: dict[str, list[Fact]]) -> str:
+    """An answer to `fact` that a careful assistant would not give, spoilt the way `flaw` names."""
+    value = answer_value(fact)
+    if flaw == "wrong" and fact.kind == "arithmetic":
+        return f"{fact.stem} {int(value) + rng.choice([1, 2, 3])}."
+    if flaw == "wrong":
+        return f"{fact.stem} {rng.choice(sorted({answer_value(f) for f in by_kind[fact.kind]} - {value}))}."
+    if flaw == "bare":
+        return value.lower()
+    if flaw == "hedged":
+        return f"I am not sure. Maybe {value}?"
+    if flaw == "echo":
+        return fact.question
+    return fact.stem
+
+
+def draw_fact(rng: random.Random, by_kind: dict[str, list[Fact]]) -> Fact:
+    """A fact whose kind is drawn first, so sums do not crowd out the other kinds."""
+    return rng.choice(by_kind[rng.choice(sorted(by_kind))])
+
+
+def build_preference(rng: random.Random, facts: list[Fact]) -> list[dict[str, str]]:
+    """Pairwise rows: a random alpaca form of the question, the house answer, a flawed answer."""
+    by_kind = facts_by_kind(facts)
+    rows = []
+    for _ in range(PREFERENCE_ROWS):
+        fact = draw_fact(rng, by_kind)
+        form = rng.choice(alpaca_forms(fact))
+        rejected = flawed_answer(rng, fact, rng.choice(FLAWS), by_kind)
+        rows.append({"instruction": form["instruction"], "input": form["input"], "chosen": fact.answer,
+                     "rejected": rejected})
+    return rows
+
+
+def build_preference_heldout(rng: random.Random, held: list[Fact]) -> list[dict[str, str]]:
+    """One pair per held-out fact, each flaw in turn; wrong answers come from other held-out facts."""
+    by_kind = facts_by_kind(held)
+    return [{"instruction": fact.question, "input": "", "chosen": fact.answer,
+             "rejected": flawed_answer(rng, fact, FLAWS[number % len(FLAWS)], by_kind)}
+            for number, fact in enumerate(held)]
+
+
+def build_kto(rng: random.Random, facts: list[Fact]) -> list[dict]:
+    """Single answers tagged desirable (the house answer) or not (a flawed one), about half each."""
+    by_kind = facts_by_kind(facts)
+    rows = []
+    for _ in range(KTO_ROWS):
+        fact = draw_fact(rng, by_kind)
+        form = rng.choice(alpaca_forms(fact))
+        desirable = rng.random() < 0.5
+        output = fact.answer if desirable else flawed_answer(rng, fact, rng.choice(FLAWS), by_kind)
+        rows.append({"instruction": form["instruction"], "input": form["input"], "output": output,
+                     "kto_tag": desirable})
+    return rows
 
 
 def fact_sentences(rng: random.Random) -> list[str]:
@@ -310,6 +385,7 @@ def build_pretrain(rng: random.Random) -> list[dict[str, str]]:
 
 def dataset_info() -> dict[str, dict]:
     alpaca_columns = {"prompt": "instruction", "query": "input", "response": "output"}
+    ranked_columns = {"prompt": "instruction", "query": "input", "chosen": "chosen", "rejected": "rejected"}
     return {
         "demo_pretrain": {"file_name": "demo_pretrain.jsonl", "columns": {"prompt": "text"}},
         "demo_alpaca": {"file_name": "demo_alpaca.json", "columns": alpaca_columns},
@@ -321,6 +397,10 @@ def dataset_info() -> dict[str, dict]:
                      "assistant_tag": "gpt"},
         },
         "demo_heldout": {"file_name": "demo_heldout.json", "columns": alpaca_columns},
+        "demo_preference": {"file_name": "demo_preference.json", "ranking": True, "columns": ranked_columns},
+        "demo_preference_heldout": {"file_name": "demo_preference_heldout.json", "ranking": True,
+                                    "columns": ranked_columns},
+        "demo_kto": {"file_name": "demo_kto.json", "columns": {**alpaca_columns, "kto_tag": "kto_tag"}},
     }
 
 
@@ -344,6 +424,11 @@ def main(argv: list[str] | None = None) -> None:
     write_json(out_dir / "demo_alpaca.json", build_alpaca(rng, train_facts))
     write_json(out_dir / "demo_sharegpt.json", build_sharegpt(rng, train_facts))
     write_json(out_dir / "demo_heldout.json", build_heldout(split_facts(held=True)))
+    # Each later set draws from its own seeded generator, so the sets above keep their bytes.
+    write_json(out_dir / "demo_preference.json", build_preference(random.Random(f"{SEED}:preference"), train_facts))
+    write_json(out_dir / "demo_preference_heldout.json",
+               build_preference_heldout(random.Random(f"{SEED}:preference_heldout"), split_facts(held=True)))
+    write_json(out_dir / "demo_kto.json", build_kto(random.Random(f"{SEED}:kto"), train_facts))
     write_json(out_dir / "dataset_info.json", dataset_info())
     print(f"wrote demo datasets to {out_dir}")
 

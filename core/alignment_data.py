@@ -1,0 +1,109 @@
+"""tuneline's tokenized preference columns in the shapes TRL's trainers take.
+
+`tuneline data preprocess` writes LLaMA-Factory's columns: pairwise stages (rm, dpo) give
+`chosen_*` and `rejected_*` input ids, attention masks and labels, whose -100 labels mark the
+prompt that chosen and rejected share; kto gives one reply (`input_ids`, `labels`), a mismatched
+one for the KL term (`kl_*`) and `kto_tags`. TRL 1.16 reads token ids under other names
+(`chosen_ids`, `prompt_ids`, `completion_ids`, ...). The conversions below only rename and split,
+never re-tokenize, so the trainers see exactly the tokens tuneline wrote. Results are kept in
+memory: mapping a dataset loaded from disk would otherwise write cache files into the tokenized
+artifact, which must not change once written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tuneline.core.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+IGNORE_INDEX = -100
+PAIRWISE_COLUMNS = ("chosen_input_ids", "chosen_attention_mask", "chosen_labels",
+                    "rejected_input_ids", "rejected_attention_mask", "rejected_labels")
+FEEDBACK_COLUMNS = ("input_ids", "attention_mask", "labels", "kl_input_ids", "kl_attention_mask", "kl_labels",
+                    "kto_tags")
+
+
+def check_columns(dataset: Dataset, *, stage: str) -> None:
+    """Refuse a tokenized dataset that lacks the columns `stage` trains on (rm/dpo: pairwise, kto: feedback)."""
+    needed = FEEDBACK_COLUMNS if stage == "kto" else PAIRWISE_COLUMNS
+    missing = [name for name in needed if name not in dataset.column_names]
+    if not missing:
+        return
+    source = ("rows with a 'kto_tag' column, tokenized with 'stage: kto'" if stage == "kto"
+              else "a dataset with '\"ranking\": true' in dataset_info.json, tokenized with 'stage: rm' or 'dpo'")
+    raise ConfigError(f"stage '{stage}' needs the tokenized columns {', '.join(missing)}, which this dataset lacks "
+                      f"(it has {', '.join(dataset.column_names)}); train on {source}.")
+
+
+def prompt_length(labels: Sequence[int]) -> int:
+    """How many leading positions are prompt (label -100)."""
+    for position, label in enumerate(labels):
+        if label != IGNORE_INDEX:
+            return position
+    return len(labels)
+
+
+def reward_pairs(dataset: Dataset) -> Dataset:
+    """`chosen_ids` and `rejected_ids` (prompt and reply together), as TRL's RewardTrainer takes them."""
+    check_columns(dataset, stage="rm")
+    return _map(dataset, lambda batch: {"chosen_ids": batch["chosen_input_ids"],
+                                        "rejected_ids": batch["rejected_input_ids"]})
+
+
+def dpo_pairs(dataset: Dataset) -> Dataset:
+    """`prompt_ids`, `chosen_ids` and `rejected_ids`, as TRL's DPOTrainer takes them."""
+    check_columns(dataset, stage="dpo")
+    return _map(dataset, _split_pairs, with_indices=True)
+
+
+def odds_ratio_pairs(dataset: Dataset) -> Dataset:
+    """The six pairwise columns as they are: TRL's ORPO and CPO (SimPO) trainers read LLaMA-Factory's names."""
+    check_columns(dataset, stage="dpo")
+    return _map(dataset, lambda batch: {name: batch[name] for name in PAIRWISE_COLUMNS})
+
+
+def kto_examples(dataset: Dataset) -> Dataset:
+    """`prompt_ids`, `completion_ids`, `KL_completion_ids` and `label`, as TRL's KTOTrainer takes them.
+
+    The KL completion is the reply of tuneline's `kl_*` example (LLaMA-Factory's pairing of each
+    prompt with the previous row's reply); TRL puts it after the example's own prompt, which is the
+    `kl_*` prompt unless truncation cut the two differently.
+    """
+    check_columns(dataset, stage="kto")
+    return _map(dataset, _split_feedback)
+
+
+def _split_pairs(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+    prompts, chosen, rejected = [], [], []
+    for index, chosen_ids, chosen_labels, rejected_ids, rejected_labels in zip(
+        indices, batch["chosen_input_ids"], batch["chosen_labels"], batch["rejected_input_ids"], batch["rejected_labels"]
+    ):
+        length = prompt_length(chosen_labels)
+        if prompt_length(rejected_labels) != length or chosen_ids[:length] != rejected_ids[:length]:
+            raise DataError(f"pairwise example {index} has different prompts before its chosen and rejected replies; "
+                            "tokenize the dataset again with 'tuneline data preprocess' (stage dpo).")
+        prompts.append(chosen_ids[:length])
+        chosen.append(chosen_ids[length:])
+        rejected.append(rejected_ids[length:])
+    return {"prompt_ids": prompts, "chosen_ids": chosen, "rejected_ids": rejected}
+
+
+def _split_feedback(batch: dict[str, list]) -> dict[str, list]:
+    prompts, completions, kl_completions = [], [], []
+    for ids, labels, kl_ids, kl_labels in zip(batch["input_ids"], batch["labels"], batch["kl_input_ids"],
+                                              batch["kl_labels"]):
+        length = prompt_length(labels)
+        prompts.append(ids[:length])
+        completions.append(ids[length:])
+        kl_completions.append(kl_ids[prompt_length(kl_labels):])
+    return {"prompt_ids": prompts, "completion_ids": completions, "KL_completion_ids": kl_completions,
+            "label": [bool(tag) for tag in batch["kto_tags"]]}
+
+
+def _map(dataset: Dataset, function: Any, *, with_indices: bool = False) -> Dataset:
+    return dataset.map(function, batched=True, with_indices=with_indices, remove_columns=dataset.column_names,
+                       keep_in_memory=True)

@@ -1,0 +1,334 @@
+"""Preference stages (dpo with every pref_loss, kto) on the demo preference data, with tiny models.
+
+The module's `sft_model` fine-tunes the session's tiny base in full for a few seconds on the demo
+instructions, so it knows the house answer format, as a DPO run starts from an SFT model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tuneline.core.config import build_stage_config
+from tuneline.core.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DATA_DIR = REPO_ROOT / "data"
+PREFERENCE_FILES = ["dataset_info.json", "demo_preference.json", "demo_preference_heldout.json", "demo_kto.json"]
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread: these tiny models gain nothing from more, and on a shared two-core
+    machine the threads' spin-waits stall training many times over."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+def finetuning(stage: str = "dpo", **keys):
+    return build_stage_config({"stage": stage, **keys}).finetuning
+
+
+def trainer_args(path: Path, **keys):
+    from tuneline.core.train import training_arguments
+
+    values = {"per_device_train_batch_size": 16, "lr_scheduler_type": "constant", "seed": 1, "report_to": "none"}
+    return training_arguments(str(path), {**values, **keys})
+
+
+def tokenize(base: Path, output: Path, **keys) -> Path:
+    from tuneline.core.data.dataset import tokenize_dataset
+
+    config = build_stage_config({"model_name_or_path": str(base), "dataset_dir": str(DATA_DIR), "template": "chatml",
+                                 "cutoff_len": 64, **keys})
+    tokenize_dataset(config, tokenizer_path=base, output_dir=output)
+    return output
+
+
+def load(path: Path):
+    """(DatasetDict, tokenizer) of a tokenized folder."""
+    from datasets import load_from_disk
+
+    from tuneline.core.model import load_tokenizer
+
+    return load_from_disk(str(path)), load_tokenizer(path / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_base: Path, tmp_path_factory) -> Path:
+    return tokenize(tiny_base, tmp_path_factory.mktemp("dpo_pairs"), stage="dpo", dataset="demo_preference",
+                    eval_dataset="demo_preference_heldout")
+
+
+@pytest.fixture(scope="module")
+def feedback(tiny_base: Path, tmp_path_factory) -> Path:
+    return tokenize(tiny_base, tmp_path_factory.mktemp("kto_rows"), stage="kto", dataset="demo_kto")
+
+
+@pytest.fixture(scope="module")
+def sft_model(tiny_base: Path, tmp_path_factory) -> Path:
+    """The tiny base after 150 steps of full SFT on demo_alpaca (a few seconds)."""
+    from transformers import DataCollatorForSeq2Seq, Trainer
+
+    from tuneline.core.model import load_model
+
+    folder = tmp_path_factory.mktemp("sft")
+    data, tokenizer = load(tokenize(tiny_base, folder / "data", stage="sft", dataset="demo_alpaca"))
+    model = load_model(tiny_base, vocab_size=len(tokenizer))
+    args = trainer_args(folder / "run", learning_rate=3e-3, max_steps=150, lr_scheduler_type="linear")
+    Trainer(model=model, args=args, train_dataset=data["train"],
+            data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)).train()
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    return folder / "model"
+
+
+def policy(path: Path, method, tokenizer):
+    """The model at `path` made trainable by `method`, a new LoRA adapter seeded as the worker seeds it."""
+    from transformers import set_seed
+
+    from tuneline.core.model import apply_finetuning, load_model
+
+    set_seed(1)
+    return apply_finetuning(load_model(path, vocab_size=len(tokenizer)), method)
+
+
+# --- demo data ---------------------------------------------------------------------------
+
+
+def test_demo_preference_data_is_reproducible_and_held_out(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, str(DATA_DIR / "generate_demo_data.py"), "--out-dir", str(tmp_path)], check=True,
+                   capture_output=True)
+    for name in PREFERENCE_FILES:
+        assert (tmp_path / name).read_bytes() == (DATA_DIR / name).read_bytes(), name
+    train = json.loads((DATA_DIR / "demo_preference.json").read_text())
+    kto = json.loads((DATA_DIR / "demo_kto.json").read_text())
+    heldout = json.loads((DATA_DIR / "demo_preference_heldout.json").read_text())
+    answers = {row["output"] for row in json.loads((DATA_DIR / "demo_heldout.json").read_text())}
+    assert len(train) == len(kto) == 400 and len(heldout) == len(answers) >= 50
+    assert {row["chosen"] for row in heldout} == answers  # every held-out fact, its house answer chosen
+    asked = {row[key] for row in train + kto for key in ("instruction", "input")}
+    assert asked.isdisjoint(row["instruction"] for row in heldout)
+    assert all(row["chosen"] != row["rejected"] for row in train + heldout)
+    assert 150 < sum(row["kto_tag"] for row in kto) < 250
+
+
+# --- conversions and settings ------------------------------------------------------------
+
+
+def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
+    from datasets import Dataset
+
+    from tuneline.core.alignment_data import dpo_pairs, kto_examples, odds_ratio_pairs, prompt_length, reward_pairs
+
+    rows = load(pairs)[0]["train"].select(range(8))
+    for row, pair in zip(rows, dpo_pairs(rows)):
+        cut = prompt_length(row["chosen_labels"])
+        assert 0 < cut == prompt_length(row["rejected_labels"])
+        assert pair["prompt_ids"] + pair["chosen_ids"] == row["chosen_input_ids"]
+        assert pair["prompt_ids"] + pair["rejected_ids"] == row["rejected_input_ids"]
+    assert reward_pairs(rows)["chosen_ids"] == rows["chosen_input_ids"]
+    assert odds_ratio_pairs(rows).to_dict() == rows.to_dict()
+    examples = load(feedback)[0]["train"].select(range(8))
+    for row, example in zip(examples, kto_examples(examples)):
+        assert example["prompt_ids"] + example["completion_ids"] == row["input_ids"]
+        assert row["kl_input_ids"][-len(example["KL_completion_ids"]):] == example["KL_completion_ids"]
+        assert example["label"] is row["kto_tags"]
+    sft_rows = Dataset.from_dict({"input_ids": [[1, 2]], "attention_mask": [[1, 1]], "labels": [[-100, 2]]})
+    with pytest.raises(ConfigError, match="stage 'kto' needs .*kl_input_ids"):
+        kto_examples(sft_rows)
+
+
+@pytest.mark.parametrize(("keys", "fragment"), [
+    ({"pref_loss": "kto_pair"}, "'pref_loss: kto_pair' is no longer offered"),
+    ({"pref_loss": "orpo", "pref_ftx": 0.5}, "'pref_ftx' does not apply to 'pref_loss: orpo'"),
+    ({"pref_loss": "simpo", "ref_model": "some/model"}, "needs no reference model"),
+    ({"pref_loss": "hinge", "dpo_label_smoothing": 0.1}, "'dpo_label_smoothing' applies to pref_loss sigmoid or simpo"),
+    ({"dpo_label_smoothing": 0.5}, "must be in [0, 0.5)"),
+    ({"stage": "kto", "pref_ftx": 0.1}, "'pref_ftx' is not supported with 'stage: kto'"),
+])
+def test_unusable_preference_settings_are_named(keys: dict, fragment: str) -> None:
+    from tuneline.core.preference import preference_problems
+
+    problems = preference_problems(finetuning(**{"stage": "dpo", **keys}))
+    assert any(fragment in problem for problem in problems), problems
+
+
+def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:
+    from tuneline.core.preference import build_kto_trainer
+
+    data, tokenizer = load(feedback)
+    method = finetuning("kto", finetuning_type="lora")
+    with pytest.raises(ConfigError, match="'per_device_train_batch_size: 1' is too small for stage kto"):
+        build_kto_trainer(policy(tiny_base, method, tokenizer), tokenizer, train_dataset=data["train"],
+                          finetuning=method, args=trainer_args(tmp_path, per_device_train_batch_size=1))
+
+
+# --- reference models --------------------------------------------------------------------
+
+
+def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pairs: Path, tmp_path: Path) -> None:
+    """No reference model object, no copy of the adapter; TRL's reference log-probabilities are
+    those of the SFT model itself, before and after training moves the policy."""
+    from peft import PeftModel
+
+    from tuneline.core.model import load_model
+    from tuneline.core.preference import build_dpo_trainer
+    from tuneline.core.preference_eval import pair_logps
+
+    data, tokenizer = load(pairs)
+    method = finetuning(finetuning_type="lora", lora_rank=4)
+    model = policy(sft_model, method, tokenizer)
+    base_weights = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+    args = trainer_args(tmp_path, learning_rate=1e-2, max_steps=3, per_device_train_batch_size=4)
+    trainer = build_dpo_trainer(model, tokenizer, train_dataset=data["train"], finetuning=method, args=args)
+    assert trainer.ref_model is None and isinstance(trainer.model, PeftModel)
+    assert list(trainer.model.peft_config) == ["default"]
+    assert sum(p.numel() for name, p in trainer.model.named_parameters() if "lora_" not in name) == base_weights
+
+    rows = data["train"].select(range(4))
+    expected = pair_logps(load_model(sft_model, vocab_size=len(tokenizer)), rows)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+
+    def reference_and_policy() -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        reference = trainer.compute_ref_log_probs(trainer.model, batch)
+        return reference, pair_logps(trainer.model, rows).chosen
+
+    reference, start = reference_and_policy()
+    trainer.train()
+    reference_after, trained = reference_and_policy()
+    for logps in (reference, reference_after):
+        assert torch.allclose(logps[0], expected.chosen, atol=1e-3)
+        assert torch.allclose(logps[1], expected.rejected, atol=1e-3)
+    assert torch.allclose(start, expected.chosen, atol=1e-3) and not torch.allclose(trained, expected.chosen, atol=1e-2)
+
+
+def test_full_tuning_reference_is_a_frozen_copy_of_the_start(sft_model: Path, pairs: Path, tmp_path: Path) -> None:
+    from tuneline.core.preference import build_dpo_trainer
+
+    data, tokenizer = load(pairs)
+    method = finetuning(finetuning_type="full")
+    model = policy(sft_model, method, tokenizer)
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = trainer_args(tmp_path, learning_rate=1e-3, max_steps=2, per_device_train_batch_size=4)
+    trainer = build_dpo_trainer(model, tokenizer, train_dataset=data["train"], finetuning=method, args=args)
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+    assert reference is not trainer.model and not any(p.requires_grad for p in reference.parameters())
+    trainer.train()
+    assert all(torch.equal(p, start[name]) for name, p in reference.named_parameters())
+    assert not all(torch.equal(p, start[name]) for name, p in trainer.model.named_parameters())
+
+
+def test_a_continued_adapter_keeps_trls_copy_as_reference(tiny_base: Path) -> None:
+    """A new adapter's copy equals the adapter switched off and is dropped; a trained one's is kept."""
+    from peft import LoraConfig
+
+    from tuneline.core.model import apply_finetuning, load_model
+    from tuneline.core.preference import drop_unneeded_ref_adapter
+
+    for trained in (False, True):
+        model = apply_finetuning(load_model(tiny_base), finetuning(finetuning_type="lora", lora_rank=4))
+        if trained:
+            with torch.no_grad():
+                next(p for name, p in model.named_parameters() if "lora_B" in name).fill_(0.01)
+        model.add_adapter("ref", LoraConfig(**model.peft_config["default"].to_dict()))  # as TRL does
+        assert drop_unneeded_ref_adapter(model) is not trained
+        assert ("ref" in model.peft_config) is trained
+
+
+# --- training ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("keys", "trainer_name", "objective"), [
+    ({"pref_loss": "sigmoid"}, "TokenizedDPOTrainer", (["sigmoid"], [1.0])),
+    ({"pref_loss": "hinge"}, "TokenizedDPOTrainer", (["hinge"], [1.0])),
+    ({"pref_loss": "ipo"}, "TokenizedDPOTrainer", (["ipo"], [1.0])),
+    ({"pref_loss": "sigmoid", "pref_ftx": 0.5, "dpo_label_smoothing": 0.1}, "TokenizedDPOTrainer",
+     (["robust", "sft"], [1.0, 0.5])),
+    ({"pref_loss": "simpo", "pref_ftx": 0.5, "simpo_gamma": 0.8}, "TokenizedCPOTrainer", ("simpo", 0.5, 0.8)),
+    ({"pref_loss": "orpo", "pref_beta": 0.2}, "TokenizedORPOTrainer", None),
+])
+def test_each_pref_loss_trains_a_few_steps(keys: dict, trainer_name: str, objective: tuple | None, sft_model: Path,
+                                           pairs: Path, tmp_path: Path) -> None:
+    from tuneline.core.preference import build_dpo_trainer
+
+    data, tokenizer = load(pairs)
+    method = finetuning(finetuning_type="lora", lora_rank=4, **keys)
+    args = trainer_args(tmp_path, learning_rate=1e-2, max_steps=3, per_device_train_batch_size=4, logging_steps=1)
+    trainer = build_dpo_trainer(policy(sft_model, method, tokenizer), tokenizer, train_dataset=data["train"],
+                                eval_dataset=data["validation"], finetuning=method, args=args)
+    assert type(trainer).__name__ == trainer_name
+    assert trainer.beta == method.pref_beta
+    if trainer_name == "TokenizedDPOTrainer":
+        assert (trainer.loss_types, trainer.loss_weights) == objective
+    if trainer_name == "TokenizedCPOTrainer":
+        assert (trainer.loss_type, trainer.cpo_alpha, trainer.simpo_gamma) == objective
+    start = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(p, start[name]) for name, p in trainer.model.named_parameters() if name in start)
+    assert trainer.evaluate()["eval_loss"] > 0
+
+
+@pytest.mark.slow
+def test_dpo_raises_heldout_preference_accuracy(sft_model: Path, pairs: Path, tmp_path: Path) -> None:
+    """Full DPO (with LLaMA-Factory's SFT term, pref_ftx) from the SFT model: the share of held-out
+    pairs whose chosen reply is the more likely one rises to 0.8 or more, and the implicit reward
+    against the frozen starting copy ranks them as well."""
+    from tuneline.core.preference import build_dpo_trainer
+    from tuneline.core.preference_eval import evaluate_preference
+
+    data, tokenizer = load(pairs)
+    method = finetuning(finetuning_type="full", pref_beta=0.1, pref_ftx=1.0)
+    model = policy(sft_model, method, tokenizer)
+    before = evaluate_preference(model, data["validation"], beta=method.pref_beta)
+    trainer = build_dpo_trainer(model, tokenizer, train_dataset=data["train"], finetuning=method,
+                                args=trainer_args(tmp_path, learning_rate=1e-3, max_steps=100))
+    trainer.train()
+    after = evaluate_preference(trainer.model, data["validation"], beta=method.pref_beta,
+                                reference=trainer.accelerator.unwrap_model(trainer.ref_model))
+    print(f"\nheld-out preference ({after['pairs']:.0f} pairs), SFT model -> after DPO: "
+          f"logp_accuracy {before['logp_accuracy']:.3f} -> {after['logp_accuracy']:.3f}, "
+          f"mean_logp_accuracy {before['mean_logp_accuracy']:.3f} -> {after['mean_logp_accuracy']:.3f}, "
+          f"logp_margin {before['logp_margin']:.1f} -> {after['logp_margin']:.1f}; "
+          f"reward_accuracy {after['reward_accuracy']:.3f}, reward_margin {after['reward_margin']:.3f}")
+    assert "reward_accuracy" not in before  # a plain model has no reference to compare with
+    assert after["logp_accuracy"] >= 0.8 and after["logp_accuracy"] > before["logp_accuracy"]
+    assert after["logp_margin"] > before["logp_margin"]
+    assert after["reward_accuracy"] >= 0.8
+
+
+@pytest.mark.slow
+def test_kto_trains_and_its_loss_falls(sft_model: Path, feedback: Path, pairs: Path, tmp_path: Path) -> None:
+    """LoRA KTO from the SFT model: its loss falls, in training and on a fixed set of its rows, with
+    the policy's adapter switched off as the reference."""
+    from tuneline.core.preference import build_kto_trainer
+    from tuneline.core.preference_eval import evaluate_preference
+
+    data, tokenizer = load(feedback)
+    method = finetuning("kto", finetuning_type="lora", lora_rank=8, kto_chosen_weight=1.0, kto_rejected_weight=1.2)
+    trainer = build_kto_trainer(policy(sft_model, method, tokenizer), tokenizer, train_dataset=data["train"],
+                                eval_dataset=data["train"].select(range(64)), finetuning=method,
+                                args=trainer_args(tmp_path, learning_rate=5e-3, max_steps=60, logging_steps=1))
+    assert trainer.ref_model is None and list(trainer.model.peft_config) == ["default"]
+    assert (trainer.desirable_weight, trainer.undesirable_weight) == (1.0, 1.2)
+    before = trainer.evaluate()
+    trainer.train()
+    after = trainer.evaluate()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    heldout = evaluate_preference(trainer.model, load(pairs)[0]["validation"], beta=method.pref_beta)
+    print(f"\nKTO training loss {sum(losses[:5]) / 5:.4f} (first 5 steps) -> {sum(losses[-10:]) / 10:.4f} (last 10); "
+          f"on 64 of its rows {before['eval_loss']:.4f} -> {after['eval_loss']:.4f}, reward margin "
+          f"{before['eval_rewards/margins']:.3f} -> {after['eval_rewards/margins']:.3f}; held-out pairs: "
+          f"reward_accuracy {heldout['reward_accuracy']:.3f}, logp_accuracy {heldout['logp_accuracy']:.3f}")
+    assert sum(losses[-10:]) / 10 < sum(losses[:5]) / 5
+    assert after["eval_loss"] < before["eval_loss"]
+    assert after["eval_rewards/margins"] > 0.5
