@@ -395,6 +395,10 @@ def _conflicts(config: StageConfig) -> list[str]:
     from tuneline.core.model import method_problems  # model.py builds on these dataclasses
 
     problems.extend(method_problems(config.model, config.finetuning))
+    if config.finetuning.stage in ("dpo", "kto"):
+        from tuneline.core.preference import preference_problems
+
+        problems.extend(preference_problems(config.finetuning))
     return problems
 
 
@@ -416,7 +420,7 @@ def _predict_conflicts(config: StageConfig) -> list[str]:
 
 # What this version parses (so LLaMA-Factory configs load) but cannot train yet, by key.
 _NOT_TRAINABLE_YET = {
-    "stage": lambda c: c.finetuning.stage not in ("pt", "sft") and f"stage '{c.finetuning.stage}'",
+    "stage": lambda c: c.finetuning.stage == "ppo" and f"stage '{c.finetuning.stage}'",
     "export_quantization_bit": lambda c: c.export.export_quantization_bit is not None and "export_quantization_bit",
 }
 

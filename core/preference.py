@@ -148,13 +148,21 @@ def build_dpo_trainer(
     loss_types, loss_weights = dpo_loss_terms(finetuning)
     config = trl_config(DPOConfig, args, beta=finetuning.pref_beta, loss_type=loss_types, loss_weights=loss_weights,
                         label_smoothing=finetuning.dpo_label_smoothing, max_length=None)
-    trainer = TokenizedDPOTrainer(
+    return _with_reference(TokenizedDPOTrainer, model, tokenizer, config=config, convert=dpo_pairs, train_dataset=train_dataset,
+                           eval_dataset=eval_dataset, finetuning=finetuning, callbacks=callbacks, model_config=model_config)
+
+
+def _with_reference(trainer_class: Any, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, config: Any,
+                    convert: Any, train_dataset: Dataset, eval_dataset: Dataset | None, finetuning: FinetuningConfig,
+                    callbacks: Sequence[TrainerCallback], model_config: ModelConfig | None) -> Trainer:
+    """A TRL trainer that scores against a reference model (DPO, KTO), its data converted by `convert`."""
+    trainer = trainer_class(
         model=model,
         ref_model=reference_model(model, finetuning, model_config=model_config, vocab_size=len(tokenizer),
-                                  training=_dtype_keys(args)),
+                                  training=_dtype_keys(config)),
         args=config,
-        train_dataset=dpo_pairs(train_dataset),
-        eval_dataset=dpo_pairs(eval_dataset) if eval_dataset is not None else None,
+        train_dataset=convert(train_dataset),
+        eval_dataset=convert(eval_dataset) if eval_dataset is not None else None,
         processing_class=tokenizer,
         callbacks=list(callbacks),
         optimizers=(_optimizer(model, finetuning, config), None),
@@ -228,19 +236,8 @@ def build_kto_trainer(
     config = trl_config(KTOConfig, args, beta=finetuning.pref_beta, desirable_weight=finetuning.kto_chosen_weight,
                         undesirable_weight=finetuning.kto_rejected_weight, max_length=None,
                         train_sampling_strategy="sequential")  # TRL insists; the trainer shuffles (see its sampler)
-    trainer = TokenizedKTOTrainer(
-        model=model,
-        ref_model=reference_model(model, finetuning, model_config=model_config, vocab_size=len(tokenizer),
-                                  training=_dtype_keys(args)),
-        args=config,
-        train_dataset=kto_examples(train_dataset),
-        eval_dataset=kto_examples(eval_dataset) if eval_dataset is not None else None,
-        processing_class=tokenizer,
-        callbacks=list(callbacks),
-        optimizers=(_optimizer(model, finetuning, config), None),
-    )
-    drop_unneeded_ref_adapter(trainer.model)
-    return trainer
+    return _with_reference(TokenizedKTOTrainer, model, tokenizer, config=config, convert=kto_examples, train_dataset=train_dataset,
+                           eval_dataset=eval_dataset, finetuning=finetuning, callbacks=callbacks, model_config=model_config)
 
 
 def drop_unneeded_ref_adapter(model: PreTrainedModel) -> bool:

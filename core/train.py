@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,33 +53,28 @@ class TrainJob:
 def run_training(job: TrainJob) -> dict[str, float]:
     """Train, save (adapter or full weights, tokenizer, trainer state, metrics) and return metrics."""
     from datasets import load_from_disk
-    from transformers import Trainer, set_seed
+    from transformers import set_seed
 
     from tuneline.core.callbacks import LogCallback, plot_loss
     from tuneline.core.checkpoint_record import CheckpointRecord
-    from tuneline.core.model import apply_finetuning, load_model, load_tokenizer, loraplus_optimizer, trainable_summary
+    from tuneline.core.model import load_tokenizer, trainable_summary
+    from tuneline.core.stage_trainers import build_stage_trainer, held_out_metrics, load_stage_model
 
     args = training_arguments(job.output_dir, job.training)
     checkpoint = prepare_run(job, args)
     set_seed(args.seed)  # before the adapter's random init, so equal seeds give equal runs
     finetuning = FinetuningConfig(**job.finetuning)
     model_config = ModelConfig(**job.model)
+    stage = finetuning.stage
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
     datasets = load_from_disk(job.dataset_path)
-    model = load_model(job.model_path, model=model_config, vocab_size=len(tokenizer), training=job.training)
-    model = apply_finetuning(model, finetuning, model_config=model_config, training=job.training)
+    model = load_stage_model(stage, job.model_path, tokenizer=tokenizer, finetuning=finetuning, model_config=model_config,
+                             training=job.training)
     print(trainable_summary(model), flush=True)
 
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=datasets["train"],
-        eval_dataset=datasets["validation"] if "validation" in datasets else None,
-        data_collator=build_collator(datasets["train"], tokenizer=tokenizer, model=model),
-        processing_class=tokenizer,
-        optimizers=(loraplus_optimizer(model, finetuning=finetuning, args=args), None),
-        callbacks=[LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id), CheckpointRecord()],
-    )
+    callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id), CheckpointRecord()]
+    trainer = build_stage_trainer(stage, model, tokenizer, datasets, finetuning=finetuning, model_config=model_config,
+                                  args=args, callbacks=callbacks)
     LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)
@@ -89,9 +83,8 @@ def run_training(job: TrainJob) -> dict[str, float]:
     trainer.save_state()
     metrics = {**result.metrics, "global_batch_size": global_batch_size(args)}
     trainer.save_metrics("train", metrics)
-    if trainer.eval_dataset is not None:
-        eval_metrics = trainer.evaluate()
-        eval_metrics["eval_perplexity"] = math.exp(min(eval_metrics["eval_loss"], 50.0))
+    if "validation" in datasets:
+        eval_metrics = held_out_metrics(stage, trainer, tokenizer, datasets["validation"], finetuning=finetuning)
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     if args.do_predict:
@@ -163,7 +156,10 @@ def training_arguments(output_dir: str, training: Mapping[str, Any]):
         "output_dir": output_dir,
     }
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    values.update(process_group_settings(training, world_size=world_size, accelerator=torch.accelerator.is_available()))
+    accelerator = torch.accelerator.is_available()
+    values.update(process_group_settings(training, world_size=world_size, accelerator=accelerator))
+    if not accelerator and values.get("bf16") and "use_cpu" not in training:
+        values["use_cpu"] = True  # transformers allows bf16 without a GPU only when told it is on the CPU
     if values.get("report_to") in ("none", None):
         values["report_to"] = []
     if values.get("save_steps") and "save_strategy" not in training:

@@ -113,3 +113,15 @@ def small_sft(tiny_base: Path, tmp_path_factory) -> TrainCli:
     }
     (folder / "sft.yaml").write_text(yaml.safe_dump(config))
     return TrainCli(folder / "sft.yaml")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module: tiny models gain nothing from more, and on a shared
+    two-core machine the threads' spin-waits stall training many times over."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

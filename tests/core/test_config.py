@@ -91,9 +91,11 @@ def test_llamafactory_lora_examples_parse_or_name_each_unsupported_key(shared_di
 def test_parsed_stages_that_cannot_train_yet_are_named():
     from tuneline.core.config import unsupported_for_training
 
-    config = build_stage_config({"stage": "dpo", "export_quantization_bit": 4})
+    config = build_stage_config({"stage": "ppo", "export_quantization_bit": 4})
     problems = unsupported_for_training(config)
-    assert any("stage 'dpo'" in p for p in problems) and any("export_quantization_bit" in p for p in problems)
+    assert any("stage 'ppo'" in p for p in problems) and any("export_quantization_bit" in p for p in problems)
+    for stage in ("pt", "sft", "rm", "dpo", "kto"):
+        assert unsupported_for_training(build_stage_config({"stage": stage})) == []
     assert unsupported_for_training(build_stage_config({"stage": "sft"})) == []
     for methods in ({"finetuning_type": "freeze"}, {"quantization_bit": 4, "loraplus_lr_ratio": 16, "adapter_name_or_path": "saves/lora"},
                     {"pissa_init": True, "adapter_name_or_path": "saves/lora", "create_new_adapter": True}):

@@ -24,13 +24,8 @@ PREFERENCE_FILES = ["dataset_info.json", "demo_preference.json", "demo_preferenc
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: these tiny models gain nothing from more, and on a shared two-core
-    machine the threads' spin-waits stall training many times over."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_torch_thread(one_torch_thread):
     yield
-    torch.set_num_threads(previous)
 
 def finetuning(stage: str = "dpo", **keys):
     return build_stage_config({"stage": stage, **keys}).finetuning
@@ -154,11 +149,10 @@ def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
     ({"dpo_label_smoothing": 0.5}, "must be in [0, 0.5)"),
     ({"stage": "kto", "pref_ftx": 0.1}, "'pref_ftx' is not supported with 'stage: kto'"),
 ])
-def test_unusable_preference_settings_are_named(keys: dict, fragment: str) -> None:
-    from tuneline.core.preference import preference_problems
-
-    problems = preference_problems(finetuning(**{"stage": "dpo", **keys}))
-    assert any(fragment in problem for problem in problems), problems
+def test_unusable_preference_settings_are_named_when_the_config_is_read(keys: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        build_stage_config({"stage": "dpo", **keys})
+    assert any(fragment in problem for problem in error.value.problems), error.value.problems
 
 
 def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:

@@ -15,13 +15,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: these tiny models gain nothing from more, and on a shared two-core
-    machine the threads' spin-waits stall training many times over."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_torch_thread(one_torch_thread):
     yield
-    torch.set_num_threads(previous)
 
 def finetuning(**keys):
     return build_stage_config({"stage": "rm", **keys}).finetuning
