@@ -115,7 +115,8 @@ def run_trl(values: dict, unpacked: Path) -> dict:
     args = SFTConfig(output_dir=values["output_dir"] + "-trl", per_device_train_batch_size=values["per_device_train_batch_size"],
                      max_steps=values["max_steps"], learning_rate=values["learning_rate"], logging_steps=10, report_to=[],
                      save_strategy="no", max_length=values["cutoff_len"], packing=True, bf16=values["bf16"], seed=42,
-                     disable_tqdm=True, dataloader_pin_memory=torch.cuda.is_available())
+                     disable_tqdm=True, dataloader_pin_memory=torch.cuda.is_available(),
+                     gradient_checkpointing=False)  # as tuneline runs here
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=model, args=args, train_dataset=load_from_disk(str(unpacked))["train"],
                          processing_class=AutoTokenizer.from_pretrained(unpacked / "tokenizer"), peft_config=lora)

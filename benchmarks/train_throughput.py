@@ -94,7 +94,7 @@ def run_trl(folder: Path, model_path: Path, dataset_path: Path, config: dict) ->
         learning_rate=TRAINING["learning_rate"], num_train_epochs=TRAINING["num_train_epochs"], seed=TRAINING["seed"],
         lr_scheduler_type=TRAINING["lr_scheduler_type"], logging_steps=TRAINING["logging_steps"], report_to=[],
         save_strategy="no", max_length=config["cutoff_len"], packing=False, disable_tqdm=True,
-        dataloader_pin_memory=False, bf16=False,  # fp32 as tuneline trains on the CPU
+        dataloader_pin_memory=False, bf16=False, gradient_checkpointing=False,  # as tuneline runs: fp32, no checkpointing
     )
     peft_config = LoraConfig(r=LORA["lora_rank"], lora_alpha=LORA["lora_alpha"], lora_dropout=LORA["lora_dropout"],
                              target_modules="all-linear", task_type="CAUSAL_LM")
