@@ -8,12 +8,19 @@ stages:
   - {name: base, stage: build_base, corpus: demo_pretrain}
   - {name: pt, stage: pt, from: base, dataset: demo_pretrain, finetuning_type: full}
   - {name: sft, stage: sft, from: pt, dataset: demo_alpaca}
+  - {name: dpo, stage: dpo, from: sft, ref_model: sft, dataset: demo_preference}
 evaluate: {stage: sft, baseline: pt, dataset: demo_heldout}
 export: {stage: sft}
 register: {model_name: demo, alias: champion}
 ```
 Overrides: `key=value` sets a key in every stage it applies to, `stage.key=value` in one stage;
 both win over the file.
+
+References: `from` always names a stage (the full-weight model the stage starts from). `ref_model`
+and `reward_model` name a stage when their value is a bare name (no `/`) that is not a path on
+disk; otherwise they are a model path or hub id, as in a single-stage config. References form a
+DAG that is checked at once (dangling names, cycles, a reward model where a policy belongs); the
+stages then run in a topological order, file order where the references leave a choice.
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ from tuneline.core.config import (
 )
 from tuneline.core.errors import ConfigError, nearest
 
-TRAINING_KINDS = ("pt", "sft")
+TRAINING_KINDS = ("pt", "sft", "rm", "dpo", "kto")
 BASE_KIND = "build_base"
+REWARD_KIND = "rm"
+REFERENCE_KEYS = ("ref_model", "reward_model")
 _TOP_KEYS = ("name", "workspace", "defaults", "stages", "evaluate", "export", "register")
 _STAGE_META_KEYS = ("name", "from", "stage")
 
@@ -54,6 +63,15 @@ class TrainingStage:
     name: str
     parent: str | None
     config: StageConfig
+    references: dict[str, str] = field(default_factory=dict)  # `ref_model`/`reward_model` -> stage name
+
+    @property
+    def kind(self) -> str:
+        return self.config.finetuning.stage
+
+    def links(self) -> dict[str, str]:
+        """Every stage this one needs, by the key that names it (`from`, `ref_model`, `reward_model`)."""
+        return {**({"from": self.parent} if self.parent else {}), **self.references}
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,7 @@ def build_pipeline(
         if name not in names:
             problems.append(f"override for stage '{name}', which the pipeline does not have; stages: {', '.join(names)}.")
     problems.extend(_dag_problems(stages))
+    problems.extend(_section_kind_problems(stages, raw))
     settings = {
         "evaluate": _settings(EvaluateSettings, raw.get("evaluate"), "evaluate", problems),
         "export": _settings(ExportSettings, raw.get("export"), "export", problems),
@@ -178,7 +197,15 @@ def _build_stage(
         problems.extend(f"stage '{name}': {p}" for p in e.problems)
         return None
     problems.extend(f"stage '{name}': {p}" for p in unsupported_for_training(config) if "stage '" not in p)
-    return TrainingStage(name=name, parent=values.get("from"), config=config)
+    parent = values.get("from")
+    return TrainingStage(name=name, parent=None if parent is None else str(parent), config=config,
+                         references=stage_references(config))
+
+
+def stage_references(config: StageConfig) -> dict[str, str]:
+    """The `ref_model`/`reward_model` values that name a stage: bare names that are not paths on disk."""
+    found = {"ref_model": config.finetuning.ref_model, "reward_model": config.finetuning.reward_model}
+    return {key: value for key, value in found.items() if value and "/" not in value and not Path(value).exists()}
 
 
 BASE_KEYS = frozenset(f.name for f in dataclasses.fields(BaseModelConfig)) | {"corpus"}
@@ -218,6 +245,7 @@ def _settings(cls: type, values: Any, section: str, problems: list[str]) -> Any:
 
 
 def _dag_problems(stages: list[BaseStage | TrainingStage]) -> list[str]:
+    """Duplicate names, dangling references, references of the wrong kind and cycles, all at once."""
     problems = []
     by_name: dict[str, BaseStage | TrainingStage] = {}
     for stage in stages:
@@ -225,28 +253,80 @@ def _dag_problems(stages: list[BaseStage | TrainingStage]) -> list[str]:
             problems.append(f"two stages are named '{stage.name}'; names must be unique.")
         by_name[stage.name] = stage
     for stage in stages:
-        if isinstance(stage, TrainingStage):
-            if stage.parent and stage.parent not in by_name:
-                problems.append(f"stage '{stage.name}' has 'from: {stage.parent}', which names no stage; stages: {', '.join(by_name)}.")
-            elif not stage.parent and not stage.config.model.model_name_or_path:
-                problems.append(f"stage '{stage.name}' needs 'from: <stage>' or 'model_name_or_path'.")
-    for stage in stages:
-        seen, current = [stage.name], stage
-        while isinstance(current, TrainingStage) and current.parent in by_name:
-            current = by_name[current.parent]
-            if current.name in seen:
-                problems.append(f"stages {' -> '.join(seen + [current.name])} form a cycle.")
-                break
-            seen.append(current.name)
+        if not isinstance(stage, TrainingStage):
+            continue
+        for key, target in stage.links().items():
+            if target not in by_name:
+                problems.append(f"stage '{stage.name}' has '{key}: {target}', which names no stage; stages: {', '.join(by_name)}"
+                                + (f"; did you mean '{nearest(target, by_name)}'?" if nearest(target, by_name) else "."))
+            else:
+                problems.extend(_link_kind_problems(stage, key, by_name[target]))
+        if not stage.parent and not stage.config.model.model_name_or_path:
+            problems.append(f"stage '{stage.name}' needs 'from: <stage>' or 'model_name_or_path'.")
+    problems.extend(_cycle_problems(by_name))
     return sorted(set(problems))
 
 
+def _link_kind_problems(stage: TrainingStage, key: str, target: BaseStage | TrainingStage) -> list[str]:
+    """`reward_model` must name an rm stage; `from` and `ref_model` a policy (an rm output is no causal LM)."""
+    is_reward = isinstance(target, TrainingStage) and target.kind == REWARD_KIND
+    if key == "reward_model" and not is_reward:
+        kind = target.kind if isinstance(target, TrainingStage) else BASE_KIND
+        return [f"stage '{stage.name}' has 'reward_model: {target.name}', but stage '{target.name}' is a {kind} stage; "
+                f"'reward_model' must name an rm stage."]
+    if key != "reward_model" and is_reward:
+        return [f"stage '{stage.name}' has '{key}: {target.name}', but stage '{target.name}' is an rm stage: a reward model "
+                f"is no policy (not a causal LM); name a build_base, pt, sft, dpo or kto stage instead."]
+    if key == "ref_model" and stage.kind not in ("dpo", "kto"):
+        return [f"stage '{stage.name}' has 'ref_model: {target.name}', but only dpo and kto stages use a reference "
+                f"model; remove 'ref_model' or make the stage dpo or kto."]
+    return []
+
+
+def _cycle_problems(by_name: Mapping[str, BaseStage | TrainingStage]) -> list[str]:
+    """One problem per cycle through `from`, `ref_model` and `reward_model`, naming its stages."""
+    problems: list[str] = []
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = path[path.index(name):] + [name]
+            problems.append(f"stages {' -> '.join(cycle)} form a cycle (through 'from', 'ref_model' or 'reward_model'); "
+                            f"a stage can only refer to stages that do not depend on it.")
+            return
+        stage = by_name.get(name)
+        if name in done or not isinstance(stage, TrainingStage):
+            return
+        for target in stage.links().values():
+            visit(target, [*path, name])
+        done.add(name)
+
+    for name in by_name:
+        visit(name, [])
+    return problems
+
+
+def _section_kind_problems(stages: list[BaseStage | TrainingStage], raw: Mapping[str, Any]) -> list[str]:
+    """`evaluate` and `export` generate from or merge a causal LM, which an rm stage does not produce."""
+    reward = {s.name for s in stages if isinstance(s, TrainingStage) and s.kind == REWARD_KIND}
+    problems = []
+    for section, keys in (("evaluate", ("stage", "baseline")), ("export", ("stage",))):
+        values = raw.get(section)
+        for key in keys if isinstance(values, Mapping) else ():
+            if values.get(key) in reward:
+                problems.append(f"'{section}.{key}: {values[key]}' names an rm stage, whose reward model is not a "
+                                f"causal LM; name a pt, sft, dpo or kto stage.")
+    return problems
+
+
 def _ordered(stages: list[BaseStage | TrainingStage]) -> list[BaseStage | TrainingStage]:
-    """Parents before children, otherwise in file order."""
+    """Every stage after the stages it refers to, otherwise in file order (the DAG is checked first)."""
     ordered: list[BaseStage | TrainingStage] = []
+    placed: set[str] = set()
     remaining = list(stages)
     while remaining:
-        ready = next(s for s in remaining if not isinstance(s, TrainingStage) or not s.parent or s.parent in {o.name for o in ordered})
+        ready = next(s for s in remaining if not isinstance(s, TrainingStage) or set(s.links().values()) <= placed)
         ordered.append(ready)
+        placed.add(ready.name)
         remaining.remove(ready)
     return ordered

@@ -78,7 +78,9 @@ def tokenize_key(stage: TrainingStage, *, tokenizer_key: str) -> tuple[str, dict
 
 # -- train -------------------------------------------------------------------------------------
 
-def train_key(stage: TrainingStage, *, tokenized_key: str, parent_key: str) -> str:
+def train_key(stage: TrainingStage, *, tokenized_key: str, parent_key: str, reference_keys: Mapping[str, str] | None = None) -> str:
+    """Decided by the output-relevant settings, the data, the starting model and, for `ref_model` or
+    `reward_model` naming a stage, that stage's model key (so changing the reference retrains)."""
     config = stage.config
     relevant = {
         **dataclasses.asdict(config.finetuning),
@@ -86,7 +88,13 @@ def train_key(stage: TrainingStage, *, tokenized_key: str, parent_key: str) -> s
         **config.training,
     }
     relevant.pop("model_name_or_path", None)  # the parent key stands for the starting weights
-    return stage_key(stage.name, config=output_relevant(relevant), upstream={"data": tokenized_key, "model": parent_key})
+    for key in stage.references:
+        relevant.pop(key, None)  # the referenced stage's key stands for it
+    missing = set(stage.references) - set(reference_keys or {})
+    if missing:
+        raise ValueError(f"stage '{stage.name}': no key given for {', '.join(sorted(missing))}")
+    upstream = {"data": tokenized_key, "model": parent_key, **(reference_keys or {})}
+    return stage_key(stage.name, config=output_relevant(relevant), upstream=upstream)
 
 
 # -- evaluate ----------------------------------------------------------------------------------

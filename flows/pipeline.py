@@ -16,7 +16,8 @@ from tuneline.core import tracking
 from tuneline.core.artifacts import read_manifest
 from tuneline.core.data.dataset import DEFAULT_TEMPLATE, TOKENIZER_DIR
 from tuneline.core.fingerprint import tree_fingerprint
-from tuneline.core.pipeline import BaseStage, Pipeline, TrainingStage, load_pipeline
+from tuneline.core.errors import ConfigError
+from tuneline.core.pipeline import REWARD_KIND, BaseStage, Pipeline, TrainingStage, load_pipeline
 from tuneline.core.stages import base_key, evaluate_key, export_key, heldout_fingerprints, merge_key, tokenize_key, train_key
 from tuneline.tasks.build_base import build_base
 from tuneline.tasks.common import RunContext, record_cache_hit
@@ -85,18 +86,28 @@ def run_base(pipeline: Pipeline, stage: BaseStage, state: ChainState) -> None:
 
 def run_training_stage(pipeline: Pipeline, stage: TrainingStage, state: ChainState) -> None:
     start = start_model(pipeline, stage, state)
+    references = referenced_models(stage, state)
     root = pipeline.root(stage.name)
     tokenizer_source = state.models[root.name] if root.name in state.models else start
     tok_key, inputs = tokenize_key(stage, tokenizer_key=tokenizer_source["key"])
     tokenized = call(state, tokenize, f"{stage.name}/tokenize", state.context, stage, key=tok_key,
                      tokenizer_path=tokenizer_source["tokenizer_path"], inputs=inputs)
     state.tokenized[stage.name] = tokenized
-    key = train_key(stage, tokenized_key=tokenized["key"], parent_key=start["key"])
+    reference_keys = {ref: model["key"] for ref, model in references.items()}
+    key = train_key(stage, tokenized_key=tokenized["key"], parent_key=start["key"], reference_keys=reference_keys)
     trained = call(state, train, stage.name, state.context, stage, key=key, start_model=start["path"],
-                   tokenized_path=tokenized["path"], upstream={"data": tokenized["key"], "model": start["key"]})
+                   tokenized_path=tokenized["path"], references={ref: model["path"] for ref, model in references.items()},
+                   upstream={"data": tokenized["key"], "model": start["key"], **reference_keys})
     state.trained[stage.name] = trained
-    if trained["finetuning_type"] == "full":
+    if trained["finetuning_type"] == "full" and stage.kind != REWARD_KIND:
         state.models[stage.name] = {**trained, "tokenizer_path": trained["path"]}
+
+
+def referenced_models(stage: TrainingStage, state: ChainState) -> dict[str, dict[str, Any]]:
+    """`ref_model` stages resolve to their full-weight model (merged if LoRA); `reward_model` stages to
+    their trained artifact as it is, since a reward model is never merged into a causal LM."""
+    return {ref: state.trained[name] if ref == "reward_model" else full_model(name, state)
+            for ref, name in stage.references.items()}
 
 
 def start_model(pipeline: Pipeline, stage: TrainingStage, state: ChainState) -> dict[str, Any]:
@@ -110,8 +121,11 @@ def start_model(pipeline: Pipeline, stage: TrainingStage, state: ChainState) -> 
 
 
 def full_model(name: str, state: ChainState) -> dict[str, Any]:
+    """The stage's full-weight causal LM, merging a LoRA stage's adapter once; never an rm stage's."""
     if name not in state.models:
         trained = state.trained[name]
+        if trained["config"].get("stage") == REWARD_KIND:
+            raise ConfigError(f"stage '{name}' is an rm stage; its reward model is not a causal LM to start from or merge.")
         merged = call(state, merge, f"{name}/merge", state.context, name=name, key=merge_key(trained_key=trained["key"]), trained=trained)
         state.models[name] = {**merged, "tokenizer_path": merged["path"]}
     return state.models[name]

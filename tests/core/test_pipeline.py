@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tuneline.core.config import read_yaml
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline import build_pipeline
 
@@ -49,3 +52,116 @@ def test_bare_overrides_win_over_values_written_in_a_stage():
     pipeline = build_pipeline(raw, overrides={"learning_rate": 0.3, "hidden_size": 32})
     assert pipeline.stage("a").config.training["learning_rate"] == 0.3
     assert pipeline.stage("base").build.hidden_size == 32
+
+
+def _chain(*extra):
+    """A policy chain (base -> sft) plus `extra` stages; pure config, nothing is built."""
+    return _pipeline([
+        {"name": "base", "stage": "build_base", "corpus": "demo_pretrain"},
+        {"name": "sft", "stage": "sft", "from": "base", "dataset": "demo_alpaca"},
+        *extra,
+    ])
+
+
+def _problems(raw) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(raw, overrides={})
+    return caught.value.problems
+
+
+def test_alignment_stages_resolve_stage_references_and_sort_topologically():
+    raw = _chain(
+        {"name": "dpo", "stage": "dpo", "from": "sft", "ref_model": "sft", "reward_model": "rm", "dataset": "demo_preference"},
+        {"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"},
+        {"name": "kto", "stage": "kto", "from": "dpo", "ref_model": "org/some-model", "dataset": "demo_kto"},
+    )
+    pipeline = build_pipeline(raw, overrides={})
+    assert [s.name for s in pipeline.stages] == ["base", "sft", "rm", "dpo", "kto"]  # rm moved before dpo
+    assert pipeline.stage("dpo").references == {"ref_model": "sft", "reward_model": "rm"}
+    assert pipeline.stage("kto").references == {}  # a hub id is a model, not a stage
+    assert pipeline.stage("kto").config.finetuning.ref_model == "org/some-model"
+
+
+def test_dangling_references_are_all_reported_with_their_stage():
+    problems = _problems(_chain(
+        {"name": "dpo", "stage": "dpo", "from": "sft", "ref_model": "sfft", "dataset": "demo_preference"},
+        {"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"},
+        {"name": "kto", "stage": "kto", "from": "sft", "reward_model": "reward", "dataset": "demo_kto"},
+    ))
+    assert "stage 'dpo' has 'ref_model: sfft', which names no stage; stages: base, sft, dpo, rm, kto; did you mean 'sft'?" in problems
+    assert any(p.startswith("stage 'kto' has 'reward_model: reward', which names no stage") for p in problems)
+    assert len(problems) == 2
+
+
+def test_cycle_through_ref_model_names_the_stages():
+    problems = _problems(_chain(
+        {"name": "a", "stage": "dpo", "from": "sft", "ref_model": "b", "dataset": "demo_preference"},
+        {"name": "b", "stage": "dpo", "from": "a", "dataset": "demo_preference"},
+    ))
+    assert len(problems) == 1 and "stages a -> b -> a form a cycle" in problems[0]
+
+
+def test_references_of_the_wrong_kind_are_refused():
+    problems = _problems(_chain(
+        {"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"},
+        {"name": "dpo", "stage": "dpo", "from": "rm", "ref_model": "rm", "reward_model": "sft", "dataset": "demo_preference"},
+    ))
+    assert len(problems) == 3
+    assert any(p.startswith("stage 'dpo' has 'from: rm', but stage 'rm' is an rm stage") for p in problems)
+    assert any(p.startswith("stage 'dpo' has 'ref_model: rm', but stage 'rm' is an rm stage") for p in problems)
+    assert any(p.startswith("stage 'dpo' has 'reward_model: sft', but stage 'sft' is a sft stage; 'reward_model' must name an rm stage")
+               for p in problems)
+
+
+def test_all_three_error_kinds_exit_2_from_the_cli_naming_the_stages(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    raw = _chain(
+        {"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"},
+        {"name": "dpo", "stage": "dpo", "from": "rm", "ref_model": "gone", "dataset": "demo_preference"},
+        {"name": "a", "stage": "kto", "from": "b", "dataset": "demo_kto"},
+        {"name": "b", "stage": "kto", "from": "a", "dataset": "demo_kto"},
+    )
+    raw["defaults"] = {"dataset_dir": str(Path(__file__).resolve().parents[2] / "data")}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "run", str(path), "--workspace", str(tmp_path / "ws")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    out = result.stdout + result.stderr
+    assert "(3 problems)" in out
+    for expected in ("'from: rm', but stage 'rm' is an rm stage", "'ref_model: gone', which names no stage", "a -> b -> a form a cycle"):
+        assert expected in out
+    assert not (tmp_path / "ws").exists()  # refused before any work
+
+
+def test_evaluate_and_export_of_a_reward_model_are_refused():
+    raw = _chain({"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"})
+    raw["export"] = {"stage": "rm"}
+    problems = _problems(raw)
+    assert problems == ["'export.stage: rm' names an rm stage, whose reward model is not a causal LM; name a pt, sft, dpo or kto stage."]
+
+
+def test_train_key_follows_the_referenced_stage_key():
+    from tuneline.core.stages import train_key
+
+    raw = _chain({"name": "dpo", "stage": "dpo", "from": "sft", "ref_model": "sft", "dataset": "demo_preference"})
+    dpo = build_pipeline(raw, overrides={}).stage("dpo")
+    keys = {ref: train_key(dpo, tokenized_key="t", parent_key="p", reference_keys={"ref_model": ref}) for ref in ("m1", "m2")}
+    assert keys["m1"] != keys["m2"]
+    assert keys["m1"] == train_key(dpo, tokenized_key="t", parent_key="p", reference_keys={"ref_model": "m1"})
+    with pytest.raises(ValueError, match="no key given for ref_model"):
+        train_key(dpo, tokenized_key="t", parent_key="p")
+
+
+def test_shipped_chain_pipeline_loads_with_its_stage_reference():
+    root = Path(__file__).resolve().parents[2]
+    pipeline = build_pipeline(read_yaml(root / "data/chain_pipeline.yaml"), overrides={"dataset_dir": str(root / "data")})
+    assert [(s.name, getattr(s, "parent", None)) for s in pipeline.stages] == [
+        ("base", None), ("pt", "base"), ("sft", "pt"), ("rm", "sft"), ("dpo", "sft")]
+    assert pipeline.stage("dpo").references == {"ref_model": "sft"}
+    assert pipeline.stage("rm").kind == "rm"
