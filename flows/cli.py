@@ -39,10 +39,21 @@ _QUIET_ENV = {
 DEMO_PIPELINE = Path(__file__).resolve().parent.parent / "data" / "demo_pipeline.yaml"
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parsed arguments; `key=value` overrides may also come after options such as --workspace
+    (argparse alone stops collecting a trailing positional list at the first option)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     for name, value in _QUIET_ENV.items():
         os.environ.setdefault(name, value)
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(build_parser(), argv)
     if args.verbose:
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     from tuneline.core.errors import TunelineError

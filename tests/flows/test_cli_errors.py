@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 
@@ -63,3 +64,15 @@ def test_preprocess_of_bad_data_exits_2_and_leaves_no_partial_output(tmp_path: P
     assert "d.jsonl" in result.stderr and "line 2" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / ".out.partial").exists()
+
+
+def test_overrides_may_follow_options():
+    from tuneline.flows.cli import build_parser, parse_arguments
+
+    parser = build_parser()
+    for argv in (["run", "p.yaml", "--workspace", "w", "a=1", "sft.b=2"], ["run", "p.yaml", "a=1", "--workspace", "w", "sft.b=2"]):
+        args = parse_arguments(parser, argv)
+        assert (args.pipeline, args.workspace, args.overrides) == ("p.yaml", "w", ["a=1", "sft.b=2"])
+    with pytest.raises(SystemExit) as error:
+        parse_arguments(parser, ["run", "p.yaml", "--workspace", "w", "--bogus"])
+    assert error.value.code == 2
