@@ -399,6 +399,10 @@ def _conflicts(config: StageConfig) -> list[str]:
         from tuneline.core.preference import preference_problems
 
         problems.extend(preference_problems(config.finetuning))
+    if config.finetuning.stage == "ppo":
+        from tuneline.core.ppo import ppo_problems
+
+        problems.extend(ppo_problems(config.finetuning))
     return problems
 
 
@@ -420,7 +424,6 @@ def _predict_conflicts(config: StageConfig) -> list[str]:
 
 # What this version parses (so LLaMA-Factory configs load) but cannot train yet, by key.
 _NOT_TRAINABLE_YET = {
-    "stage": lambda c: c.finetuning.stage == "ppo" and f"stage '{c.finetuning.stage}'",
     "export_quantization_bit": lambda c: c.export.export_quantization_bit is not None and "export_quantization_bit",
 }
 

@@ -42,7 +42,7 @@ from tuneline.core.config import (
 )
 from tuneline.core.errors import ConfigError, nearest
 
-TRAINING_KINDS = ("pt", "sft", "rm", "dpo", "kto")
+TRAINING_KINDS = ("pt", "sft", "rm", "dpo", "kto", "ppo")
 BASE_KIND = "build_base"
 REWARD_KIND = "rm"
 REFERENCE_KEYS = ("ref_model", "reward_model")
@@ -277,9 +277,9 @@ def _link_kind_problems(stage: TrainingStage, key: str, target: BaseStage | Trai
     if key != "reward_model" and is_reward:
         return [f"stage '{stage.name}' has '{key}: {target.name}', but stage '{target.name}' is an rm stage: a reward model "
                 f"is no policy (not a causal LM); name a build_base, pt, sft, dpo or kto stage instead."]
-    if key == "ref_model" and stage.kind not in ("dpo", "kto"):
-        return [f"stage '{stage.name}' has 'ref_model: {target.name}', but only dpo and kto stages use a reference "
-                f"model; remove 'ref_model' or make the stage dpo or kto."]
+    if key == "ref_model" and stage.kind not in ("dpo", "kto", "ppo"):
+        return [f"stage '{stage.name}' has 'ref_model: {target.name}', but only dpo, kto and ppo stages use a reference "
+                f"model; remove 'ref_model' or make the stage dpo, kto or ppo."]
     return []
 
 

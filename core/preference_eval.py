@@ -12,7 +12,8 @@ Both measures read tuneline's pairwise columns (stages rm and dpo) and count rep
   log p_ref(y | x)). `reward_accuracy` is the share of pairs with r(chosen) > r(rejected),
   `reward_margin` the mean r(chosen) - r(rejected), `reward_chosen` and `reward_rejected` the
   mean rewards. A policy equal to its reference has every reward 0, so accuracy 0: score a
-  starting model with the likelihood measures.
+  starting model with the likelihood measures, which `evaluate_preference` also reports for the
+  reference (`reference_logp_accuracy`, ...), so a DPO run shows its starting model's numbers beside its own.
 """
 
 from __future__ import annotations
@@ -132,8 +133,11 @@ def evaluate_preference(
     own = pair_logps(policy, pairs, batch_size=batch_size)
     metrics = {**likelihood_metrics(own), "pairs": float(len(own.chosen))}
     if reference is not None:
-        metrics.update(implicit_reward_metrics(own, pair_logps(reference, pairs, batch_size=batch_size), beta=beta))
+        base = pair_logps(reference, pairs, batch_size=batch_size)
     elif isinstance(policy, PeftModel):
         base = pair_logps(policy, pairs, batch_size=batch_size, adapter_off=True)
-        metrics.update(implicit_reward_metrics(own, base, beta=beta))
+    else:
+        return metrics
+    metrics.update(implicit_reward_metrics(own, base, beta=beta))
+    metrics.update({f"reference_{key}": value for key, value in likelihood_metrics(base).items()})
     return metrics

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from datasets import DatasetDict
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 
-TRAINABLE_STAGES = ("pt", "sft", "rm", "dpo", "kto")
+TRAINABLE_STAGES = ("pt", "sft", "rm", "dpo", "kto", "ppo")  # ppo trains in `core.ppo`, not a trainer
 
 
 def load_stage_model(

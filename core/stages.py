@@ -85,6 +85,7 @@ def train_key(stage: TrainingStage, *, tokenized_key: str, parent_key: str, refe
     relevant = {
         **dataclasses.asdict(config.finetuning),
         **dataclasses.asdict(config.model),
+        **dataclasses.asdict(config.generating),  # ppo samples with them; do_predict answers with them
         **config.training,
     }
     relevant.pop("model_name_or_path", None)  # the parent key stands for the starting weights

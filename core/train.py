@@ -1,4 +1,4 @@
-"""Training one stage (pt or sft) from a job description, inside the worker process.
+"""Training one stage (pt, sft, rm, dpo, kto or ppo) from a job description, inside the worker process.
 
 The job names only paths and plain values: a tokenized dataset (with its fixed tokenizer), the
 model to start from, the method and the trainer arguments. Preprocessing is finished before the
@@ -55,7 +55,7 @@ def run_training(job: TrainJob) -> dict[str, float]:
     from datasets import load_from_disk
     from transformers import set_seed
 
-    from tuneline.core.callbacks import LogCallback, plot_loss
+    from tuneline.core.callbacks import LogCallback
     from tuneline.core.checkpoint_record import CheckpointRecord
     from tuneline.core.model import load_tokenizer, trainable_summary
     from tuneline.core.stage_trainers import build_stage_trainer, held_out_metrics, load_stage_model
@@ -68,6 +68,13 @@ def run_training(job: TrainJob) -> dict[str, float]:
     stage = finetuning.stage
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
     datasets = load_from_disk(job.dataset_path)
+    if stage == "ppo":  # its own loop: rollouts and updates do not fit the trainer's one
+        from tuneline.core.ppo import train_ppo
+
+        metrics = train_ppo(job, args, tokenizer=tokenizer, datasets=datasets, checkpoint=checkpoint, finetuning=finetuning,
+                            model_config=model_config)
+        finish_outputs(job, main=args.process_index == 0)
+        return metrics
     model = load_stage_model(stage, job.model_path, tokenizer=tokenizer, finetuning=finetuning, model_config=model_config,
                              training=job.training)
     print(trainable_summary(model), flush=True)
@@ -91,12 +98,19 @@ def run_training(job: TrainJob) -> dict[str, float]:
         from tuneline.core.predict import predict_after_training
 
         metrics.update(predict_after_training(trainer, datasets, generating=job.generating))
-    if trainer.is_world_process_zero():  # rank 0 alone writes the stage's files
+    finish_outputs(job, main=trainer.is_world_process_zero())
+    return metrics
+
+
+def finish_outputs(job: TrainJob, *, main: bool) -> None:
+    """The loss curve, and no checkpoints left when the job says so; rank 0 alone writes the stage's files."""
+    from tuneline.core.callbacks import plot_loss
+
+    if main:
         plot_loss(job.output_dir)
         if not job.keep_checkpoints:
             for stale in Path(job.output_dir).glob("checkpoint-*"):
                 shutil.rmtree(stale)
-    return metrics
 
 
 def prepare_run(job: TrainJob, args) -> str | None:

@@ -55,3 +55,30 @@ def test_kto_with_a_batch_of_one_is_refused_clearly(shared_dir: Path, tiny_base:
     assert result.returncode == 2
     assert "per_device_train_batch_size: 1' is too small for stage kto" in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_llamafactory_ppo_example_trains_a_few_steps_against_the_reward_example(shared_dir: Path, tiny_base: Path,
+                                                                                 tmp_path: Path):
+    """llama3_lora_reward.yaml trains the reward model that llama3_lora_ppo.yaml names; both run with
+    only the model, the data folder and the output folders changed (the PPO example's `reward_model`
+    is the reward example's `output_dir`), plus two steps on 16 rows."""
+    examples = shared_dir / "llamafactory/examples/train_lora"
+    configs = {}
+    for example in ("llama3_lora_reward", "llama3_lora_ppo"):
+        raw = yaml.safe_load((examples / f"{example}.yaml").read_text())
+        raw.update(model_name_or_path=str(tiny_base), dataset_dir=str(shared_dir / "llamafactory/data"),
+                   output_dir=str(tmp_path / example))
+        configs[example] = raw
+    configs["llama3_lora_ppo"]["reward_model"] = configs["llama3_lora_reward"]["output_dir"]
+    for example, raw in configs.items():
+        config = tmp_path / f"{example}.yaml"
+        config.write_text(yaml.safe_dump(raw))
+        result = run_train(config, "max_steps=2", "max_samples=16", "logging_steps=1")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    saved = tmp_path / "llama3_lora_ppo"
+    assert (saved / "adapter_model.safetensors").is_file() and (saved / "value_head.safetensors").is_file()
+    log = [json.loads(line) for line in (saved / "trainer_log.jsonl").read_text().splitlines()]
+    assert [record["current_steps"] for record in log] == [1, 2]
+    assert all(record["reward"] == record["reward"] and record["loss"] == record["loss"] for record in log)
+    print("PPO example log:", log)

@@ -1,4 +1,5 @@
-"""An alignment chain through `tuneline run`: base -> pt -> sft -> rm and dpo (`ref_model: sft`).
+"""An alignment chain through `tuneline run`: base -> pt -> sft -> rm, dpo (`ref_model: sft`) and ppo
+(`reward_model: rm`).
 
 Real Prefect (ephemeral API), real MLflow (SQLite), real training, as small as the chain allows.
 The first run computes every stage; a second run serves every stage from cache.
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.slow
 CHAIN = Path(__file__).resolve().parents[2] / "data/chain_pipeline.yaml"
 SMALL = ("max_steps=3", "max_samples=24", "logging_steps=1", "cutoff_len=64", "per_device_train_batch_size=4",
          "hidden_size=32", "intermediate_size=64", "vocab_size=512", "dataset_dir=" + str(CHAIN.parent))
-STAGES = ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/merge", "rm/tokenize", "rm", "dpo/tokenize", "dpo"]
+STAGES = ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/merge", "rm/tokenize", "rm", "dpo/tokenize", "dpo",
+          "ppo/tokenize", "ppo"]
 
 
 def run_chain(workspace: Path) -> str:
@@ -65,6 +67,16 @@ def test_dpo_compares_with_the_merged_sft_model_it_starts_from(first_run):
     assert dpo["config"]["ref_model"] == rows["sft/merge"][1] == dpo["start_model"]
     assert dpo["inputs"]["ref_model"] == merged["key"]
     assert "ref_model" not in manifest(rows, "rm")["inputs"]
+
+
+def test_ppo_scores_with_the_rm_stage_and_reports_reward_before_and_after(first_run):
+    rows = stage_rows(first_run["stdout"])
+    ppo, rm = manifest(rows, "ppo"), manifest(rows, "rm")
+    assert ppo["config"]["reward_model"] == rows["rm"][1]
+    assert ppo["inputs"]["reward_model"] == rm["key"]
+    assert ppo["start_model"] == rows["sft/merge"][1]
+    metrics = ppo["metrics"]
+    assert {"eval_ppo_reward_before", "eval_ppo_reward", "eval_ppo_kl", "train_reward", "train_kl"} <= set(metrics)
 
 
 def test_second_run_serves_every_stage_from_cache(first_run):

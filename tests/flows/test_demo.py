@@ -16,6 +16,9 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+DEMO_STAGES = ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/merge", "rm/tokenize", "rm", "dpo/tokenize", "dpo",
+               "ppo/tokenize", "ppo", "sft/evaluate", "dpo/merge", "dpo/export", "register"]
+
 
 def run_demo(workspace: Path, *overrides: str) -> tuple[str, float]:
     started = time.monotonic()
@@ -43,8 +46,7 @@ def first_run(tmp_path_factory) -> dict:
 
 def test_demo_computes_every_stage_and_registers_the_champion(first_run):
     status = stage_status(first_run["stdout"])
-    assert list(status) == ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/evaluate",
-                            "sft/merge", "sft/export", "register"]
+    assert list(status) == DEMO_STAGES
     assert set(status.values()) == {"computed"}
     assert "registered model: tuneline-demo version 1 alias @champion" in first_run["stdout"]
 
@@ -59,7 +61,7 @@ def test_mlflow_store_holds_the_story_of_the_run(first_run):
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 1
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
-    assert set(children) == {"base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/evaluate", "sft/merge", "sft/export", "register"}
+    assert set(children) == set(DEMO_STAGES)
     for name in ("pt", "sft"):
         run = children[name]
         assert run.data.params["stage"] == name and "learning_rate" in run.data.params
@@ -73,6 +75,8 @@ def test_mlflow_store_holds_the_story_of_the_run(first_run):
 
 
 def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_run):
+    """The export is the DPO policy merged: it answers as base plus adapter, and better than the
+    pre-trained model the chain fine-tuned."""
     import json
 
     import torch
@@ -82,12 +86,14 @@ def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_
     from tuneline.core.evaluate import answer_score
 
     export_dir = Path(re.search(r"^exported model:\s+(\S+)", first_run["stdout"], flags=re.M).group(1))
-    sft_dir = Path(re.search(r"^  sft\s+computed\s+\S+ s\s+(\S+)", first_run["stdout"], flags=re.M).group(1))
-    manifest = json.loads((sft_dir / "manifest.json").read_text())
+    trained = {name: json.loads((Path(path) / "manifest.json").read_text())
+               for name, path in re.findall(r"^  (sft|dpo)\s+computed\s+\S+ s\s+(\S+)", first_run["stdout"], flags=re.M)}
+    dpo_dir = Path(re.search(r"^  dpo\s+computed\s+\S+ s\s+(\S+)", first_run["stdout"], flags=re.M).group(1))
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     exported = AutoModelForCausalLM.from_pretrained(export_dir).eval()
-    base = AutoModelForCausalLM.from_pretrained(manifest["start_model"]).eval()
-    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(manifest["start_model"]), str(sft_dir)).eval()
+    base = AutoModelForCausalLM.from_pretrained(trained["sft"]["start_model"]).eval()
+    start = trained["dpo"]["start_model"]
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(start), str(dpo_dir)).eval()
 
     rows = json.loads((Path(__file__).resolve().parents[2] / "data/demo_heldout.json").read_text())
     heldout = [{"prompt": [{"role": "user", "content": r["instruction"]}], "response": [{"role": "assistant", "content": r["output"]}]}
@@ -107,8 +113,33 @@ def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_
     decode = lambda ids: [tokenizer.decode(i, skip_special_tokens=True) for i in ids]  # noqa: E731
     tuned_score = answer_score(decode(merged_ids), heldout)
     base_score = answer_score(decode(answers(base)), heldout)
-    print(f"held-out answer F1: base {base_score:.3f}, fine-tuned {tuned_score:.3f}")
+    print(f"held-out answer F1: pre-trained {base_score:.3f}, exported DPO policy {tuned_score:.3f}")
     assert tuned_score > base_score + 0.1
+
+
+def test_alignment_stages_meet_their_accuracy_on_held_out_demo_data(first_run):
+    """RM accuracy on held-out pairs >= 0.8; DPO implicit-reward accuracy >= 0.8 with a likelihood
+    preference above the SFT model's; PPO's greedy replies to held-out prompts score higher with the
+    reward model than the SFT policy's."""
+    import json
+
+    paths = dict(re.findall(r"^  (rm|dpo|ppo)\s+computed\s+\S+ s\s+(\S+)", first_run["stdout"], flags=re.M))
+    rm, dpo, ppo = (json.loads((Path(paths[name]) / "manifest.json").read_text())["metrics"] for name in ("rm", "dpo", "ppo"))
+    print(f"rm: held-out pair accuracy {rm['eval_rm_accuracy']:.3f}, margin {rm['eval_rm_margin']:.3f} "
+          f"({rm['eval_rm_pairs']:.0f} pairs)")
+    print(f"dpo: held-out implicit-reward accuracy {dpo['eval_pref_reward_accuracy']:.3f}, margin "
+          f"{dpo['eval_pref_reward_margin']:.3f}; log-prob preference accuracy SFT {dpo['eval_pref_reference_logp_accuracy']:.3f} "
+          f"-> DPO {dpo['eval_pref_logp_accuracy']:.3f}, margin {dpo['eval_pref_reference_logp_margin']:.2f} -> "
+          f"{dpo['eval_pref_logp_margin']:.2f}")
+    print(f"ppo: mean reward of greedy held-out replies SFT {ppo['eval_ppo_reward_before']:.3f} -> PPO "
+          f"{ppo['eval_ppo_reward']:.3f} (KL from SFT {ppo['eval_ppo_kl']:.3f}; reply length "
+          f"{ppo['eval_ppo_response_length_before']:.1f} -> {ppo['eval_ppo_response_length']:.1f} tokens)")
+    assert rm["eval_rm_accuracy"] >= 0.8
+    assert dpo["eval_pref_reward_accuracy"] >= 0.8
+    assert dpo["eval_pref_logp_accuracy"] > dpo["eval_pref_reference_logp_accuracy"]
+    assert dpo["eval_pref_logp_margin"] > dpo["eval_pref_reference_logp_margin"]
+    assert ppo["eval_ppo_reward"] > ppo["eval_ppo_reward_before"]
+    assert ppo["eval_ppo_response_length"] >= 0.5 * ppo["eval_ppo_response_length_before"]  # no collapse to empty replies
 
 
 def test_second_run_trains_nothing_and_is_fast(first_run):

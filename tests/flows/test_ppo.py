@@ -1,0 +1,141 @@
+"""`tuneline train` for stage ppo: a run against a reward model the test trains first, its metrics,
+its resume after a kill, and its configuration errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuneline.core.checkpoints import RECORD_FILE
+
+REPO_DATA = Path(__file__).resolve().parents[2] / "data"
+STEPS = 12
+COMMON = {"dataset_dir": str(REPO_DATA), "template": "default", "cutoff_len": 64, "seed": 3, "report_to": "none",
+          "finetuning_type": "lora", "lora_rank": 4, "per_device_train_batch_size": 2, "logging_steps": 1}
+
+
+def train(config: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(command(config, *overrides), cwd=config.parent, capture_output=True, text=True, timeout=timeout,
+                          env=environment(config))
+
+
+def command(config: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "tuneline.flows.cli", "train", str(config), *overrides]
+
+
+def environment(config: Path) -> dict[str, str]:
+    return {**os.environ, "TUNELINE_CACHE": str(config.parent / "cache"), "OMP_NUM_THREADS": "1"}
+
+
+def write_config(folder: Path, name: str, values: dict) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**COMMON, **values}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ppo_config(tiny_base: Path, tmp_path_factory) -> Path:
+    """A PPO config whose reward model (LoRA on the tiny base, 8 steps of demo pairs) is trained here."""
+    folder = tmp_path_factory.mktemp("ppo")
+    reward = write_config(folder, "rm", {"model_name_or_path": str(tiny_base), "stage": "rm", "dataset": "demo_preference",
+                                         "max_samples": 32, "max_steps": 8, "learning_rate": 5e-3, "output_dir": "rm"})
+    result = train(reward)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return write_config(folder, "ppo", {
+        "model_name_or_path": str(tiny_base), "stage": "ppo", "reward_model": str(folder / "rm"),
+        "dataset": "demo_preference", "eval_dataset": "demo_preference_heldout", "max_samples": 24,
+        "max_steps": STEPS, "save_steps": 4, "learning_rate": 5e-3, "ppo_epochs": 2, "max_new_tokens": 8,
+        "do_sample": True, "temperature": 0.7, "top_k": 50, "per_device_eval_batch_size": 8,
+    })
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ppo_config: Path) -> Path:
+    result = train(ppo_config, "output_dir=whole")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return ppo_config.parent / "whole"
+
+
+def trained_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return {**load_file(folder / "adapter_model.safetensors"), **load_file(folder / "value_head.safetensors")}
+
+
+@pytest.mark.slow
+def test_ppo_trains_logs_and_reports_reward_and_kl(uninterrupted: Path):
+    log = [json.loads(line) for line in (uninterrupted / "trainer_log.jsonl").read_text().splitlines()]
+    assert [record["current_steps"] for record in log] == list(range(1, STEPS + 1))
+    assert {"loss", "reward", "lr", "epoch", "kl", "kl_coef", "policy_loss", "value_loss", "response_length"} <= set(log[0])
+    results = json.loads((uninterrupted / "all_results.json").read_text())
+    for key in ("eval_ppo_reward_before", "eval_ppo_reward", "eval_ppo_kl", "eval_ppo_reward_gain"):
+        assert results[key] == results[key]  # present, not NaN
+    assert results["eval_ppo_prompts"] > 0
+    assert not list(uninterrupted.glob("checkpoint-*")) or all((c / RECORD_FILE).is_file()
+                                                                for c in uninterrupted.glob("checkpoint-*"))
+    # the value head is saved beside the adapter, and the adapter loads as a plain causal-LM adapter
+    from peft import AutoPeftModelForCausalLM
+
+    assert AutoPeftModelForCausalLM.from_pretrained(str(uninterrupted)) is not None
+
+
+@pytest.mark.slow
+def test_a_killed_ppo_run_resumes_to_the_weights_of_an_uninterrupted_one(ppo_config: Path, uninterrupted: Path):
+    folder = ppo_config.parent / "killed"
+    process = subprocess.Popen(command(ppo_config, "output_dir=killed"), cwd=ppo_config.parent, env=environment(ppo_config),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while process.poll() is None and time.monotonic() < deadline:
+        if (folder / "checkpoint-4" / RECORD_FILE).exists():
+            break
+        time.sleep(0.002)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (folder / "adapter_model.safetensors").exists()
+
+    result = train(ppo_config, "output_dir=killed")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    resumed = [line for line in result.stdout.splitlines() if line.startswith("resuming from")]
+    assert resumed and int(re.search(r"\(step (\d+)\)", resumed[0]).group(1)) >= 4, result.stdout[-2000:]
+    whole, again = trained_weights(uninterrupted), trained_weights(folder)
+    difference = max((whole[k] - again[k]).abs().max().item() for k in whole)
+    print(f"PPO resumed from {resumed[0]!r}: max abs weight difference {difference:.3g} over {len(whole)} tensors")
+    assert whole.keys() == again.keys()
+    assert difference <= 1e-6
+    steps = [json.loads(line)["current_steps"] for line in (folder / "trainer_log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1))
+
+
+def test_ppo_without_a_reward_model_is_refused_before_loading_anything(tiny_base: Path, tmp_path: Path):
+    config = write_config(tmp_path, "ppo", {"model_name_or_path": str(tiny_base), "stage": "ppo",
+                                            "dataset": "demo_preference", "output_dir": "out"})
+    result = train(config)
+    assert result.returncode == 2
+    assert "'stage: ppo' needs 'reward_model'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_reward_model_with_another_tokenizer_is_refused(ppo_config: Path, tmp_path: Path, shared_dir: Path):
+    """Replies are scored as the policy's token ids: a reward model reading other ids would score noise."""
+    import shutil
+
+    foreign = tmp_path / "rm"
+    shutil.copytree(ppo_config.parent / "rm", foreign)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (foreign / name).unlink(missing_ok=True)
+    shutil.copy(shared_dir / "tokenizers/qwen2.5/tokenizer.json", foreign)
+    shutil.copy(shared_dir / "tokenizers/qwen2.5/tokenizer_config.json", foreign)
+    result = train(ppo_config, f"reward_model={foreign}", "output_dir=foreign", "max_steps=1")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "uses another tokenizer than the policy" in result.stderr
