@@ -276,7 +276,7 @@ def _link_kind_problems(stage: TrainingStage, key: str, target: BaseStage | Trai
                 f"'reward_model' must name an rm stage."]
     if key != "reward_model" and is_reward:
         return [f"stage '{stage.name}' has '{key}: {target.name}', but stage '{target.name}' is an rm stage: a reward model "
-                f"is no policy (not a causal LM); name a build_base, pt, sft, dpo or kto stage instead."]
+                f"is no policy (not a causal LM); name a build_base, pt, sft, dpo, kto or ppo stage instead."]
     if key == "ref_model" and stage.kind not in ("dpo", "kto", "ppo"):
         return [f"stage '{stage.name}' has 'ref_model: {target.name}', but only dpo, kto and ppo stages use a reference "
                 f"model; remove 'ref_model' or make the stage dpo, kto or ppo."]
@@ -315,7 +315,7 @@ def _section_kind_problems(stages: list[BaseStage | TrainingStage], raw: Mapping
         for key in keys if isinstance(values, Mapping) else ():
             if values.get(key) in reward:
                 problems.append(f"'{section}.{key}: {values[key]}' names an rm stage, whose reward model is not a "
-                                f"causal LM; name a pt, sft, dpo or kto stage.")
+                                f"causal LM; name a pt, sft, dpo, kto or ppo stage.")
     return problems
 
 

@@ -61,7 +61,7 @@ def test_shipped_demo_pipeline_loads():
 
     root = Path(__file__).resolve().parents[2]
     pipeline = load_pipeline(root / "data/demo_pipeline.yaml", [f"dataset_dir={root / 'data'}"])
-    assert [s.name for s in pipeline.stages] == ["base", "pt", "sft"]
+    assert [s.name for s in pipeline.stages] == ["base", "pt", "sft", "rm", "dpo", "ppo"]
     sft = pipeline.stage("sft")
     assert isinstance(sft, TrainingStage) and sft.parent == "pt"
     assert pipeline.root("sft").name == "base"
@@ -91,11 +91,12 @@ def test_llamafactory_lora_examples_parse_or_name_each_unsupported_key(shared_di
 def test_parsed_stages_that_cannot_train_yet_are_named():
     from tuneline.core.config import unsupported_for_training
 
-    config = build_stage_config({"stage": "ppo", "export_quantization_bit": 4})
+    config = build_stage_config({"stage": "sft", "export_quantization_bit": 4})
     problems = unsupported_for_training(config)
-    assert any("stage 'ppo'" in p for p in problems) and any("export_quantization_bit" in p for p in problems)
+    assert len(problems) == 1 and "export_quantization_bit" in problems[0]
     for stage in ("pt", "sft", "rm", "dpo", "kto"):
         assert unsupported_for_training(build_stage_config({"stage": stage})) == []
+    assert unsupported_for_training(build_stage_config({"stage": "ppo", "reward_model": "saves/rm"})) == []
     assert unsupported_for_training(build_stage_config({"stage": "sft"})) == []
     for methods in ({"finetuning_type": "freeze"}, {"quantization_bit": 4, "loraplus_lr_ratio": 16, "adapter_name_or_path": "saves/lora"},
                     {"pissa_init": True, "adapter_name_or_path": "saves/lora", "create_new_adapter": True}):

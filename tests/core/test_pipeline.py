@@ -143,7 +143,7 @@ def test_evaluate_and_export_of_a_reward_model_are_refused():
     raw = _chain({"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"})
     raw["export"] = {"stage": "rm"}
     problems = _problems(raw)
-    assert problems == ["'export.stage: rm' names an rm stage, whose reward model is not a causal LM; name a pt, sft, dpo or kto stage."]
+    assert problems == ["'export.stage: rm' names an rm stage, whose reward model is not a causal LM; name a pt, sft, dpo, kto or ppo stage."]
 
 
 def test_train_key_follows_the_referenced_stage_key():
@@ -162,6 +162,16 @@ def test_shipped_chain_pipeline_loads_with_its_stage_reference():
     root = Path(__file__).resolve().parents[2]
     pipeline = build_pipeline(read_yaml(root / "data/chain_pipeline.yaml"), overrides={"dataset_dir": str(root / "data")})
     assert [(s.name, getattr(s, "parent", None)) for s in pipeline.stages] == [
-        ("base", None), ("pt", "base"), ("sft", "pt"), ("rm", "sft"), ("dpo", "sft")]
+        ("base", None), ("pt", "base"), ("sft", "pt"), ("rm", "sft"), ("dpo", "sft"), ("ppo", "sft")]
     assert pipeline.stage("dpo").references == {"ref_model": "sft"}
+    assert pipeline.stage("ppo").references == {"reward_model": "rm"}
     assert pipeline.stage("rm").kind == "rm"
+
+
+def test_ppo_stage_needs_an_rm_stage_as_its_reward_model():
+    problems = _problems(_chain(
+        {"name": "ppo", "stage": "ppo", "from": "sft", "dataset": "demo_preference"},
+        {"name": "ppo2", "stage": "ppo", "from": "sft", "reward_model": "sft", "dataset": "demo_preference"},
+    ))
+    assert any(p.startswith("stage 'ppo': 'stage: ppo' needs 'reward_model'") for p in problems), problems
+    assert any(p.startswith("stage 'ppo2' has 'reward_model: sft', but stage 'sft' is a sft stage") for p in problems), problems

@@ -151,8 +151,11 @@ def test_second_run_trains_nothing_and_is_fast(first_run):
 
 
 def test_new_learning_rate_retrains_without_tokenizing(first_run):
-    stdout, _ = run_demo(first_run["workspace"], "learning_rate=1.0e-3")
+    """A changed DPO learning rate retrains dpo and what follows it (merge, export, a new model
+    version) from the cached tokenized pairs; no other stage reruns."""
+    stdout, _ = run_demo(first_run["workspace"], "dpo.learning_rate=5.0e-4")
     status = stage_status(stdout)
-    assert status["base"] == status["pt/tokenize"] == status["sft/tokenize"] == "served from cache"
-    assert status["pt"] == status["sft"] == status["sft/evaluate"] == status["sft/merge"] == status["sft/export"] == "computed"
+    retrained = {"dpo", "dpo/merge", "dpo/export", "register"}
+    assert {name for name, state in status.items() if state == "computed"} == retrained
+    assert all(status[name] == "served from cache" for name in DEMO_STAGES if name not in retrained)
     assert "registered model: tuneline-demo version 2 alias @champion" in stdout
