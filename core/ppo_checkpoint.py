@@ -66,7 +66,8 @@ class PPOLog:
               f"{stats['reward']:.4f} | kl {stats['kl']:.4f} (coef {stats['kl_coef']:.3f}) | lr {stats['lr']:.2e} | "
               f"reply {stats['response_length']:.1f} tokens | {record['elapsed_time']} < {record['remaining_time']}", flush=True)
         if self.tracking_uri and self.run_id:
-            tracking.log_metrics(self.tracking_uri, self.run_id, {f"ppo/{k}": v for k, v in stats.items()}, step=step)
+            named = {("learning_rate" if k == "lr" else k): v for k, v in stats.items()}  # the other stages' names
+            tracking.log_metrics(self.tracking_uri, self.run_id, {**named, "epoch": record["epoch"]}, step=step)
 
 
 def save_checkpoint(output_dir: Path, trainer: PPOTrainer, *, limit: int | None) -> Path:

@@ -75,6 +75,25 @@ def end_run(uri: str, run_id: str, *, failed: bool = False) -> None:
     client(uri).set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
 
+def end_abandoned_run(uri: str, run_id: str, *, status: str = "KILLED") -> bool:
+    """End with `status` a run that a killed process left RUNNING, and its parent run if that is still
+    RUNNING too (the same process held it). False when the run had ended or is not in this store
+    (a workspace moved, a store replaced)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client(uri).get_run(run_id)
+    except MlflowException:
+        return False
+    if run.info.status != "RUNNING":
+        return False
+    client(uri).set_terminated(run_id, status=status)
+    parent = run.data.tags.get(PARENT_TAG)
+    if parent and client(uri).get_run(parent).info.status == "RUNNING":
+        client(uri).set_terminated(parent, status=status)
+    return True
+
+
 def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
     from mlflow.entities import Param
 

@@ -17,6 +17,8 @@ from tuneline.core.artifacts import ArtifactDraft, find_artifact, write_artifact
 CACHE_HIT_TAG = "tuneline.cache_hit"
 KEY_TAG = "tuneline.key"
 PRODUCER_TAG = "tuneline.produced_by_run"
+RESUMED_RUN_TAG = "tuneline.resumed_from_run"
+RESUMED_STEP_TAG = "tuneline.resumed_from_step"
 
 
 @dataclass(frozen=True)
@@ -96,3 +98,12 @@ def record_cache_hit(context: RunContext, *, name: str, manifest: Mapping[str, A
     tracking.log_metrics(context.tracking_uri, run_id, manifest.get("metrics", {}))
     tracking.end_run(context.tracking_uri, run_id)
     return {**manifest, "path": path, "cache_hit": True}
+
+
+def link_resumed_attempt(context: RunContext, run_id: str, *, previous_run_id: str, step: int) -> None:
+    """This run takes over the draft of an earlier attempt: a killed process left that attempt's run
+    (and its pipeline run) RUNNING, so end them as KILLED; tag this run with the attempt and the
+    checkpoint step it resumes from (0: it had saved none)."""
+    if tracking.end_abandoned_run(context.tracking_uri, previous_run_id):
+        get_run_logger().info("run %s was left running by a killed process; marked KILLED", previous_run_id)
+    tracking.set_tags(context.tracking_uri, run_id, {RESUMED_RUN_TAG: previous_run_id, RESUMED_STEP_TAG: step})

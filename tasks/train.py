@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 
 from tuneline.core import tracking
-from tuneline.core.launch import launch_training
+from tuneline.core.checkpoints import checkpoint_step, resume_point
+from tuneline.core.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline import TrainingStage
-from tuneline.core.train import LOSS_PLOT, TrainJob
-from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
+from tuneline.core.train import LOG_FILE, LOSS_PLOT, TrainJob
+from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, link_resumed_attempt, run_stage
+
+# A pipeline stage checkpoints unless its settings name `save_steps` or `save_strategy`, so that a
+# killed chain resumes the stage it interrupted (`tuneline train` keeps transformers' "no"). Every 50
+# steps bounds what a kill loses to a few minutes of GPU work while a LoRA checkpoint costs
+# megabytes; full-weight stages that save slowly name their own `save_steps`. The newest two are kept:
+# if a kill cuts the newest short, the one before is whole. The final artifact holds none
+# (keep_checkpoints=False), and the save keys are not part of the stage key.
+DEFAULT_CHECKPOINTING = {"save_strategy": "steps", "save_steps": 50, "save_total_limit": 2}
 
 
 @task(name="train", **STAGE_TASK_OPTIONS)
@@ -22,15 +34,22 @@ def train(
     """`references` maps `ref_model`/`reward_model` to the resolved path of the stage they name."""
     logger = get_run_logger()
     finetuning = {**dataclasses.asdict(stage.config.finetuning), **(references or {})}
+    training = with_checkpointing(stage.config.training)
 
     def work(draft, run_id):
+        previous_run_id = previous_attempt(draft.path)
+        if previous_run_id and previous_run_id != run_id:
+            step = resumed_step(draft.path, training)
+            link_resumed_attempt(context, run_id, previous_run_id=previous_run_id, step=step)
+            logger.info("%s resumes run %s's draft from step %d", stage.name, previous_run_id, step)
         job = TrainJob(
             model_path=start_model,
             dataset_path=tokenized_path,
             output_dir=str(draft.path),
             finetuning=finetuning,
-            training=dict(stage.config.training),
+            training=training,
             model={**dataclasses.asdict(stage.config.model), "model_name_or_path": start_model},
+            generating=dataclasses.asdict(stage.config.generating),
             tracking_uri=context.tracking_uri,
             run_id=run_id,
             keep_checkpoints=False,
@@ -42,3 +61,24 @@ def train(
 
     params = {**stage.config.flat(), **(references or {}), "model_name_or_path": start_model}
     return run_stage(context, name=stage.name, kind="trained", key=key, params=params, inputs=upstream, work=work, keep_partial=True)
+
+
+def with_checkpointing(training: Mapping[str, Any]) -> dict[str, Any]:
+    """The stage's trainer settings, with DEFAULT_CHECKPOINTING unless they name a save policy."""
+    if "save_steps" in training or "save_strategy" in training:
+        return dict(training)
+    return {**DEFAULT_CHECKPOINTING, **training}
+
+
+def previous_attempt(draft: Path) -> str | None:
+    """The MLflow run of the attempt whose draft this is, from the job file its launcher wrote."""
+    try:
+        return json.loads((draft / JOB_FILE).read_text(encoding="utf-8")).get("run_id")
+    except (OSError, ValueError, AttributeError):  # no attempt got as far as the worker, or a file cut short
+        return None
+
+
+def resumed_step(draft: Path, training: Mapping[str, Any]) -> int:
+    """The step the worker will resume from (0: none), chosen as it chooses, without tidying."""
+    chosen = resume_point(draft, requested=training.get("resume_from_checkpoint"), fresh=False, tidy=False, log_file=LOG_FILE)
+    return (checkpoint_step(Path(chosen)) or 0) if chosen else 0
