@@ -220,9 +220,9 @@ class PPOTrainer:
                     model = frozen or self.unwrapped.policy
                     with self.accelerator.autocast():
                         logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
-            else:
+            else:  # the unwrapped model: a no-grad pass needs no gradient sync, and evaluation runs on rank 0 alone
                 with self.accelerator.autocast():
-                    logits, value = self.model(input_ids=ids, attention_mask=attention)
+                    logits, value = self.unwrapped(input_ids=ids, attention_mask=attention)
                 values.append(value[:, :-1].float())
             logprobs.append(_next_token_logprobs(logits, ids))
         return torch.cat(logprobs), torch.cat(values) if values else None

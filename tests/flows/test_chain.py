@@ -1,8 +1,11 @@
-"""An alignment chain through `tuneline run`: base -> pt -> sft -> rm, dpo (`ref_model: sft`) and ppo
-(`reward_model: rm`).
+"""The example alignment chain through `tuneline run`: base -> pt -> sft -> rm, dpo (`ref_model: sft`)
+and ppo (`reward_model: rm`), made tiny. Real Prefect (ephemeral API), real MLflow (SQLite), real training.
 
-Real Prefect (ephemeral API), real MLflow (SQLite), real training, as small as the chain allows.
-The first run computes every stage; a second run serves every stage from cache.
+Workspace A runs it uninterrupted: every stage is computed with its held-out metrics, and a second
+run serves every stage from cache. In workspace B, `tuneline run` is SIGKILLed (its whole process
+group) once each stage of KILLED_STAGES in turn has saved a checkpoint; every rerun serves the
+finished stages from cache, resumes the interrupted one from its checkpoint and marks the killed
+attempt's MLflow run KILLED. Every killed stage ends with A's weights.
 """
 
 from __future__ import annotations
@@ -10,50 +13,185 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-pytestmark = pytest.mark.slow
+from tuneline.core.checkpoints import RECORD_FILE, checkpoint_step, checkpoints, newest_complete
+from tuneline.core.launch import JOB_FILE
+from tuneline.core.train import LOG_FILE
 
-CHAIN = Path(__file__).resolve().parents[2] / "data/chain_pipeline.yaml"
-SMALL = ("max_steps=3", "max_samples=24", "logging_steps=1", "cutoff_len=64", "per_device_train_batch_size=4",
-         "hidden_size=32", "intermediate_size=64", "vocab_size=512", "dataset_dir=" + str(CHAIN.parent))
+REPO = Path(__file__).resolve().parents[2]
+CHAIN = REPO / "data/chain_pipeline.yaml"
+KILLED_STAGES = ["sft", "rm", "dpo", "ppo"]
+STEPS, SAVE_STEPS = 8, 2  # a checkpoint every 2 of 8 steps (24 examples in batches of 4 cross an epoch)
+SMALL = {"dataset_dir": str(REPO / "data"), "cutoff_len": 64, "max_samples": 24, "logging_steps": 1,
+         "per_device_train_batch_size": 4, "max_steps": STEPS, "save_steps": SAVE_STEPS}
+TINY_BASE = {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
 STAGES = ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/merge", "rm/tokenize", "rm", "dpo/tokenize", "dpo",
           "ppo/tokenize", "ppo"]
 
 
-def run_chain(workspace: Path) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tuneline.flows.cli", "run", str(CHAIN), *SMALL, "--workspace", str(workspace)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
+def write_small_chain(path: Path) -> Path:
+    """The example chain with a tiny base model, and every stage trained for STEPS steps with a
+    checkpoint every SAVE_STEPS (the stages' own lengths and batch sizes give way to SMALL)."""
+    chain = yaml.safe_load(CHAIN.read_text())
+    chain["defaults"].update(SMALL)
+    for stage in chain["stages"]:
+        for key in (*SMALL, "num_train_epochs"):
+            stage.pop(key, None)
+        if stage["stage"] == "build_base":
+            stage.update(TINY_BASE)
+    assert set(KILLED_STAGES) <= {stage["name"] for stage in chain["stages"]}
+    path.write_text(yaml.safe_dump(chain, sort_keys=False))
+    return path
 
 
-def stage_rows(stdout: str) -> dict[str, tuple[str, str]]:
+def test_pipeline_stages_checkpoint_unless_told_otherwise():
+    from tuneline.tasks.train import DEFAULT_CHECKPOINTING, with_checkpointing
+
+    assert with_checkpointing({"max_steps": 9}) == {**DEFAULT_CHECKPOINTING, "max_steps": 9}
+    assert with_checkpointing({"save_total_limit": 5})["save_total_limit"] == 5
+    assert with_checkpointing({"save_strategy": "no"}) == {"save_strategy": "no"}
+    assert with_checkpointing({"save_steps": 7}) == {"save_steps": 7}
+
+
+def command(chain: Path, workspace: Path) -> list[str]:
+    # -v: the workers' output (their "resuming from ..." line) reaches the console through Prefect's log
+    return [sys.executable, "-m", "tuneline.flows.cli", "-v", "run", str(chain), "--workspace", str(workspace)]
+
+
+def run_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run_to_end(chain: Path, workspace: Path, log: Path) -> str:
+    with log.open("w") as out:
+        code = subprocess.run(command(chain, workspace), stdout=out, stderr=subprocess.STDOUT, env=run_env(),
+                              timeout=600).returncode
+    output = log.read_text()
+    assert code == 0, output[-4000:]
+    return output
+
+
+def run_until_checkpoint(chain: Path, workspace: Path, log: Path, *, stage: str) -> dict:
+    """Start the chain and SIGKILL its process group once `stage` has a complete checkpoint and has
+    logged a later step; return the draft, the step it can resume from and the killed MLflow run."""
+    with log.open("w") as out:
+        process = subprocess.Popen(command(chain, workspace), stdout=out, stderr=subprocess.STDOUT, env=run_env(),
+                                   start_new_session=True)
+    deadline = time.monotonic() + 300
+    draft = None
+    while process.poll() is None and time.monotonic() < deadline:
+        draft = draft or draft_of(workspace, stage)
+        if draft is not None and ready_to_kill(draft):
+            break
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, f"the run ended before {stage} could be killed:\n{log.read_text()[-4000:]}"
+    assert draft is not None and draft.is_dir(), f"{stage} never started"
+    resumable = newest_complete(draft, log=lambda _: None)
+    assert resumable is not None
+    job = json.loads((draft / JOB_FILE).read_text())  # written before the worker started
+    return {"stage": stage, "draft": draft, "step": checkpoint_step(resumable), "run_id": job["run_id"],
+            "tracking_uri": job["tracking_uri"]}
+
+
+def draft_of(workspace: Path, stage: str) -> Path | None:
+    """The draft (`.<stage>-<hash>.partial`) of training stage `stage`, once its launcher wrote the job file."""
+    pattern = re.compile(rf"\.{re.escape(stage)}-[0-9a-f]+\.partial")
+    drafts = (workspace / "artifacts" / "trained").glob(".*.partial")
+    return next((d for d in drafts if pattern.fullmatch(d.name) and (d / JOB_FILE).is_file()), None)
+
+
+def ready_to_kill(draft: Path) -> bool:
+    saved = [checkpoint_step(c) for c in checkpoints(draft) if (c / RECORD_FILE).is_file()]
+    log = draft / LOG_FILE
+    lines = log.read_text().splitlines() if log.is_file() else []
+    logged = [json.loads(line)["current_steps"] for line in lines if line.endswith("}")]
+    return bool(saved) and max(logged, default=0) > min(saved)
+
+
+def stage_rows(output: str) -> dict[str, tuple[str, str]]:
     """{stage: (status, artifact path)} from the printed summary."""
-    rows = re.findall(r"^  (\S+)\s+(computed|served from cache)\s+(?:\S+ s)?\s+(\S+)$", stdout, flags=re.M)
+    rows = re.findall(r"^  (\S+)\s+(computed|served from cache)\s+(?:\S+ s)?\s+(\S+)$", output, flags=re.M)
     return {name: (status, path) for name, status, path in rows}
 
 
+def progress(output: str) -> dict[str, str]:
+    """{stage: "served from cache" or "computed"} from the line printed as each stage ends (a killed
+    run prints no summary)."""
+    lines = re.findall(r"^(\S+): (served from cache|computed) ?(?:in [\d.]+ s)?$", output, flags=re.M)
+    return dict(lines)
+
+
+def weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))  # adapter_model or model, and a reward model's head
+    return {f"{f.name}:{name}": tensor for f in files for name, tensor in load_file(f).items()}
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a and a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def check_rerun(output: str, killed: dict) -> None:
+    """The stages before the killed one come from cache, the killed one resumes at its checkpoint,
+    and MLflow links every cache hit to the run that computed it and the resumed run to the killed one."""
+    from mlflow.tracking import MlflowClient
+
+    done = progress(output)
+    names = list(done)
+    position = names.index(killed["stage"])
+    assert [done[n] for n in names[:position]] == ["served from cache"] * position, done
+    assert {done[n] for n in names[position:]} == {"computed"}, done
+    resumed = [line for line in output.splitlines() if "resuming from " in line]
+    assert len(resumed) == 1 and killed["step"] > 0, resumed
+    step = killed["step"]
+    assert f"{killed['draft'].name}/checkpoint-{step} (step {step})" in resumed[0], (resumed, killed)
+
+    client = MlflowClient(killed["tracking_uri"])
+    old = client.get_run(killed["run_id"])
+    assert old.info.status == "KILLED"
+    assert client.get_run(old.data.tags["mlflow.parentRunId"]).info.status == "KILLED"
+    experiment = [old.info.experiment_id]
+    [stage_run] = client.search_runs(experiment, f"tags.`tuneline.resumed_from_run` = '{killed['run_id']}'")
+    assert stage_run.info.run_name == killed["stage"] and stage_run.info.status == "FINISHED"
+    assert stage_run.data.tags["tuneline.resumed_from_step"] == str(step)
+    children = client.search_runs(experiment, f"tags.mlflow.parentRunId = '{stage_run.data.tags['mlflow.parentRunId']}'")
+    hits = [c for c in children if c.data.tags["tuneline.cache_hit"] == "true"]
+    assert sorted(c.info.run_name for c in hits) == sorted(names[:position])
+    for hit in hits:
+        producer = client.get_run(hit.data.tags["tuneline.produced_by_run"])
+        assert producer.data.tags["tuneline.cache_hit"] == "false" and producer.info.status == "FINISHED"
+        assert producer.data.tags["tuneline.key"] == hit.data.tags["tuneline.key"]
+
+
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory) -> dict:
-    workspace = tmp_path_factory.mktemp("chain") / "workspace"
-    stdout = run_chain(workspace)
-    print(stdout)
-    return {"workspace": workspace, "stdout": stdout}
+def uninterrupted(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("chain")
+    chain = write_small_chain(folder / "chain.yaml")
+    started = time.monotonic()
+    output = run_to_end(chain, folder / "A", folder / "A.log")
+    print(f"uninterrupted chain: {time.monotonic() - started:.0f} s")
+    return {"chain": chain, "workspace": folder / "A", "output": output, "rows": stage_rows(output)}
 
 
 def manifest(rows: dict[str, tuple[str, str]], name: str) -> dict:
     return json.loads((Path(rows[name][1]) / "manifest.json").read_text())
 
 
-def test_chain_computes_every_stage_with_its_held_out_metrics(first_run):
-    rows = stage_rows(first_run["stdout"])
+@pytest.mark.slow
+def test_chain_computes_every_stage_with_its_held_out_metrics(uninterrupted):
+    rows = uninterrupted["rows"]
     assert list(rows) == STAGES
     assert {status for status, _ in rows.values()} == {"computed"}
     rm_metrics, dpo_metrics = manifest(rows, "rm")["metrics"], manifest(rows, "dpo")["metrics"]
@@ -61,16 +199,18 @@ def test_chain_computes_every_stage_with_its_held_out_metrics(first_run):
     assert any(name.startswith("eval_pref_") for name in dpo_metrics), sorted(dpo_metrics)
 
 
-def test_dpo_compares_with_the_merged_sft_model_it_starts_from(first_run):
-    rows = stage_rows(first_run["stdout"])
+@pytest.mark.slow
+def test_dpo_compares_with_the_merged_sft_model_it_starts_from(uninterrupted):
+    rows = uninterrupted["rows"]
     dpo, merged = manifest(rows, "dpo"), manifest(rows, "sft/merge")
     assert dpo["config"]["ref_model"] == rows["sft/merge"][1] == dpo["start_model"]
     assert dpo["inputs"]["ref_model"] == merged["key"]
     assert "ref_model" not in manifest(rows, "rm")["inputs"]
 
 
-def test_ppo_scores_with_the_rm_stage_and_reports_reward_before_and_after(first_run):
-    rows = stage_rows(first_run["stdout"])
+@pytest.mark.slow
+def test_ppo_scores_with_the_rm_stage_and_reports_reward_before_and_after(uninterrupted):
+    rows = uninterrupted["rows"]
     ppo, rm = manifest(rows, "ppo"), manifest(rows, "rm")
     assert ppo["config"]["reward_model"] == rows["rm"][1]
     assert ppo["inputs"]["reward_model"] == rm["key"]
@@ -79,7 +219,33 @@ def test_ppo_scores_with_the_rm_stage_and_reports_reward_before_and_after(first_
     assert {"eval_ppo_reward_before", "eval_ppo_reward", "eval_ppo_kl", "train_reward", "train_kl"} <= set(metrics)
 
 
-def test_second_run_serves_every_stage_from_cache(first_run):
-    rows = stage_rows(run_chain(first_run["workspace"]))
+@pytest.mark.slow
+def test_second_run_serves_every_stage_from_cache(uninterrupted, tmp_path: Path):
+    rows = stage_rows(run_to_end(uninterrupted["chain"], uninterrupted["workspace"], tmp_path / "again.log"))
     assert list(rows) == STAGES
     assert {status for status, _ in rows.values()} == {"served from cache"}
+
+
+@pytest.mark.slow
+def test_a_chain_killed_in_each_stage_resumes_each_from_its_checkpoint(uninterrupted, tmp_path: Path):
+    started = time.monotonic()
+    chain, reference = uninterrupted["chain"], uninterrupted["rows"]
+    workspace = tmp_path / "B"
+    killed = run_until_checkpoint(chain, workspace, tmp_path / "B0.log", stage=KILLED_STAGES[0])
+    for attempt, stage in enumerate([*KILLED_STAGES[1:], None], start=1):
+        log = tmp_path / f"B{attempt}.log"
+        following = run_until_checkpoint(chain, workspace, log, stage=stage) if stage else None
+        output = log.read_text() if stage else run_to_end(chain, workspace, log)
+        check_rerun(output, killed)
+        print(f"{killed['stage']}: killed, then resumed from checkpoint-{killed['step']}")
+        killed = following
+
+    rows = stage_rows(output)
+    assert list(rows) == list(reference)
+    for name in KILLED_STAGES:
+        difference = max_difference(weights(Path(rows[name][1])), weights(Path(reference[name][1])))
+        print(f"{name}: killed and resumed vs uninterrupted: max abs weight difference {difference}")
+        assert difference <= 1e-5
+    for path in [Path(p) for _, p in [*rows.values(), *reference.values()] if "/trained/" in p]:
+        assert not list(path.glob("checkpoint-*")), path
+    print(f"kills and reruns: {time.monotonic() - started:.0f} s")

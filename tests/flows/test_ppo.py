@@ -139,3 +139,19 @@ def test_a_reward_model_with_another_tokenizer_is_refused(ppo_config: Path, tmp_
     result = train(ppo_config, f"reward_model={foreign}", "output_dir=foreign", "max_steps=1")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "uses another tokenizer than the policy" in result.stderr
+
+
+@pytest.mark.slow
+def test_ppo_runs_in_two_processes_each_with_its_own_prompts(ppo_config: Path):
+    """Through torchrun on the CPU (gloo): each process samples its own share of the prompts, the
+    updates are averaged, and rank 0 alone evaluates and saves."""
+    result = subprocess.run(command(ppo_config, "output_dir=two", "max_steps=2", "save_steps=1"), cwd=ppo_config.parent,
+                            capture_output=True, text=True, timeout=300,
+                            env={**environment(ppo_config), "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = ppo_config.parent / "two"
+    log = [json.loads(line) for line in (folder / "trainer_log.jsonl").read_text().splitlines()]
+    assert [record["current_steps"] for record in log] == [1, 2]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {f.name for f in (folder / "checkpoint-1").iterdir()}
+    results = json.loads((folder / "all_results.json").read_text())
+    assert "eval_ppo_reward" in results
