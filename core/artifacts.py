@@ -3,6 +3,10 @@
 A writer fills a temporary sibling (`.<key>.partial`) and renames it into place after writing
 `manifest.json`; a directory without a manifest does not exist for any reader. The partial
 directory is kept when the work fails only for writers that resume (training checkpoints).
+
+Several processes may share a workspace: `artifact_lock` holds an exclusive `flock` on
+`.<key>.lock` beside the artifact while one of them computes it, so the others wait and then find
+it finished instead of writing the same draft at once.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tuneline.core.locks import file_lock
 
 MANIFEST = "manifest.json"
 
@@ -45,6 +51,18 @@ def artifact_path(workspace: str | Path, kind: str, key: str) -> Path:
 
 def partial_path(workspace: str | Path, kind: str, key: str) -> Path:
     return Path(workspace) / "artifacts" / kind / f".{key}.partial"
+
+
+def lock_path(workspace: str | Path, kind: str, key: str) -> Path:
+    return Path(workspace) / "artifacts" / kind / f".{key}.lock"
+
+
+def artifact_lock(
+    workspace: str | Path, kind: str, key: str, *, on_wait: Callable[[], None] | None = None
+) -> AbstractContextManager[None]:
+    """Hold the exclusive lock on one artifact key across processes (see `core.locks`); `on_wait`
+    is called once if another process holds it."""
+    return file_lock(lock_path(workspace, kind, key), on_wait=on_wait)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any] | None:

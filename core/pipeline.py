@@ -11,7 +11,7 @@ stages:
   - {name: dpo, stage: dpo, from: sft, ref_model: sft, dataset: demo_preference}
 evaluate: {stage: sft, baseline: pt, dataset: demo_heldout}
 export: {stage: sft}
-register: {model_name: demo, alias: champion}
+register: {model_name: demo, alias: champion, promote_metric: answer_f1}
 ```
 Overrides: `key=value` sets a key in every stage it applies to, `stage.key=value` in one stage;
 both win over the file.
@@ -41,6 +41,7 @@ from tuneline.core.config import (
     unsupported_for_training,
 )
 from tuneline.core.errors import ConfigError, nearest
+from tuneline.core.promotion import CHALLENGER_ALIAS, load_promote_function, settings_problems
 
 TRAINING_KINDS = ("pt", "sft", "rm", "dpo", "kto", "ppo")
 BASE_KIND = "build_base"
@@ -93,7 +94,19 @@ class ExportSettings:
 @dataclass(frozen=True)
 class RegisterSettings:
     model_name: str
+    """Registered model that each export becomes a new version of."""
     alias: str = "champion"
+    """Alias of the best version; a version that does not beat it gets the alias `challenger` instead."""
+    promote_metric: str | None = None
+    """Metric the candidate must beat the champion on, read from the exported stage's manifest or the
+    `evaluate` section (e.g. eval_loss, answer_f1). Unset: the alias always moves to the newest version."""
+    greater_is_better: bool | None = None
+    """Direction of `promote_metric`; unset: lower is better for names with loss, perplexity or kl."""
+    min_improvement: float = 0.0
+    """How much better than the champion the candidate must be; a negative value tolerates a small regression."""
+    promote_function: str | None = None
+    """`module:function` deciding instead of `promote_metric`: function(candidate: dict, champion: dict) -> bool,
+    both dicts of metric name -> value; the module is looked for beside the pipeline YAML first."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +175,8 @@ def build_pipeline(
                 problems.append(f"'{section}' refers to stage '{ref}', which the pipeline does not have; stages: {', '.join(names)}.")
     if settings["register"] and not settings["export"]:
         problems.append("'register' needs an 'export' section naming the stage to export.")
+    if settings["register"]:
+        problems.extend(_register_problems(settings["register"], source))
     if problems:
         raise ConfigError(problems, source=source)
     return Pipeline(
@@ -242,6 +257,21 @@ def _settings(cls: type, values: Any, section: str, problems: list[str]) -> Any:
     if bad or missing:
         return None
     return cls(**coerce_fields(cls, dict(values), problems))
+
+
+def _register_problems(register: RegisterSettings, source: str | None) -> list[str]:
+    """Promotion keys checked before any work; a `promote_function` must import (beside the YAML first)."""
+    problems = settings_problems(metric=register.promote_metric, function=register.promote_function,
+                                 min_improvement=register.min_improvement)
+    if register.alias == CHALLENGER_ALIAS:
+        problems.append(f"'register.alias: {CHALLENGER_ALIAS}' is the alias of versions that lose; name the winners' "
+                        f"alias something else (default champion).")
+    if register.promote_function and not problems:
+        try:
+            load_promote_function(register.promote_function, search_dir=Path(source).parent if source else None)
+        except ConfigError as e:
+            problems.extend(e.problems)
+    return problems
 
 
 def _dag_problems(stages: list[BaseStage | TrainingStage]) -> list[str]:

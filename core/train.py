@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from tuneline.core.errors import ConfigError
 
 LOG_FILE = "trainer_log.jsonl"
 LOSS_PLOT = "training_loss.png"
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+TRACKING_URI_FROM_ENV = "$MLFLOW_TRACKING_URI"  # what job.json holds instead of a URI taken from the environment
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,21 @@ class TrainJob:
     overwrite_output_dir: bool = False  # start over instead of resuming from output_dir's checkpoints
 
     def write(self, path: str | Path) -> Path:
+        """A tracking URI taken from MLFLOW_TRACKING_URI (it may hold a password) is written as a
+        reference to that variable, which the worker inherits, so it never lands in the workspace."""
+        values = dataclasses.asdict(self)
+        if values["tracking_uri"] and values["tracking_uri"] == os.environ.get(TRACKING_URI_ENV):
+            values["tracking_uri"] = TRACKING_URI_FROM_ENV
         path = Path(path)
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=2), encoding="utf-8")
+        path.write_text(json.dumps(values, indent=2), encoding="utf-8")
         return path
 
     @classmethod
     def read(cls, path: str | Path) -> TrainJob:
-        return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
+        values = json.loads(Path(path).read_text(encoding="utf-8"))
+        if values.get("tracking_uri") == TRACKING_URI_FROM_ENV:
+            values["tracking_uri"] = os.environ.get(TRACKING_URI_ENV)
+        return cls(**values)
 
 
 def run_training(job: TrainJob) -> dict[str, float]:

@@ -2,11 +2,14 @@
 
     tuneline demo [--workspace DIR] [key=value ...]
     tuneline run PIPELINE.yaml [--workspace DIR] [key=value ...]
+    tuneline deploy [--prefect-file FILE] [--pool NAME]
     tuneline train CONFIG.yaml [key=value ...]
     tuneline data preprocess CONFIG.yaml --output DIR [key=value ...]
     tuneline data preview CONFIG.yaml [--count N] [key=value ...]
     tuneline export CONFIG.yaml [key=value ...]
     tuneline chat PATH [--system TEXT] [--max-new-tokens N] [--do-sample] [--temperature T] ...
+    tuneline promote MODEL_NAME VERSION [--workspace DIR | --tracking-uri URI]
+    tuneline rollback MODEL_NAME [--workspace DIR | --tracking-uri URI]
 
 Exit status: 0 success, 2 bad configuration or input (one paragraph, no traceback), 1 otherwise.
 """
@@ -84,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", metavar="key=value")
     run.set_defaults(handler=run_pipeline)
 
+    deploy = commands.add_parser("deploy", help="create the work pool and register deployments/prefect.yaml with the Prefect server")
+    deploy.add_argument("--prefect-file", default=None, help="deployments file (default: deployments/prefect.yaml)")
+    deploy.add_argument("--pool", default=None, help="process work pool for every deployment (default: the file's)")
+    deploy.set_defaults(handler=run_deploy)
+
     train = commands.add_parser("train", help="train one stage from a LLaMA-Factory-style YAML")
     train.add_argument("config", help="stage YAML (LLaMA-Factory keys)")
     train.add_argument("overrides", nargs="*", metavar="key=value")
@@ -107,7 +115,22 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("overrides", nargs="*", metavar="key=value")
     export.set_defaults(handler=run_export)
     add_chat_parser(commands)
+    add_registry_parsers(commands)
     return parser
+
+
+def add_registry_parsers(commands: argparse._SubParsersAction) -> None:
+    promote = commands.add_parser("promote", help="move a registered model's champion alias to VERSION (the previous one is remembered)")
+    promote.add_argument("model_name", metavar="MODEL_NAME")
+    promote.add_argument("version", metavar="VERSION")
+    rollback = commands.add_parser("rollback", help="move a registered model's champion alias back to the previous champion")
+    rollback.add_argument("model_name", metavar="MODEL_NAME")
+    for command, handler in ((promote, run_promote), (rollback, run_rollback)):
+        store = command.add_mutually_exclusive_group()
+        store.add_argument("--workspace", default="workspace", help="workspace whose mlflow.db holds the model (default: ./workspace)")
+        store.add_argument("--tracking-uri", default=None, help="MLflow tracking/registry URI instead of a workspace")
+        command.add_argument("--alias", default="champion", help="the alias to move (default: champion)")
+        command.set_defaults(handler=handler)
 
 
 def add_chat_parser(commands: argparse._SubParsersAction) -> None:
@@ -145,9 +168,11 @@ def _run_flow(pipeline: str, overrides: list[str], workspace: str | None) -> int
     # Config and dataset-entry errors surface before Prefect starts.
     pipeline_dataset_fingerprints(load_pipeline(pipeline, overrides, workspace=workspace))
     from tuneline.flows.pipeline import pipeline_flow
+    from tuneline.flows.prefect_api import start_prefect_api
     from tuneline.flows.report import print_summary
 
     _hide_tracebacks_of_input_errors()
+    start_prefect_api()
     started = time.monotonic()
     summary = pipeline_flow(pipeline, overrides, workspace)
     print_summary(summary, seconds=time.monotonic() - started)
@@ -166,6 +191,16 @@ class _InputErrorFilter(logging.Filter):
 def _hide_tracebacks_of_input_errors() -> None:
     for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.flow_engine", "prefect.task_engine"):
         logging.getLogger(name).addFilter(_InputErrorFilter())
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    from tuneline.flows.deploy import deploy
+
+    names, pools = deploy(args.prefect_file, pool=args.pool)
+    print(f"deployed {', '.join(names)} to work pool {', '.join(pools)}")
+    print(f"start a worker: prefect worker start --pool {pools[0]}")
+    print(f"run one:        prefect deployment run {names[0]} --watch")
+    return 0
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -196,6 +231,36 @@ def run_export(args: argparse.Namespace) -> int:
 
     print(f"exported to {export(args.config, args.overrides)}")
     return 0
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    from tuneline.core.registry import promote
+
+    print(promote(_registry_uri(args), name=args.model_name, version=args.version, alias=args.alias))
+    return 0
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    from tuneline.core.registry import rollback
+
+    print(rollback(_registry_uri(args), name=args.model_name, alias=args.alias))
+    return 0
+
+
+def _registry_uri(args: argparse.Namespace) -> str:
+    """--tracking-uri, else MLFLOW_TRACKING_URI, else the workspace's SQLite store, which must exist
+    (opening a missing one would create an empty store)."""
+    from tuneline.core import tracking
+    from tuneline.core.errors import ConfigError
+
+    if args.tracking_uri:
+        return args.tracking_uri
+    uri = tracking.tracking_uri(args.workspace)
+    store = Path(args.workspace) / "mlflow.db"
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.is_file():
+        raise ConfigError(f"--workspace {args.workspace}: no MLflow store at {store.resolve()}; pass the workspace a "
+                          f"pipeline ran in (--workspace DIR) or --tracking-uri URI.", source=f"tuneline {args.command}")
+    return uri
 
 
 def run_chat(args: argparse.Namespace) -> int:

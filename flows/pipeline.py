@@ -17,8 +17,11 @@ from tuneline.core.artifacts import read_manifest
 from tuneline.core.data.dataset import DEFAULT_TEMPLATE, TOKENIZER_DIR
 from tuneline.core.fingerprint import tree_fingerprint
 from tuneline.core.errors import ConfigError
+from tuneline.core.lineage import lineage_tags
 from tuneline.core.pipeline import REWARD_KIND, BaseStage, Pipeline, TrainingStage, load_pipeline
+from tuneline.core.promotion import candidate_metrics
 from tuneline.core.stages import base_key, evaluate_key, export_key, heldout_fingerprints, merge_key, tokenize_key, train_key
+from tuneline.flows.report import change_summary
 from tuneline.tasks.build_base import build_base
 from tuneline.tasks.common import RunContext, record_cache_hit
 from tuneline.tasks.evaluate import evaluate
@@ -28,6 +31,8 @@ from tuneline.tasks.register import register
 from tuneline.tasks.register_datasets import register_datasets
 from tuneline.tasks.tokenize import tokenize
 from tuneline.tasks.train import train
+
+OUTCOME_TAG = "tuneline.outcome"  # the parent run's one-line account of what the run redid
 
 
 @dataclass
@@ -55,8 +60,12 @@ def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, worksp
     except BaseException:
         tracking.end_run(uri, parent_run_id, failed=True)
         raise
+    outcome = change_summary(summary["stages"])
+    get_run_logger().info(outcome)
+    tracking.set_tags(uri, parent_run_id, {OUTCOME_TAG: outcome})
     tracking.end_run(uri, parent_run_id)
-    return {**summary, "tracking_uri": uri, "parent_run_id": parent_run_id, "workspace": str(pipeline.workspace)}
+    return {**summary, "outcome": outcome, "tracking_uri": uri, "parent_run_id": parent_run_id,
+            "workspace": str(pipeline.workspace)}
 
 
 def run_chain(pipeline: Pipeline, state: ChainState) -> dict[str, Any]:
@@ -70,12 +79,31 @@ def run_chain(pipeline: Pipeline, state: ChainState) -> dict[str, Any]:
         exported = run_export(pipeline, state)
         summary["export_dir"] = exported["path"]
         if pipeline.register:
-            lineage = {f"tuneline.key.{item['name']}": item["key"] for item in state.report}
-            lineage |= {f"tuneline.data.{name}": digest[:16] for name, digest in fingerprints.items()}
-            summary["registered"] = register(state.context, pipeline.register, exported=exported, lineage=lineage)
-            state.report.append({"name": "register", "key": exported["key"], "cache_hit": summary["registered"]["cache_hit"],
-                                 "path": f"models:/{pipeline.register.model_name}@{pipeline.register.alias}"})
+            summary["registered"] = run_register(pipeline, state, exported=exported, fingerprints=fingerprints,
+                                                 evaluation=summary.get("evaluation") or {})
     return summary
+
+
+def run_register(pipeline: Pipeline, state: ChainState, *, exported: dict[str, Any], fingerprints: dict[str, str],
+                 evaluation: dict[str, Any]) -> dict[str, Any]:
+    """Register the export with its lineage and metrics (the exported stage's manifest first, then the
+    `evaluate` section's), then promote it or make it challenger."""
+    settings, stage_name = pipeline.register, pipeline.export.stage
+    produced = state.trained.get(stage_name) or state.models[stage_name]
+    sources = {f"stage '{stage_name}' manifest": produced.get("metrics") or {}}
+    if pipeline.evaluate:
+        sources[f"'{pipeline.evaluate.stage}/evaluate' (evaluate section)"] = evaluation
+    metrics, origin = candidate_metrics(sources)
+    lineage = lineage_tags(((item["name"], item["key"]) for item in state.report), fingerprints, pipeline_source=pipeline.source)
+    search_dir = str(Path(pipeline.source).resolve().parent) if pipeline.source else None
+    registered = register(state.context, settings, exported=exported, lineage=lineage, metrics=metrics,
+                          metric_origin=origin, search_dir=search_dir)
+    if settings.promote_metric:
+        registered["metric_source"] = f"{settings.promote_metric} read from {origin[settings.promote_metric]}"
+    state.report.append({"name": "register", "key": exported["key"], "cache_hit": registered["cache_hit"],
+                         "path": f"models:/{settings.model_name}@{registered['alias']}"})
+    print(f"register: {registered['decision']}", flush=True)
+    return registered
 
 
 def run_base(pipeline: Pipeline, stage: BaseStage, state: ChainState) -> None:
@@ -168,7 +196,7 @@ def call(state: ChainState, task, label: str, *args: Any, **kwargs: Any) -> dict
         else:
             result = record_cache_hit(state.context, name=label, manifest=result, path=result["path"])
     seconds = round(time.monotonic() - started, 1)
-    state.report.append({"name": label, "key": result["key"], "cache_hit": result["cache_hit"], "seconds": seconds,
-                         "path": result["path"]})
+    state.report.append({"name": label, "key": result["key"], "kind": result.get("kind"), "cache_hit": result["cache_hit"],
+                         "seconds": seconds, "path": result["path"]})
     print(f"{label}: {'served from cache' if result['cache_hit'] else f'computed in {seconds} s'}", flush=True)
     return result

@@ -12,7 +12,7 @@ from prefect import get_run_logger
 from prefect.context import TaskRunContext
 
 from tuneline.core import tracking
-from tuneline.core.artifacts import ArtifactDraft, find_artifact, write_artifact
+from tuneline.core.artifacts import ArtifactDraft, artifact_lock, find_artifact, write_artifact
 
 CACHE_HIT_TAG = "tuneline.cache_hit"
 KEY_TAG = "tuneline.key"
@@ -57,10 +57,41 @@ def run_stage(
     dataset_inputs: Mapping[str, str] | None = None,
     keep_partial: bool = False,
 ) -> dict[str, Any]:
-    """Return the artifact for `key`, computing it with `work(draft, run_id)` if it is missing."""
+    """Return the artifact for `key`, computing it with `work(draft, run_id)` if it is missing.
+
+    Another process on the same workspace may be computing the same key: the artifact lock makes
+    this one wait for it and then serves its artifact as a cache hit, so each key is computed once
+    and no two writers share a draft."""
     existing = find_artifact(context.workspace, kind, key)
     if existing is not None:
         return record_cache_hit(context, name=name, manifest=existing.manifest, path=str(existing.path))
+    with artifact_lock(context.workspace, kind, key, on_wait=lambda: announce_wait(name, key)):
+        existing = find_artifact(context.workspace, kind, key)
+        if existing is not None:
+            return record_cache_hit(context, name=name, manifest=existing.manifest, path=str(existing.path))
+        return compute_stage(context, name=name, kind=kind, key=key, params=params, inputs=inputs, work=work,
+                             dataset_inputs=dataset_inputs, keep_partial=keep_partial)
+
+
+def announce_wait(name: str, key: str) -> None:
+    message = f"{name}: another run is computing {key}; waiting for it"
+    get_run_logger().info(message)
+    print(message, flush=True)
+
+
+def compute_stage(
+    context: RunContext,
+    *,
+    name: str,
+    kind: str,
+    key: str,
+    params: Mapping[str, Any],
+    inputs: Mapping[str, str],
+    work: Callable[[ArtifactDraft, str], None],
+    dataset_inputs: Mapping[str, str] | None,
+    keep_partial: bool,
+) -> dict[str, Any]:
+    """Compute the artifact under its MLflow child run; the caller holds the artifact lock."""
     run_id = tracking.start_run(
         context.tracking_uri, context.experiment_id, name=name,
         parent_run_id=context.parent_run_id, tags={KEY_TAG: key, CACHE_HIT_TAG: "false", "tuneline.stage": kind},
@@ -71,7 +102,8 @@ def run_stage(
         tracking.log_dataset_inputs(context.tracking_uri, run_id, dataset_inputs)
     started = time.monotonic()
     try:
-        with write_artifact(context.workspace, kind, key, config=params, inputs=inputs, keep_partial=keep_partial) as draft:
+        with write_artifact(context.workspace, kind, key, config=tracking.redact(params), inputs=inputs,
+                            keep_partial=keep_partial) as draft:  # the manifest is logged to MLflow too
             draft.extra["mlflow_run_id"] = run_id
             work(draft, run_id)
             draft.metrics["stage_seconds"] = round(time.monotonic() - started, 2)

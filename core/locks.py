@@ -1,0 +1,32 @@
+"""Exclusive locks between processes, on a lock file (`fcntl.flock`, POSIX).
+
+The kernel releases a lock when its holder exits, killed or not, so a crashed process never leaves
+one behind. Lock files are never removed: a process that removed one while another waited on it
+would let a third lock a new file with the same name, and two would then hold "the" lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def file_lock(path: str | Path, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing); `on_wait` is called once when another
+    process holds it and this one has to wait."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
