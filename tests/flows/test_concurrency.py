@@ -86,7 +86,7 @@ def test_two_runs_at_once_compute_each_stage_once_and_leave_whole_artifacts(setu
     assert sorted(r.data.tags["tuneline.cache_hit"] for r in tokenize_runs) == ["false", "true"]
     assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 2 * (2 + len(STAGES))  # parent, stages, register
     versions = client.search_model_versions("name='tuneline-concurrency'")
-    assert [v.version for v in versions] == ["1"]  # the export both runs reached is registered once
+    assert [str(v.version) for v in versions] == ["1"]  # the export both runs reached is registered once
 
 
 def test_a_third_run_with_nothing_changed_trains_nothing_and_says_so(setup):
