@@ -28,6 +28,7 @@ statistics, so a resumed run continues exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -137,13 +138,12 @@ class PPOTrainer:
 
     def __init__(self, *, model: ValueHeadModel, reference: PreTrainedModel | None, reward_model: PreTrainedModel,
                  tokenizer: PreTrainedTokenizerBase, train_dataset: Dataset, args: TrainingArguments,
-                 finetuning: FinetuningConfig, generating: GeneratingConfig, accelerator: Accelerator,
-                 log: Any) -> None:
+                 finetuning: FinetuningConfig, generating: GeneratingConfig, accelerator: Accelerator) -> None:
         from transformers import get_scheduler
 
         from tuneline.core.predict import generation_kwargs
 
-        self.args, self.finetuning, self.accelerator, self.log = args, finetuning, accelerator, log
+        self.args, self.finetuning, self.accelerator = args, finetuning, accelerator
         self.tokenizer, self.train_dataset = tokenizer, train_dataset
         self.reference, self.reward_model = reference, reward_model
         self.rollout_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * finetuning.ppo_buffer_size
@@ -199,8 +199,6 @@ class PPOTrainer:
     def _reference_context(self, reference: bool):
         """Context giving the model to run as the reference: the frozen model, or None with the
         policy's adapter switched off."""
-        import contextlib
-
         if not reference:
             return contextlib.nullcontext(None)
         if self.reference is not None:
@@ -270,7 +268,7 @@ class PPOTrainer:
                 chunks = [group[i : i + size] for i in range(0, len(group), size)]
                 for number, rows in enumerate(chunks):
                     last = number == len(chunks) - 1
-                    with (accelerator.no_sync(self.model) if not last else _nothing()):
+                    with accelerator.no_sync(self.model) if not last else contextlib.nullcontext():
                         losses = self._losses(batch, rows)
                         accelerator.backward(losses.total / len(chunks))
                     for name, value in (("loss", losses.total), ("policy_loss", losses.policy),
@@ -353,7 +351,6 @@ def _next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch
 
 def _adapter_off(policy):
     """The policy's LoRA adapter switched off for the duration (yields None: run the policy itself)."""
-    import contextlib
 
     @contextlib.contextmanager
     def switched_off():
@@ -361,12 +358,6 @@ def _adapter_off(policy):
             yield None
 
     return switched_off()
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def train_ppo(job: Any, args: TrainingArguments, *, tokenizer: PreTrainedTokenizerBase, datasets: Any,
@@ -402,7 +393,7 @@ def train_ppo(job: Any, args: TrainingArguments, *, tokenizer: PreTrainedTokeniz
         load_checkpoint(Path(checkpoint), model=model, optimizer=None, trainer=None)
     trainer = PPOTrainer(model=model, reference=reference, reward_model=reward_model, tokenizer=tokenizer,
                          train_dataset=datasets["train"], args=args, finetuning=finetuning,
-                         generating=GeneratingConfig(**job.generating), accelerator=accelerator, log=print)
+                         generating=GeneratingConfig(**job.generating), accelerator=accelerator)
     if checkpoint:
         load_checkpoint(Path(checkpoint), model=None, optimizer=trainer.optimizer, trainer=trainer)
     log = PPOLog(job.output_dir, total_steps=trainer.total_steps, start_step=trainer.step, steps_per_epoch=trainer.steps_per_epoch,
