@@ -40,7 +40,8 @@ import torch
 
 from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig
 from tuneline.core.errors import ConfigError
-from tuneline.core.ppo_math import AdaptiveKLController, RunningMoments, advantages_and_returns, clipped_losses, token_rewards
+from tuneline.core.ppo_math import (AdaptiveKLController, RunningMoments, advantages_and_returns, clipped_losses,
+                                    masked_whiten, token_rewards)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -246,8 +247,6 @@ class PPOTrainer:
             scores = (raw_scores - self.score_moments.mean) / max(self.score_moments.std, 1e-8)
         rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=self.kl.value)
         if self.finetuning.ppo_whiten_rewards:
-            from tuneline.core.ppo_math import masked_whiten
-
             rewards = masked_whiten(rewards, mask, shift_mean=False)
         advantages, returns = advantages_and_returns(values, rewards, mask, gamma=GAMMA, lam=LAM)
         return Rollouts(ids, attention, mask, logprobs, values, advantages, returns, raw_scores, kl)
