@@ -46,7 +46,7 @@ def build_model(folder: Path, shape: dict, *, dtype: str) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tuneline.core.base_model import train_tokenizer
+    from tuneline.core.models.base_model import train_tokenizer
 
     texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data/demo_pretrain.jsonl").read_text().splitlines()]
     tokenizer = train_tokenizer(texts, vocab_size=2048)
@@ -82,7 +82,7 @@ def stage_values(folder: Path, model: Path, args, *, quantization_bit: int | Non
 
 def tokenize(values: dict, folder: Path, name: str) -> Path:
     from tuneline.core.config import build_stage_config
-    from tuneline.core.data.dataset import tokenize_dataset
+    from tuneline.core.data.tokenization import tokenize_dataset
 
     output = folder / name
     tokenize_dataset(build_stage_config(values), tokenizer_path=values["model_name_or_path"], output_dir=output)
@@ -91,7 +91,7 @@ def tokenize(values: dict, folder: Path, name: str) -> Path:
 
 def run_tuneline(values: dict, dataset: Path) -> dict:
     from tuneline.core.config import build_stage_config
-    from tuneline.core.train import TrainJob, run_training
+    from tuneline.core.training.job import TrainJob, run_training
 
     config = build_stage_config(values)
     job = TrainJob(model_path=values["model_name_or_path"], dataset_path=str(dataset), output_dir=values["output_dir"],

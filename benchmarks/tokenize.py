@@ -90,8 +90,8 @@ def raw_ceiling(folder: Path, tokenizer_path: str) -> float:
     """rows/s of one batched `tokenizer(texts)` call on the rendered conversations."""
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.registry import get_dataset_attrs, load_rows
-    from tuneline.core.templates import fix_tokenizer, get_template, render_text
+    from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
+    from tuneline.core.templates.conversation import fix_tokenizer, get_template, render_text
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     template = get_template("qwen")

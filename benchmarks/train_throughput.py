@@ -35,8 +35,8 @@ TRAINING = {"per_device_train_batch_size": 8, "learning_rate": 1.0e-3, "num_trai
 
 
 def build_model(folder: Path) -> Path:
-    from tuneline.core.base_model import BaseModelConfig, build_base_model
-    from tuneline.core.data.registry import get_dataset_attrs, load_rows
+    from tuneline.core.models.base_model import BaseModelConfig, build_base_model
+    from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
 
     data = REPO_ROOT / "data"
     texts = [m["content"] for attr in get_dataset_attrs(["demo_pretrain", "demo_alpaca"], data)
@@ -54,7 +54,7 @@ def stage_config(model: Path, *, rows: int, cutoff_len: int, packing: bool = Fal
 
 def tokenized(config: dict) -> tuple[Path, dict]:
     """The tokenized dataset `tuneline train` uses for `config` (content-keyed cache) and its counters."""
-    from tuneline.core.artifacts import read_manifest
+    from tuneline.core.store.artifacts import read_manifest
     from tuneline.core.config import build_stage_config
     from tuneline.flows.single import tokenized_dataset
 

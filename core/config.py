@@ -392,15 +392,15 @@ def _conflicts(config: StageConfig) -> list[str]:
         if len(probs) != len(names):
             problems.append(f"'interleave_probs' has {len(probs)} values for {len(names)} datasets; give one per dataset.")
     problems.extend(_predict_conflicts(config))
-    from tuneline.core.model import method_problems  # model.py builds on these dataclasses
+    from tuneline.core.models.loading import method_problems  # model.py builds on these dataclasses
 
     problems.extend(method_problems(config.model, config.finetuning))
     if config.finetuning.stage in ("dpo", "kto"):
-        from tuneline.core.preference import preference_problems
+        from tuneline.core.stages.preference import preference_problems
 
         problems.extend(preference_problems(config.finetuning))
     if config.finetuning.stage == "ppo":
-        from tuneline.core.ppo import ppo_problems
+        from tuneline.core.stages.ppo.trainer import ppo_problems
 
         problems.extend(ppo_problems(config.finetuning))
     return problems

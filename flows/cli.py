@@ -162,8 +162,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 
 def _run_flow(pipeline: str, overrides: list[str], workspace: str | None) -> int:
-    from tuneline.core.pipeline import load_pipeline
-    from tuneline.core.stages import pipeline_dataset_fingerprints
+    from tuneline.core.pipeline.spec import load_pipeline
+    from tuneline.core.pipeline.keys import pipeline_dataset_fingerprints
 
     # Config and dataset-entry errors surface before Prefect starts.
     pipeline_dataset_fingerprints(load_pipeline(pipeline, overrides, workspace=workspace))
@@ -234,14 +234,14 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_promote(args: argparse.Namespace) -> int:
-    from tuneline.core.registry import promote
+    from tuneline.core.tracking.model_registry import promote
 
     print(promote(_registry_uri(args), name=args.model_name, version=args.version, alias=args.alias))
     return 0
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from tuneline.core.registry import rollback
+    from tuneline.core.tracking.model_registry import rollback
 
     print(rollback(_registry_uri(args), name=args.model_name, alias=args.alias))
     return 0
@@ -250,7 +250,7 @@ def run_rollback(args: argparse.Namespace) -> int:
 def _registry_uri(args: argparse.Namespace) -> str:
     """--tracking-uri, else MLFLOW_TRACKING_URI, else the workspace's SQLite store, which must exist
     (opening a missing one would create an empty store)."""
-    from tuneline.core import tracking
+    from tuneline.core.tracking import runs as tracking
     from tuneline.core.errors import ConfigError
 
     if args.tracking_uri:
@@ -264,7 +264,7 @@ def _registry_uri(args: argparse.Namespace) -> str:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from tuneline.core.chat import ChatSession, chat_loop, load_chat_model, resolve_source
+    from tuneline.core.inference.chat import ChatSession, chat_loop, load_chat_model, resolve_source
     from tuneline.core.config import GeneratingConfig
 
     generating = GeneratingConfig(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,

@@ -12,15 +12,15 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from tuneline.core import tracking
-from tuneline.core.artifacts import read_manifest
-from tuneline.core.data.dataset import DEFAULT_TEMPLATE, TOKENIZER_DIR
-from tuneline.core.fingerprint import tree_fingerprint
+from tuneline.core.tracking import runs as tracking
+from tuneline.core.store.artifacts import read_manifest
+from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR
+from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.errors import ConfigError
-from tuneline.core.lineage import lineage_tags
-from tuneline.core.pipeline import REWARD_KIND, BaseStage, Pipeline, TrainingStage, load_pipeline
-from tuneline.core.promotion import candidate_metrics
-from tuneline.core.stages import base_key, evaluate_key, export_key, heldout_fingerprints, merge_key, tokenize_key, train_key
+from tuneline.core.tracking.lineage import lineage_tags
+from tuneline.core.pipeline.spec import REWARD_KIND, BaseStage, Pipeline, TrainingStage, load_pipeline
+from tuneline.core.tracking.promotion import candidate_metrics
+from tuneline.core.pipeline.keys import base_key, evaluate_key, export_key, heldout_fingerprints, merge_key, tokenize_key, train_key
 from tuneline.flows.report import change_summary
 from tuneline.tasks.build_base import build_base
 from tuneline.tasks.common import RunContext, record_cache_hit

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuneline.core.locks import file_lock
+from tuneline.core.store.locks import file_lock
 
 EPHEMERAL_LOCK = ".tuneline-ephemeral-start.lock"
 

@@ -11,18 +11,18 @@ import os
 import shutil
 from pathlib import Path
 
-from tuneline.core.artifacts import find_artifact, write_artifact
-from tuneline.core.checkpoints import CHECKPOINT_PREFIX
+from tuneline.core.store.artifacts import find_artifact, write_artifact
+from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX
 from tuneline.core.config import StageConfig, cache_root, load_stage_config, unsupported_for_training
-from tuneline.core.data.dataset import DEFAULT_TEMPLATE, TOKENIZER_DIR, dataset_fingerprints, render_preview, tokenize_dataset
-from tuneline.core.distributed import check_parallel_settings, plan_from_env
+from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR, dataset_fingerprints, render_preview, tokenize_dataset
+from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
-from tuneline.core.export import export_model, merge_adapter
-from tuneline.core.fingerprint import tree_fingerprint
-from tuneline.core.launch import JOB_FILE, launch_training
-from tuneline.core.pipeline import TrainingStage
-from tuneline.core.stages import tokenize_key
-from tuneline.core.train import LOG_FILE, TrainJob
+from tuneline.core.models.export import export_model, merge_adapter
+from tuneline.core.store.fingerprints import tree_fingerprint
+from tuneline.core.worker.launch import JOB_FILE, launch_training
+from tuneline.core.pipeline.spec import TrainingStage
+from tuneline.core.pipeline.keys import tokenize_key
+from tuneline.core.training.job import LOG_FILE, TrainJob
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -86,8 +86,8 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
     """The first `count` training examples, trained tokens in [[brackets]], and the counters."""
     from datasets import load_from_disk
 
-    from tuneline.core.artifacts import read_manifest
-    from tuneline.core.model import load_tokenizer
+    from tuneline.core.store.artifacts import read_manifest
+    from tuneline.core.models.loading import load_tokenizer
 
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset"), source=config_path)

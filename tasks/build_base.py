@@ -8,8 +8,8 @@ from typing import Any
 from prefect import task
 
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
-from tuneline.core.pipeline import BaseStage
-from tuneline.core.stages import run_build_base
+from tuneline.core.pipeline.spec import BaseStage
+from tuneline.core.pipeline.keys import run_build_base
 
 
 @task(name="build_base", **STAGE_TASK_OPTIONS)

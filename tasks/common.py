@@ -11,8 +11,8 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.context import TaskRunContext
 
-from tuneline.core import tracking
-from tuneline.core.artifacts import ArtifactDraft, artifact_lock, find_artifact, write_artifact
+from tuneline.core.tracking import runs as tracking
+from tuneline.core.store.artifacts import ArtifactDraft, artifact_lock, find_artifact, write_artifact
 
 CACHE_HIT_TAG = "tuneline.cache_hit"
 KEY_TAG = "tuneline.key"

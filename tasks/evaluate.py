@@ -8,8 +8,8 @@ from typing import Any
 
 from prefect import task
 
-from tuneline.core.pipeline import EvaluateSettings, TrainingStage
-from tuneline.core.evaluate import score_model
+from tuneline.core.pipeline.spec import EvaluateSettings, TrainingStage
+from tuneline.core.evaluation.heldout import score_model
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from prefect import task
 
-from tuneline.core.export import write_hf_folder
-from tuneline.core.pipeline import ExportSettings
+from tuneline.core.models.export import write_hf_folder
+from tuneline.core.pipeline.spec import ExportSettings
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
 
 

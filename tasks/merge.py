@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import task
 
-from tuneline.core.export import merge_adapter
+from tuneline.core.models.export import merge_adapter
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
 
 

@@ -6,10 +6,12 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from tuneline.core import registry, tracking
-from tuneline.core.artifacts import artifact_lock
-from tuneline.core.pipeline import RegisterSettings
-from tuneline.core.promotion import check_metric, decide, metric_tags, rule_from_settings
+from tuneline.core.tracking import model_registry as registry
+
+from tuneline.core.tracking import runs as tracking
+from tuneline.core.store.artifacts import artifact_lock
+from tuneline.core.pipeline.spec import RegisterSettings
+from tuneline.core.tracking.promotion import check_metric, decide, metric_tags, rule_from_settings
 from tuneline.tasks.common import CACHE_HIT_TAG, KEY_TAG, RunContext
 
 EXPORT_KEY_TAG = "tuneline.export_key"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prefect import task
 
-from tuneline.core import tracking
-from tuneline.core.pipeline import Pipeline
-from tuneline.core.stages import pipeline_dataset_fingerprints
+from tuneline.core.tracking import runs as tracking
+from tuneline.core.pipeline.spec import Pipeline
+from tuneline.core.pipeline.keys import pipeline_dataset_fingerprints
 from tuneline.tasks.common import RunContext
 
 

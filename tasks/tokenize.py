@@ -6,9 +6,9 @@ from typing import Any
 
 from prefect import task
 
-from tuneline.core import tracking
-from tuneline.core.data.dataset import PREVIEW_FILE, tokenize_dataset
-from tuneline.core.pipeline import TrainingStage
+from tuneline.core.tracking import runs as tracking
+from tuneline.core.data.tokenization import PREVIEW_FILE, tokenize_dataset
+from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from tuneline.core import tracking
-from tuneline.core.checkpoints import checkpoint_step, resume_point
-from tuneline.core.launch import JOB_FILE, launch_training
-from tuneline.core.pipeline import TrainingStage
-from tuneline.core.train import LOG_FILE, LOSS_PLOT, TrainJob
+from tuneline.core.tracking import runs as tracking
+from tuneline.core.training.checkpoints import checkpoint_step, resume_point
+from tuneline.core.worker.launch import JOB_FILE, launch_training
+from tuneline.core.pipeline.spec import TrainingStage
+from tuneline.core.training.job import LOG_FILE, LOSS_PLOT, TrainJob
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, link_resumed_attempt, run_stage
 
 # A pipeline stage checkpoints unless its settings name `save_steps` or `save_strategy`, so that a

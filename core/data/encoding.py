@@ -30,8 +30,8 @@ from tuneline.core.data.processors import (
     supervised_example,
 )
 from tuneline.core.errors import ConfigError, TunelineError
-from tuneline.core.template_encode import merge_starts, message_pieces
-from tuneline.core.templates import Template, encode_turns, pair_turns, turn_pieces
+from tuneline.core.templates.encode import merge_starts, message_pieces
+from tuneline.core.templates.conversation import Template, encode_turns, pair_turns, turn_pieces
 
 Batch = tuple[str, list[dict[str, Any]]]
 Encoded = tuple[list[dict[str, Any]], Counter]

@@ -18,13 +18,13 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tuneline.core.data.loader import RowProblem, convert_row
+from tuneline.core.data.converters import RowProblem, convert_row
 from tuneline.core.data.readers import Record
 from tuneline.core.data.sources import entry_label, open_records
 from tuneline.core.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from tuneline.core.data.registry import DatasetAttr
+    from tuneline.core.data.dataset_info import DatasetAttr
 
 OnBadRow = Literal["error", "skip"]
 ON_BAD_ROW = ("error", "skip")
@@ -67,7 +67,7 @@ class LoadReport:
 
 def load_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRow = "error",
               max_samples: int | None = None) -> list[dict]:
-    """The dataset's rows in the standard shape (see `tuneline.core.data.loader`)."""
+    """The dataset's rows in the standard shape (see `tuneline.core.data.converters`)."""
     rows, _ = load_rows_with_report(attr, dataset_dir, on_bad_row=on_bad_row,
                                     max_samples=max_samples)
     return rows

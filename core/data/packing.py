@@ -5,7 +5,7 @@ example that fits goes in first, then the longest that still fits, ...) into pac
 `cutoff_len - 1` tokens, each padded to `cutoff_len`. Every pack ends with at least one padding
 token. `position_ids` restart at 0 for each packed example. With `neat_packing` the
 `attention_mask` numbers the packed examples 1, 2, ... (0 for padding) so that the collator
-(`tuneline.core.collator`) can keep them from attending to each other; without it the mask is
+(`tuneline.core.training.collators`) can keep them from attending to each other; without it the mask is
 all ones, padding included, and packed examples see each other.
 """
 
@@ -22,7 +22,7 @@ from tuneline.core.errors import ConfigError, DataError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from tuneline.core.templates import Template
+    from tuneline.core.templates.conversation import Template
 
 Example = Mapping[str, Sequence[int]]
 

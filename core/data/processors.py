@@ -14,7 +14,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.errors import ConfigError, DataError
-from tuneline.core.templates import Template, encode_oneturn, encode_turns
+from tuneline.core.templates.conversation import Template, encode_oneturn, encode_turns
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.artifacts import find_artifact, partial_path, write_artifact
-from tuneline.core.fingerprint import stage_key, tree_fingerprint
+from tuneline.core.store.artifacts import find_artifact, partial_path, write_artifact
+from tuneline.core.store.fingerprints import stage_key, tree_fingerprint
 
 
 def test_artifact_appears_only_when_complete(tmp_path: Path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuneline.core.throughput import PEAK_ENV, TokenCounter, cpu_peak, flops_per_token, gpu_peak
+from tuneline.core.training.throughput import PEAK_ENV, TokenCounter, cpu_peak, flops_per_token, gpu_peak
 
 LLAMAFACTORY_ORDER = ["current_steps", "total_steps", "loss", "lr", "epoch", "percentage", "elapsed_time", "remaining_time"]
 
@@ -82,8 +82,8 @@ def trained(tmp_path_factory) -> dict:
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
 
-    from tuneline.core import tracking
-    from tuneline.core.callbacks import LogCallback
+    from tuneline.core.tracking import runs as tracking
+    from tuneline.core.training.callbacks import LogCallback
 
     folder = tmp_path_factory.mktemp("callbacks")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
@@ -138,7 +138,7 @@ def test_throughput_is_mirrored_to_mlflow(trained):
 
 
 def test_loss_curve_is_drawn_from_the_log(trained):
-    from tuneline.core.callbacks import plot_loss
+    from tuneline.core.training.callbacks import plot_loss
 
     path = plot_loss(trained["folder"] / "out")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -57,7 +57,7 @@ def test_llamafactory_sft_example_loads_unchanged(shared_dir: Path):
 
 
 def test_shipped_demo_pipeline_loads():
-    from tuneline.core.pipeline import TrainingStage, load_pipeline
+    from tuneline.core.pipeline.spec import TrainingStage, load_pipeline
 
     root = Path(__file__).resolve().parents[2]
     pipeline = load_pipeline(root / "data/demo_pipeline.yaml", [f"dataset_dir={root / 'data'}"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.distributed import (LaunchPlan, check_parallel_settings, plan_from_env, resolve_parallel_settings,
+from tuneline.core.training.distributed import (LaunchPlan, check_parallel_settings, plan_from_env, resolve_parallel_settings,
                                        worker_command, worker_env)
 from tuneline.core.errors import ConfigError
 

@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from tuneline.core.artifacts import artifact_lock, lock_path
+from tuneline.core.store.artifacts import artifact_lock, lock_path
 
 HOLD = """
 import sys, time
-from tuneline.core.artifacts import artifact_lock
+from tuneline.core.store.artifacts import artifact_lock
 with artifact_lock(sys.argv[1], "trained", "sft-1"):
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))

@@ -1,6 +1,6 @@
 """Fine-tuning methods on the tiny model: each trains, and exactly its own parameters move.
 
-Every test loads the model and applies the method through `tuneline.core.model`, trains a few
+Every test loads the model and applies the method through `tuneline.core.models.loading`, trains a few
 AdamW steps without weight decay on demo examples tokenized by the project, and compares every
 parameter and buffer bit for bit with its value before training. Two tests go through the
 worker's own `run_training` and compare the files it saves.
@@ -17,7 +17,7 @@ import torch
 
 from tuneline.core.config import FinetuningConfig, ModelConfig, build_stage_config
 from tuneline.core.errors import ConfigError
-from tuneline.core.model import apply_finetuning, load_model, loraplus_optimizer, method_problems
+from tuneline.core.models.loading import apply_finetuning, load_model, loraplus_optimizer, method_problems
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ADAPTER_PARTS = ("lora_A", "lora_B", "lora_magnitude_vector")
@@ -26,7 +26,7 @@ ADAPTER_PARTS = ("lora_A", "lora_B", "lora_magnitude_vector")
 @pytest.fixture(scope="module")
 def tokenized(tiny_base: Path, tmp_path_factory) -> Path:
     """32 demo alpaca examples tokenized with the default template, as a training stage gets them."""
-    from tuneline.core.data.dataset import tokenize_dataset
+    from tuneline.core.data.tokenization import tokenize_dataset
 
     config = build_stage_config({"stage": "sft", "dataset": "demo_alpaca", "dataset_dir": str(REPO_ROOT / "data"),
                                  "template": "default", "cutoff_len": 48, "max_samples": 32})
@@ -293,7 +293,7 @@ def test_settings_that_cannot_train_together_are_named_at_once():
 
 
 def run_stage(tiny_base: Path, tokenized: Path, output: Path, finetuning: dict, **training) -> dict:
-    from tuneline.core.train import TrainJob, run_training
+    from tuneline.core.training.job import TrainJob, run_training
 
     job = TrainJob(model_path=str(tiny_base), dataset_path=str(tokenized), output_dir=str(output), finetuning=finetuning,
                    training={"max_steps": 8, "per_device_train_batch_size": 4, "logging_steps": 1, "seed": 0, **training})

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tuneline.core.metrics import mean_similarity, rouge_words, segment, sentence_bleu4, similarity
+from tuneline.core.evaluation.text_metrics import mean_similarity, rouge_words, segment, sentence_bleu4, similarity
 
 
 def test_identical_strings_score_100_everywhere():

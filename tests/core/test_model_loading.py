@@ -12,7 +12,7 @@ import torch
 
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
-from tuneline.core.model import apply_finetuning, load_model, trainable_summary
+from tuneline.core.models.loading import apply_finetuning, load_model, trainable_summary
 
 
 def dtypes(model, *, trainable: bool) -> set[torch.dtype]:

@@ -14,11 +14,11 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
-from tuneline.core.collator import PackedCollator, block_causal_mask, flatten_for_varlen, pad_packed_features
+from tuneline.core.training.collators import PackedCollator, block_causal_mask, flatten_for_varlen, pad_packed_features
 from tuneline.core.data.packing import encode_packed_supervised_rows, knapsack_groups, pack_examples
 from tuneline.core.data.processors import IGNORE_INDEX, infer_seqlen
 from tuneline.core.errors import ConfigError, DataError
-from tuneline.core.templates import fix_tokenizer, get_template
+from tuneline.core.templates.conversation import fix_tokenizer, get_template
 
 M = IGNORE_INDEX
 PAD = 0

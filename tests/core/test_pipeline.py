@@ -6,7 +6,7 @@ import pytest
 
 from tuneline.core.config import read_yaml
 from tuneline.core.errors import ConfigError
-from tuneline.core.pipeline import build_pipeline
+from tuneline.core.pipeline.spec import build_pipeline
 
 
 def _pipeline(stages, **extra):
@@ -147,7 +147,7 @@ def test_evaluate_and_export_of_a_reward_model_are_refused():
 
 
 def test_train_key_follows_the_referenced_stage_key():
-    from tuneline.core.stages import train_key
+    from tuneline.core.pipeline.keys import train_key
 
     raw = _chain({"name": "dpo", "stage": "dpo", "from": "sft", "ref_model": "sft", "dataset": "demo_preference"})
     dpo = build_pipeline(raw, overrides={}).stage("dpo")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tuneline.core.ppo import cut_reply, sequence_batch
-from tuneline.core.ppo_math import (AdaptiveKLController, RunningMoments, advantages_and_returns, clipped_losses,
+from tuneline.core.stages.ppo.trainer import cut_reply, sequence_batch
+from tuneline.core.stages.ppo.arithmetic import (AdaptiveKLController, RunningMoments, advantages_and_returns, clipped_losses,
                                     last_positions, masked_whiten, token_rewards)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuneline.core.config import GeneratingConfig
-from tuneline.core.predict import (
+from tuneline.core.evaluation.predict import (
     PREDICTIONS_FILE,
     do_predict,
     generate_answers,

@@ -32,14 +32,14 @@ def finetuning(stage: str = "dpo", **keys):
 
 
 def trainer_args(path: Path, **keys):
-    from tuneline.core.train import training_arguments
+    from tuneline.core.training.job import training_arguments
 
     values = {"per_device_train_batch_size": 16, "lr_scheduler_type": "constant", "seed": 1, "report_to": "none"}
     return training_arguments(str(path), {**values, **keys})
 
 
 def tokenize(base: Path, output: Path, **keys) -> Path:
-    from tuneline.core.data.dataset import tokenize_dataset
+    from tuneline.core.data.tokenization import tokenize_dataset
 
     config = build_stage_config({"model_name_or_path": str(base), "dataset_dir": str(DATA_DIR), "template": "chatml",
                                  "cutoff_len": 64, **keys})
@@ -51,7 +51,7 @@ def load(path: Path):
     """(DatasetDict, tokenizer) of a tokenized folder."""
     from datasets import load_from_disk
 
-    from tuneline.core.model import load_tokenizer
+    from tuneline.core.models.loading import load_tokenizer
 
     return load_from_disk(str(path)), load_tokenizer(path / "tokenizer")
 
@@ -72,7 +72,7 @@ def sft_model(tiny_base: Path, tmp_path_factory) -> Path:
     """The tiny base after 150 steps of full SFT on demo_alpaca (a few seconds)."""
     from transformers import DataCollatorForSeq2Seq, Trainer
 
-    from tuneline.core.model import load_model
+    from tuneline.core.models.loading import load_model
 
     folder = tmp_path_factory.mktemp("sft")
     data, tokenizer = load(tokenize(tiny_base, folder / "data", stage="sft", dataset="demo_alpaca"))
@@ -89,7 +89,7 @@ def policy(path: Path, method, tokenizer):
     """The model at `path` made trainable by `method`, a new LoRA adapter seeded as the worker seeds it."""
     from transformers import set_seed
 
-    from tuneline.core.model import apply_finetuning, load_model
+    from tuneline.core.models.loading import apply_finetuning, load_model
 
     set_seed(1)
     return apply_finetuning(load_model(path, vocab_size=len(tokenizer)), method)
@@ -121,7 +121,7 @@ def test_demo_preference_data_is_reproducible_and_held_out(tmp_path: Path) -> No
 def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
     from datasets import Dataset
 
-    from tuneline.core.alignment_data import dpo_pairs, kto_examples, odds_ratio_pairs, prompt_length, reward_pairs
+    from tuneline.core.data.preference_columns import dpo_pairs, kto_examples, odds_ratio_pairs, prompt_length, reward_pairs
 
     rows = load(pairs)[0]["train"].select(range(8))
     for row, pair in zip(rows, dpo_pairs(rows)):
@@ -156,7 +156,7 @@ def test_unusable_preference_settings_are_named_when_the_config_is_read(keys: di
 
 
 def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:
-    from tuneline.core.preference import build_kto_trainer
+    from tuneline.core.stages.preference import build_kto_trainer
 
     data, tokenizer = load(feedback)
     method = finetuning("kto", finetuning_type="lora")
@@ -173,9 +173,9 @@ def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pair
     those of the SFT model itself, before and after training moves the policy."""
     from peft import PeftModel
 
-    from tuneline.core.model import load_model
-    from tuneline.core.preference import build_dpo_trainer
-    from tuneline.core.preference_eval import pair_logps
+    from tuneline.core.models.loading import load_model
+    from tuneline.core.stages.preference import build_dpo_trainer
+    from tuneline.core.evaluation.preference import pair_logps
 
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="lora", lora_rank=4)
@@ -205,7 +205,7 @@ def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pair
 
 
 def test_full_tuning_reference_is_a_frozen_copy_of_the_start(sft_model: Path, pairs: Path, tmp_path: Path) -> None:
-    from tuneline.core.preference import build_dpo_trainer
+    from tuneline.core.stages.preference import build_dpo_trainer
 
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="full")
@@ -224,8 +224,8 @@ def test_a_continued_adapter_keeps_trls_copy_as_reference(tiny_base: Path) -> No
     """A new adapter's copy equals the adapter switched off and is dropped; a trained one's is kept."""
     from peft import LoraConfig
 
-    from tuneline.core.model import apply_finetuning, load_model
-    from tuneline.core.preference import drop_unneeded_ref_adapter
+    from tuneline.core.models.loading import apply_finetuning, load_model
+    from tuneline.core.stages.preference import drop_unneeded_ref_adapter
 
     for trained in (False, True):
         model = apply_finetuning(load_model(tiny_base), finetuning(finetuning_type="lora", lora_rank=4))
@@ -251,7 +251,7 @@ def test_a_continued_adapter_keeps_trls_copy_as_reference(tiny_base: Path) -> No
 ])
 def test_each_pref_loss_trains_a_few_steps(keys: dict, trainer_name: str, objective: tuple | None, sft_model: Path,
                                            pairs: Path, tmp_path: Path) -> None:
-    from tuneline.core.preference import build_dpo_trainer
+    from tuneline.core.stages.preference import build_dpo_trainer
 
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="lora", lora_rank=4, **keys)
@@ -277,8 +277,8 @@ def test_dpo_raises_heldout_preference_accuracy(sft_model: Path, pairs: Path, tm
     """Full DPO (with LLaMA-Factory's SFT term, pref_ftx) from the SFT model: the share of held-out
     pairs whose chosen reply is the more likely one rises to 0.8 or more, and the implicit reward
     against the frozen starting copy ranks them as well."""
-    from tuneline.core.preference import build_dpo_trainer
-    from tuneline.core.preference_eval import evaluate_preference
+    from tuneline.core.stages.preference import build_dpo_trainer
+    from tuneline.core.evaluation.preference import evaluate_preference
 
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="full", pref_beta=0.1, pref_ftx=1.0)
@@ -304,8 +304,8 @@ def test_dpo_raises_heldout_preference_accuracy(sft_model: Path, pairs: Path, tm
 def test_kto_trains_and_its_loss_falls(sft_model: Path, feedback: Path, pairs: Path, tmp_path: Path) -> None:
     """LoRA KTO from the SFT model: its loss falls, in training and on a fixed set of its rows, with
     the policy's adapter switched off as the reference."""
-    from tuneline.core.preference import build_kto_trainer
-    from tuneline.core.preference_eval import evaluate_preference
+    from tuneline.core.stages.preference import build_kto_trainer
+    from tuneline.core.evaluation.preference import evaluate_preference
 
     data, tokenizer = load(feedback)
     method = finetuning("kto", finetuning_type="lora", lora_rank=8, kto_chosen_weight=1.0, kto_rejected_weight=1.2)

@@ -18,7 +18,7 @@ from tuneline.core.data.processors import (
     infer_seqlen,
 )
 from tuneline.core.errors import ConfigError, DataError
-from tuneline.core.templates import fix_tokenizer, get_template
+from tuneline.core.templates.conversation import fix_tokenizer, get_template
 
 M = IGNORE_INDEX
 
@@ -399,7 +399,7 @@ def test_pairwise_with_a_reasoning_template_drops_earlier_thoughts(shared_dir):
     from transformers import AutoTokenizer
 
     from tuneline.core.data.processors import encode_pairwise_row
-    from tuneline.core.templates import fix_tokenizer, get_template
+    from tuneline.core.templates.conversation import fix_tokenizer, get_template
 
     tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
     template = get_template("qwen3")

@@ -8,9 +8,9 @@ import subprocess
 import pytest
 
 from tuneline.core.errors import ConfigError
-from tuneline.core.lineage import git_commit, lineage_tags
-from tuneline.core.pipeline import build_pipeline
-from tuneline.core.promotion import (
+from tuneline.core.tracking.lineage import git_commit, lineage_tags
+from tuneline.core.pipeline.spec import build_pipeline
+from tuneline.core.tracking.promotion import (
     PromotionRule,
     candidate_metrics,
     check_metric,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tuneline.core import tracking
-from tuneline.core.tracking import REDACTED, redact
+from tuneline.core.tracking import runs as tracking
+from tuneline.core.tracking.runs import REDACTED, redact
 
 SECRET = "hf_s3cr3tValue"
 CONFIG = {
@@ -56,7 +56,7 @@ def test_params_and_config_artifact_in_mlflow_hold_no_secret(tmp_path):
 
 
 def test_a_tracking_uri_from_the_environment_stays_off_the_disk(tmp_path, monkeypatch):
-    from tuneline.core.train import TrainJob
+    from tuneline.core.training.job import TrainJob
 
     uri = f"https://trainer:{SECRET}@mlflow.example.com"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.data.registry import (
+from tuneline.core.data.dataset_info import (
     DEFAULT_TAGS,
     DatasetAttr,
     dataset_file_paths,

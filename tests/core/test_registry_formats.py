@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.data.registry import (
+from tuneline.core.data.dataset_info import (
     LoadReport,
     dataset_file_paths,
     get_dataset_attrs,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.data.registry import (
+from tuneline.core.data.dataset_info import (
     dataset_file_paths,
     get_dataset_attrs,
     iter_rows,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.checkpoints import RECORD_FILE, incomplete_reason, newest_complete, trim_log
+from tuneline.core.training.checkpoints import RECORD_FILE, incomplete_reason, newest_complete, trim_log
 
 STEPS = 20  # 2.5 epochs of 8 steps: the resumed run crosses epoch boundaries
 RUN = (f"max_steps={STEPS}", "save_steps=4")

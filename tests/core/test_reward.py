@@ -25,7 +25,7 @@ def finetuning(**keys):
 @pytest.fixture(scope="module")
 def pairs(tiny_base: Path, tmp_path_factory) -> Path:
     """demo_preference (train) and demo_preference_heldout (validation), tokenized for stage rm."""
-    from tuneline.core.data.dataset import tokenize_dataset
+    from tuneline.core.data.tokenization import tokenize_dataset
 
     config = build_stage_config({
         "model_name_or_path": str(tiny_base), "stage": "rm", "dataset": "demo_preference",
@@ -40,7 +40,7 @@ def pairs(tiny_base: Path, tmp_path_factory) -> Path:
 def load_pairs(path: Path):
     from datasets import load_from_disk
 
-    from tuneline.core.model import load_tokenizer
+    from tuneline.core.models.loading import load_tokenizer
 
     return load_from_disk(str(path)), load_tokenizer(path / "tokenizer")
 
@@ -48,7 +48,7 @@ def load_pairs(path: Path):
 def test_lora_reward_model_adapts_the_backbone_and_saves_the_head(tiny_base: Path) -> None:
     from peft import PeftModelForSequenceClassification
 
-    from tuneline.core.reward import load_reward_base, prepare_reward_model
+    from tuneline.core.stages.reward import load_reward_base, prepare_reward_model
 
     model = prepare_reward_model(load_reward_base(tiny_base), finetuning(finetuning_type="lora", lora_rank=4))
     assert isinstance(model, PeftModelForSequenceClassification)
@@ -61,7 +61,7 @@ def test_lora_reward_model_adapts_the_backbone_and_saves_the_head(tiny_base: Pat
 
 
 def test_freeze_and_full_tuning_train_the_head(tiny_base: Path) -> None:
-    from tuneline.core.reward import load_reward_base, prepare_reward_model
+    from tuneline.core.stages.reward import load_reward_base, prepare_reward_model
 
     frozen = prepare_reward_model(load_reward_base(tiny_base),
                                   finetuning(finetuning_type="freeze", freeze_trainable_layers=1))
@@ -74,7 +74,7 @@ def test_freeze_and_full_tuning_train_the_head(tiny_base: Path) -> None:
 
 
 def test_score_reads_each_text_alone_whatever_the_padding(tiny_base: Path, pairs: Path) -> None:
-    from tuneline.core.reward import load_reward_base, score
+    from tuneline.core.stages.reward import load_reward_base, score
 
     data, tokenizer = load_pairs(pairs)
     model = load_reward_base(tiny_base, vocab_size=len(tokenizer))
@@ -92,8 +92,8 @@ def test_score_reads_each_text_alone_whatever_the_padding(tiny_base: Path, pairs
 def test_reward_trainer_refuses_data_without_pairs(tiny_base: Path, pairs: Path, tmp_path: Path) -> None:
     from datasets import Dataset
 
-    from tuneline.core.reward import build_reward_trainer, load_reward_base
-    from tuneline.core.train import training_arguments
+    from tuneline.core.stages.reward import build_reward_trainer, load_reward_base
+    from tuneline.core.training.job import training_arguments
 
     _, tokenizer = load_pairs(pairs)
     sft_rows = Dataset.from_dict({"input_ids": [[1, 2]], "attention_mask": [[1, 1]], "labels": [[-100, 2]]})
@@ -110,7 +110,7 @@ def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, p
     from safetensors import safe_open
     from transformers import set_seed
 
-    from tuneline.core.reward import (
+    from tuneline.core.stages.reward import (
         build_reward_trainer,
         evaluate_reward_model,
         load_reward_base,
@@ -118,7 +118,7 @@ def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, p
         prepare_reward_model,
         score,
     )
-    from tuneline.core.train import training_arguments
+    from tuneline.core.training.job import training_arguments
 
     data, tokenizer = load_pairs(pairs)
     method = finetuning(finetuning_type="lora", lora_rank=8)

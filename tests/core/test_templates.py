@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tuneline.core.errors import ConfigError, DataError
-from tuneline.core.templates import (
+from tuneline.core.templates.conversation import (
     EOS,
     TEMPLATES,
     Template,

@@ -19,9 +19,9 @@ from collections.abc import Callable
 import pytest
 from transformers import AutoTokenizer
 
-from tuneline.core.template_auto import chat_messages
-from tuneline.core.template_tools import parse_calls
-from tuneline.core.templates import encode_prompt, encode_turns, fix_tokenizer, get_template, render_text
+from tuneline.core.templates.auto import chat_messages
+from tuneline.core.templates.tools import parse_calls
+from tuneline.core.templates.conversation import encode_prompt, encode_turns, fix_tokenizer, get_template, render_text
 
 
 @dataclasses.dataclass(frozen=True)

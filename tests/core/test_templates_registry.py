@@ -11,8 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneline.core.errors import ConfigError, DataError
-from tuneline.core.template_spec import Template, Token
-from tuneline.core.templates import (
+from tuneline.core.templates.spec import Template, Token
+from tuneline.core.templates.conversation import (
     TEMPLATES,
     chat_template_jinja,
     encode_oneturn,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuneline.core.config import build_stage_config
-from tuneline.core.data.dataset import tokenize_dataset
+from tuneline.core.data.tokenization import tokenize_dataset
 from tuneline.core.errors import ConfigError, DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +23,9 @@ def test_sft_tokens_equal_the_per_row_encoder_and_counters_add_up(shared_dir: Pa
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.dataset import read_rows
+    from tuneline.core.data.tokenization import read_rows
     from tuneline.core.data.processors import encode_supervised_row
-    from tuneline.core.templates import fix_tokenizer, get_template
+    from tuneline.core.templates.conversation import fix_tokenizer, get_template
 
     config = _config(dataset="demo_alpaca,demo_sharegpt", max_samples=150, preprocessing_batch_size=64)
     counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuneline.core.checkpoints import RECORD_FILE, checkpoint_step, checkpoints, newest_complete
-from tuneline.core.launch import JOB_FILE
-from tuneline.core.train import LOG_FILE
+from tuneline.core.training.checkpoints import RECORD_FILE, checkpoint_step, checkpoints, newest_complete
+from tuneline.core.worker.launch import JOB_FILE
+from tuneline.core.training.job import LOG_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = REPO / "data/chain_pipeline.yaml"

@@ -75,7 +75,7 @@ def test_chat_answers_piped_prompts_with_the_adapter(trained: Path):
 
 
 def test_chat_session_keeps_history_streams_and_clears(trained: Path):
-    from tuneline.core.chat import ChatSession, load_chat_model, resolve_source
+    from tuneline.core.inference.chat import ChatSession, load_chat_model, resolve_source
     from tuneline.core.config import GeneratingConfig
 
     model, tokenizer = load_chat_model(resolve_source(trained))
@@ -102,8 +102,8 @@ def test_chat_on_a_missing_path_exits_2_with_a_clear_message(tmp_path: Path):
 def test_chat_paths_resolve_for_artifacts_and_workspaces(trained: Path, tmp_path: Path):
     import shutil
 
-    from tuneline.core.artifacts import write_artifact
-    from tuneline.core.chat import resolve_source
+    from tuneline.core.store.artifacts import write_artifact
+    from tuneline.core.inference.chat import resolve_source
     from tuneline.core.errors import ConfigError
 
     workspace = tmp_path / "workspace"

@@ -83,7 +83,7 @@ def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tuneline.core.evaluate import answer_score
+    from tuneline.core.evaluation.heldout import answer_score
 
     export_dir = Path(re.search(r"^exported model:\s+(\S+)", first_run["stdout"], flags=re.M).group(1))
     trained = {name: json.loads((Path(path) / "manifest.json").read_text())

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuneline.core.checkpoints import RECORD_FILE
+from tuneline.core.training.checkpoints import RECORD_FILE
 
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 STEPS = 12

@@ -134,7 +134,7 @@ def test_retraining_reruns_what_read_the_data_and_promotes_only_a_winner(story):
 
 
 def test_each_version_carries_its_lineage(story):
-    from tuneline.core.fingerprint import package_version
+    from tuneline.core.store.fingerprints import package_version
 
     tags = client(story).get_model_version(MODEL, "3").tags
     lineage = {k: v for k, v in tags.items() if k.startswith("tuneline.") and not k.startswith("tuneline.metric.")}

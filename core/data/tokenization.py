@@ -1,0 +1,222 @@
+"""Tokenize a stage's datasets to Arrow: rows in, LLaMA-Factory's columns out.
+
+Rows stream from the registry in batches of `preprocessing_batch_size`; each batch is encoded
+(by `preprocessing_num_workers` processes when asked) and appended to Arrow at once, so memory
+does not grow with the dataset. The output folder loads with `datasets.load_from_disk` (splits
+`train` and, with `val_size` or `eval_dataset`, `validation`) and keeps the tokenizer as the
+template fixed it under `tokenizer/`, so training, merging and export all see the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import itertools
+import json
+import random
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tuneline.core.config import StageConfig
+from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
+from tuneline.core.data.encoding import EncodingSpec, pool_map
+from tuneline.core.data.mixing import mix_rows
+from tuneline.core.data.dataset_info import (
+    LoadReport,
+    dataset_file_paths,
+    get_dataset_attrs,
+    load_rows_with_report,
+)
+from tuneline.core.data.dataset_info import iter_rows as registry_iter_rows
+from tuneline.core.errors import ConfigError
+from tuneline.core.store.fingerprints import tree_fingerprint
+from tuneline.core.templates.check import check_template
+from tuneline.core.templates.conversation import chat_template_jinja, fix_tokenizer, get_template
+
+TOKENIZER_DIR = "tokenizer"
+PREVIEW_FILE = "preview.txt"
+DEFAULT_TEMPLATE = "default"
+
+
+def dataset_names(value: str | None) -> list[str]:
+    return [name.strip() for name in (value or "").split(",") if name.strip()]
+
+
+def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
+    """Digest of every dataset the stage reads, by name: its files' content and its registry entry
+    (a changed column mapping changes the rows as surely as changed data)."""
+    names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
+    attrs = get_dataset_attrs(names, config.data.dataset_dir)
+    return {attr.name: entry_fingerprint(attr, config.data.dataset_dir) for attr in attrs}
+
+
+def entry_fingerprint(attr, dataset_dir: str) -> str:
+    entry = hashlib.sha256(json.dumps(dataclasses.asdict(attr), sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(f"{entry}:{tree_fingerprint(dataset_file_paths(attr, dataset_dir))}".encode()).hexdigest()
+
+
+def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]:
+    """All rows of the named datasets, `max_samples` of each, mixed as configured."""
+    return list(iter_rows(names, config))
+
+
+def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadReport] | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of the named datasets: streamed one after another (concat), or mixed in memory."""
+    data = config.data
+    attrs = get_dataset_attrs(names, data.dataset_dir)
+    reports = reports if reports is not None else []
+    if data.mix_strategy == "concat" or len(attrs) == 1:
+        for attr in attrs:
+            reports.append(LoadReport(dataset=attr.name))
+            yield from registry_iter_rows(attr, data.dataset_dir, on_bad_row=data.on_bad_row,
+                                          max_samples=data.max_samples, report=reports[-1])
+        return
+    per_dataset = []
+    for attr in attrs:
+        rows, report = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples)
+        per_dataset.append(rows)
+        reports.append(report)
+    probs = [float(p) for p in data.interleave_probs.split(",")] if data.interleave_probs else None
+    yield from mix_rows(per_dataset, strategy=data.mix_strategy, probs=probs, seed=int(config.training.get("seed", 42)))
+
+
+def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
+    """The tokenizer as the template needs it (eos, pad, stop words, chat template) and the template.
+
+    A named template that renders a probe conversation differently from the tokenizer's own chat
+    template is refused before any work, unless `allow_template_mismatch` says otherwise.
+    """
+    from tuneline.core.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path, model=config.model)
+    template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+    mismatch = check_template(template, tokenizer) if tokenizer.chat_template else None
+    if mismatch and not config.data.allow_template_mismatch:
+        raise ConfigError(f"template '{template.name}' does not render like the tokenizer's own chat template: {mismatch} "
+                          "Choose the matching template (or 'auto'), or set 'allow_template_mismatch: true' to train anyway.")
+    fix_tokenizer(template, tokenizer)
+    tokenizer.chat_template = chat_template_jinja(template, tokenizer)
+    return tokenizer, template
+
+
+def tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
+    """Write the tokenized splits and fixed tokenizer to `output_dir`; return the counters."""
+    if not config.data.dataset:
+        raise ConfigError("'dataset' is not set; name one or more entries of dataset_info.json.")
+    with _cyclic_gc_paused():
+        return _tokenize_dataset(config, tokenizer_path=tokenizer_path, output_dir=output_dir)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cycle collector: tokenization allocates millions of short-lived lists, which
+    reference counting frees, but each allocation burst would also start a collection pass over
+    every live object (about a third of the run). Rows and examples hold no cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
+    tokenizer, template = prepare_tokenizer(config, tokenizer_path)
+    output_dir = Path(output_dir)
+    spec = EncodingSpec.from_config(config, template=template)
+    counters: Counter = Counter()
+    writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
+    reports: list[LoadReport] = []
+    train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports)
+    routed = route_validation(train_rows, val_size=config.data.val_size, seed=int(config.training.get("seed", 42)),
+                              total=_count_if_needed(config))
+    if config.data.val_size or config.data.eval_dataset:
+        writers["validation"] = SplitWriter(output_dir / "validation", fingerprint=output_dir.name + "v")
+    if config.data.eval_dataset:
+        routed = itertools.chain(((row, "train") for row, _ in routed),
+                                 ((row, "validation") for row in iter_rows(dataset_names(config.data.eval_dataset), config,
+                                                                            reports=reports)))
+    first_example = None
+    batches = _batches_by_split(routed, config.data.preprocessing_batch_size)
+    for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
+                                                       workers=config.data.preprocessing_num_workers or 1):
+        writers[split].write(examples)
+        counters.update({f"{split}_{k}" if split != "train" else k: v for k, v in batch_counters.items()})
+        if first_example is None and split == "train" and examples:
+            first_example = examples[0]
+    for writer in writers.values():
+        writer.close()
+    for report in reports:
+        counters.update({"rows_dropped_" + re.sub(r"\W+", "_", reason).strip("_"): n for reason, n in report.dropped.items()})
+    if first_example is None:
+        raise ConfigError(f"no training example is left after tokenization with cutoff_len {config.data.cutoff_len}; "
+                          "raise cutoff_len or check the dataset.")
+    write_dataset_dict(output_dir, [name for name, writer in writers.items() if writer.rows])
+    tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
+    (output_dir / PREVIEW_FILE).write_text(render_preview(first_example, tokenizer), encoding="utf-8")
+    return finish_counters(counters)
+
+
+def route_validation(rows: Iterable[dict], *, val_size: float, seed: int, total: int | None) -> Iterator[tuple[dict, str]]:
+    """(row, split) pairs: a seeded draw holds out `val_size` (a share, or a count of `total` rows)."""
+    if not val_size:
+        yield from ((row, "train") for row in rows)
+        return
+    if val_size >= 1:
+        assert total is not None
+        if int(val_size) >= total:
+            raise ConfigError(f"'val_size: {val_size}' leaves no training rows out of {total}.")
+        held = set(random.Random(seed).sample(range(total), int(val_size)))
+        yield from ((row, "validation" if i in held else "train") for i, row in enumerate(rows))
+        return
+    draw = random.Random(seed)
+    yield from ((row, "validation" if draw.random() < val_size else "train") for row in rows)
+
+
+def _count_if_needed(config: StageConfig) -> int | None:
+    if config.data.val_size < 1:
+        return None
+    return sum(1 for _ in iter_rows(dataset_names(config.data.dataset), config))
+
+
+def _batches_by_split(routed: Iterable[tuple[dict, str]], size: int) -> Iterator[tuple[str, list[dict]]]:
+    """Consecutive rows grouped per split into batches of at most `size`."""
+    pending: dict[str, list[dict]] = {}
+    for row, split in routed:
+        batch = pending.setdefault(split, [])
+        batch.append(row)
+        if len(batch) >= size:
+            yield split, pending.pop(split)
+    for split, batch in pending.items():
+        if batch:
+            yield split, batch
+
+
+def finish_counters(counters: Counter) -> dict[str, Any]:
+    """Counters plus the padding ratio of the train split (share of pad positions in its batches)."""
+    result: dict[str, Any] = dict(sorted(counters.items()))
+    padded = counters.get("padded_positions", 0)
+    result["padding_ratio"] = round(counters.get("pad_positions", 0) / padded, 4) if padded else 0.0
+    return result
+
+
+def render_preview(example: dict, tokenizer) -> str:
+    """An example as the model sees it: trained spans in [[double brackets]], the rest masked."""
+    ids = example.get("input_ids") or example.get("chosen_input_ids") or []
+    labels = example.get("labels") or example.get("chosen_labels") or [-100] * len(ids)
+    pieces: list[tuple[bool, list[int]]] = []
+    for token, label in zip(ids, labels):
+        trained = label != -100
+        if pieces and pieces[-1][0] == trained:
+            pieces[-1][1].append(token)
+        else:
+            pieces.append((trained, [token]))
+    text = "".join(f"[[{tokenizer.decode(t)}]]" if trained else tokenizer.decode(t) for trained, t in pieces)
+    return f"input_ids: {ids}\nlabels: {labels}\n\n{text}\n"
+

@@ -1,0 +1,134 @@
+"""Evaluation: loss and perplexity on a validation split, and the quality of greedy answers.
+
+The answer score is the mean token-level F1 between each greedy answer and its reference (the
+SQuAD-style overlap measure), on prompts the model never trained on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuneline.core.config import StageConfig
+from tuneline.core.pipeline.spec import EvaluateSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def load_for_inference(model_path: str | Path, *, adapter_path: str | Path | None = None) -> PreTrainedModel:
+    """The model in eval mode, with an unmerged LoRA adapter on top when one is given."""
+    from tuneline.core.models.loading import load_model
+
+    model = load_model(model_path)
+    if adapter_path is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_path))
+    return model.eval()
+
+
+def validation_loss(model: PreTrainedModel, dataset_path: str | Path, *, tokenizer, batch_size: int = 8) -> dict[str, float]:
+    """Token-weighted mean loss and perplexity on the `validation` split of a tokenized dataset."""
+    import torch
+    from datasets import load_from_disk
+    from transformers import DataCollatorForSeq2Seq
+
+    splits = load_from_disk(str(dataset_path))
+    if "validation" not in splits:
+        return {}
+    rows = splits["validation"]
+    collate = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    total_loss, total_tokens = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = collate([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            labels = batch["labels"][:, 1:]
+            losses = torch.nn.functional.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"
+            )
+            total_loss += losses.item()
+            total_tokens += int((labels != -100).sum())
+    loss = total_loss / max(total_tokens, 1)
+    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": float(total_tokens)}
+
+
+def greedy_answers(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], *, template, max_new_tokens: int = 32
+) -> list[str]:
+    """Greedy completions of each row's prompt rendered with `template`."""
+    import torch
+
+    from tuneline.core.templates.conversation import encode_prompt, stop_token_ids
+
+    stops = stop_token_ids(template, tokenizer)
+    answers = []
+    with torch.no_grad():
+        for row in rows:
+            ids = encode_prompt(template, tokenizer, prompt=row["prompt"], system=row.get("system") or None)
+            output = model.generate(
+                input_ids=torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=stops,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            answers.append(tokenizer.decode(output[0, len(ids) :], skip_special_tokens=True).strip())
+    return answers
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    predicted, expected = _words(prediction), _words(reference)
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if not predicted or not expected or not common:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def answer_score(answers: Sequence[str], rows: Sequence[dict[str, Any]]) -> float:
+    """Mean token F1 of `answers` against each row's reference response."""
+    scores = [token_f1(answer, row["response"][0]["content"]) for answer, row in zip(answers, rows, strict=True)]
+    return sum(scores) / max(len(scores), 1)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+@dataclass(frozen=True)
+class Score:
+    metrics: dict[str, float]
+    predictions: list[dict[str, str]]
+
+
+def score_model(
+    model_path: str | Path, *, adapter_path: str | Path | None, settings: EvaluateSettings, config: StageConfig, tokenized_path: str | Path
+) -> Score:
+    """Validation loss of a tokenized dataset plus greedy-answer F1 on the held-out rows."""
+    from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR
+    from tuneline.core.models.loading import load_tokenizer
+    from tuneline.core.pipeline.keys import heldout_rows
+    from tuneline.core.templates.conversation import get_template
+
+    tokenizer = load_tokenizer(Path(tokenized_path) / TOKENIZER_DIR)
+    model = load_for_inference(model_path, adapter_path=adapter_path)
+    metrics = validation_loss(model, tokenized_path, tokenizer=tokenizer)
+    rows = heldout_rows(settings, config)
+    predictions: list[dict[str, str]] = []
+    if rows:
+        template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+        answers = greedy_answers(model, tokenizer, rows, template=template, max_new_tokens=settings.max_new_tokens)
+        metrics["answer_f1"] = answer_score(answers, rows)
+        predictions = [
+            {"prompt": row["prompt"][-1]["content"], "predict": answer, "label": row["response"][0]["content"]}
+            for row, answer in zip(rows, answers, strict=True)
+        ]
+    return Score(metrics=metrics, predictions=predictions)

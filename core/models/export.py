@@ -1,0 +1,53 @@
+"""Merging a LoRA adapter into its base and writing a standalone Hugging Face model folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def merge_adapter(base_path: str | Path, adapter_path: str | Path, output_dir: str | Path) -> dict[str, int]:
+    """Fold the adapter's low-rank updates into the base weights; write model and tokenizer."""
+    from peft import PeftModel
+
+    from tuneline.core.models.loading import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(adapter_path)
+    base = load_model(base_path, vocab_size=len(tokenizer))
+    merged = PeftModel.from_pretrained(base, str(adapter_path)).merge_and_unload()
+    merged.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    return {"parameters": sum(p.numel() for p in merged.parameters())}
+
+
+def write_hf_folder(model_dir: str | Path, out_dir: str | Path, *, template: str, export_size_gb: int = 5) -> None:
+    """Write `model_dir` into `out_dir` as a Hugging Face folder: safetensors shards, the tokenizer
+    with its chat template, and a generation config that stops on the template's stop tokens."""
+    from tuneline.core.models.loading import load_model, load_tokenizer
+    from tuneline.core.templates.conversation import get_template, stop_token_ids
+
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir)
+    model.generation_config.eos_token_id = stop_token_ids(get_template(template, tokenizer=tokenizer), tokenizer)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out_dir, safe_serialization=True, max_shard_size=f"{export_size_gb}GB")
+    tokenizer.save_pretrained(out_dir)
+
+
+def export_model(model_dir: str | Path, export_dir: str | Path, *, template: str, export_size_gb: int = 5) -> Path:
+    """`write_hf_folder` into a sibling of `export_dir`, then renamed into place (replacing an older export)."""
+    export_dir = Path(export_dir)
+    draft = export_dir.with_name(f".{export_dir.name}.partial")
+    shutil.rmtree(draft, ignore_errors=True)
+    write_hf_folder(model_dir, draft, template=template, export_size_gb=export_size_gb)
+    if export_dir.exists():
+        old = export_dir.with_name(f".{export_dir.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(export_dir, old)
+        os.replace(draft, export_dir)
+        shutil.rmtree(old)
+    else:
+        export_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(draft, export_dir)
+    return export_dir

@@ -1,0 +1,258 @@
+"""Loading tokenizers and models, and making the chosen parameters trainable.
+
+Local folders load as they are; anything else is treated as a hub id, which needs the network:
+offline, the failure names the id and says how to point at a local folder instead. Weights load
+from safetensors only, unless `allow_pickle_weights` trusts pickle (.bin) files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuneline.core.models.adapters import adapter_paths, apply_lora, linear_module_names, loraplus_optimizer, pickle_weights_message
+from tuneline.core.config import FinetuningConfig, ModelConfig
+from tuneline.core.errors import ConfigError
+from tuneline.core.models.freeze import apply_freeze, apply_full
+from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config, quantized_device_map
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["apply_finetuning", "count_parameters", "linear_module_names", "load_model", "load_tokenizer",
+           "loraplus_optimizer", "method_problems", "trainable_summary"]
+
+# LLaMA-Factory's `flash_attn` values and the attention implementation transformers calls them.
+ATTENTION = {"auto": None, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    model = model or ModelConfig()
+    try:
+        return AutoTokenizer.from_pretrained(
+            str(path),
+            use_fast=model.use_fast_tokenizer,
+            trust_remote_code=model.trust_remote_code,
+            revision=model.model_revision,
+            cache_dir=model.cache_dir,
+        )
+    except OSError as e:
+        raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
+
+
+def load_model(
+    path: str | Path,
+    *,
+    model: ModelConfig | None = None,
+    vocab_size: int | None = None,
+    training: Mapping[str, Any] | None = None,
+) -> PreTrainedModel:
+    """The causal LM in the compute dtype, with the chosen attention, quantized when asked, its
+    embeddings resized to `vocab_size` if larger."""
+    from transformers import AutoModelForCausalLM
+
+    model = model or ModelConfig()
+    config = _load_config(path, model)
+    dtype = compute_dtype(training or {}, config=config)
+    quantization = quantization_config(model, compute_dtype=dtype)
+    _check_weights_format(path, model)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(path),
+            config=config,
+            dtype=dtype,
+            attn_implementation=attention_implementation(model.flash_attn),
+            quantization_config=quantization,
+            device_map=quantized_device_map() if quantization else None,
+            trust_remote_code=model.trust_remote_code,
+            revision=model.model_revision,
+            cache_dir=model.cache_dir,
+            use_safetensors=None if model.allow_pickle_weights else True,
+        )
+    except OSError as e:
+        if "safetensors" in str(e) and not Path(path).is_dir():
+            raise ConfigError(f"'model_name_or_path: {path}' has no safetensors weights on the Hugging Face Hub, and "
+                              "unpickling its other weights can run arbitrary code; set 'allow_pickle_weights: true' "
+                              "if you trust their source.") from e
+        raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
+    if getattr(loaded, "hf_quantizer", None) is not None:  # set by transformers on quantized models only
+        keep_4bit_layout_for_training(loaded)
+    if vocab_size is not None and vocab_size > loaded.get_input_embeddings().num_embeddings:
+        loaded.resize_token_embeddings(vocab_size)
+    return loaded
+
+
+def compute_dtype(training: Mapping[str, Any], *, config: PretrainedConfig) -> torch.dtype:
+    """bfloat16 or float16 when the `bf16`/`fp16` training keys ask for it; otherwise float32 on a
+    CPU, and on a GPU the half precision the model was saved in (float16 where the GPU lacks
+    bfloat16), float32 for a float32 model."""
+    import torch
+
+    if training.get("bf16"):
+        return torch.bfloat16
+    if training.get("fp16"):
+        return torch.float16
+    if not torch.cuda.is_available():
+        return torch.float32
+    saved = config.dtype
+    if saved in (torch.bfloat16, "bfloat16") and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    if saved in (torch.bfloat16, "bfloat16", torch.float16, "float16"):
+        return torch.float16
+    return torch.float32
+
+
+def attention_implementation(flash_attn: str) -> str | None:
+    """transformers' `attn_implementation` for `flash_attn` (None lets transformers choose)."""
+    from transformers.utils import is_flash_attn_2_available
+
+    if flash_attn == "fa2" and not is_flash_attn_2_available():
+        raise ConfigError(
+            "'flash_attn: fa2' needs the flash-attn package (2.3.3 or newer) and a CUDA GPU, and this machine has "
+            "not both; install flash-attn on a GPU machine, or choose 'flash_attn: sdpa' or 'auto'."
+        )
+    return ATTENTION[flash_attn]
+
+
+def apply_finetuning(
+    model: PreTrainedModel,
+    finetuning: FinetuningConfig,
+    *,
+    model_config: ModelConfig | None = None,
+    training: Mapping[str, Any] | None = None,
+) -> PreTrainedModel:
+    """Make the chosen parameters trainable (LoRA, freeze or full) in float32; refuse a setup in
+    which nothing would train."""
+    model_config = model_config or ModelConfig()
+    problems = method_problems(model_config, finetuning)
+    if problems:
+        raise ConfigError(problems)
+    prepare_checkpointing(model, training or {})
+    methods = {
+        "lora": lambda: apply_lora(model, finetuning, model_config=model_config),
+        "freeze": lambda: apply_freeze(model, finetuning),
+        "full": lambda: apply_full(model, finetuning),
+    }
+    model = methods[finetuning.finetuning_type]()
+    upcast_trainable(model)
+    if count_parameters(model)[0] == 0:
+        raise ConfigError(_nothing_trainable_message(model, finetuning))
+    return model
+
+
+def method_problems(model: ModelConfig, finetuning: FinetuningConfig) -> list[str]:
+    """Settings that cannot train together (LLaMA-Factory refuses the same), one line each."""
+    problems = []
+    lora = finetuning.finetuning_type == "lora"
+    bits = model.quantization_bit
+    adapters = adapter_paths(model)
+    if bits is not None and not lora:
+        problems.append(f"'quantization_bit: {bits}' trains LoRA adapters only (quantized weights cannot be updated); "
+                        "set 'finetuning_type: lora' or remove quantization_bit.")
+    if bits is not None and lora and finetuning.pissa_init:
+        problems.append("'pissa_init: true' needs the full-precision base (PiSSA rewrites it from its singular vectors), "
+                        f"so it cannot start from 'quantization_bit: {bits}'; remove one of the two.")
+    if adapters and not lora:
+        problems.append(f"'adapter_name_or_path' is only for 'finetuning_type: lora', not '{finetuning.finetuning_type}'; "
+                        "merge the adapter into the base with `tuneline export` and train that model.")
+    if bits is not None and len(adapters) > 1:
+        problems.append(f"'adapter_name_or_path' lists {len(adapters)} adapters, but a quantized base takes one "
+                        "(merging into quantized weights loses precision); merge them into the base first.")
+    if bits is not None and adapters and finetuning.create_new_adapter:
+        problems.append("'create_new_adapter: true' merges the adapter into the base, which a quantized base cannot take; "
+                        "remove create_new_adapter to continue the adapter, or remove quantization_bit.")
+    ratio = finetuning.loraplus_lr_ratio
+    if ratio is not None and (not lora or ratio <= 0):
+        problems.append(f"'loraplus_lr_ratio: {ratio}' needs 'finetuning_type: lora' and a positive ratio "
+                        "(typically 16); fix it or remove the key.")
+    return problems
+
+
+def prepare_checkpointing(model: PreTrainedModel, training: Mapping[str, Any]) -> None:
+    """With gradient checkpointing asked for, turn off the KV cache and make the embeddings' output
+    require grad: with frozen embeddings, reentrant checkpointing would otherwise drop the
+    gradients of every trainable parameter inside the checkpointed layers. The trainer itself
+    switches checkpointing on from the same key."""
+    if not (training.get("gradient_checkpointing") or training.get("activation_checkpointing")):
+        return
+    model.config.use_cache = False
+    model.enable_input_require_grads()
+
+
+def upcast_trainable(model: PreTrainedModel) -> None:
+    """Trainable parameters in float32, the frozen ones as loaded: half-precision master weights
+    lose small updates and the fp16 gradient scaler refuses them (LLaMA-Factory does the same)."""
+    import torch
+
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.to(torch.float32)
+
+
+def count_parameters(model: PreTrainedModel) -> tuple[int, int]:
+    """(trainable, all) parameters, 4-bit weights counted as the values they hold."""
+    trainable = sum(_value_count(p) for p in model.parameters() if p.requires_grad)
+    return trainable, sum(_value_count(p) for p in model.parameters())
+
+
+def _value_count(parameter: torch.nn.Parameter) -> int:
+    if type(parameter).__name__ == "Params4bit":  # bitsandbytes packs two 4-bit values per byte of storage
+        return parameter.numel() * 2 * parameter.element_size()
+    return parameter.numel()
+
+
+def trainable_summary(model: PreTrainedModel) -> str:
+    trainable, total = count_parameters(model)
+    return f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
+
+
+def _load_config(path: str | Path, model: ModelConfig) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=model.trust_remote_code,
+                                          revision=model.model_revision, cache_dir=model.cache_dir)
+    except OSError as e:
+        raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        raise ConfigError(f"'model_name_or_path: {path}' ships its own model code, which runs only with "
+                          "'trust_remote_code: true'; set it if you trust where the model comes from.") from e
+
+
+def _check_weights_format(path: str | Path, model: ModelConfig) -> None:
+    """Refuse a local folder whose only weights are pickle files, unless they are trusted."""
+    folder = Path(path)
+    if model.allow_pickle_weights or not folder.is_dir():
+        return
+    names = sorted(p.name for p in folder.iterdir())
+    if any(name.endswith(".safetensors") for name in names):
+        return
+    pickled = [name for name in names if name.endswith(PICKLE_SUFFIXES)]
+    if pickled:
+        raise ConfigError(pickle_weights_message("model_name_or_path", path, pickled))
+
+
+def _nothing_trainable_message(model: PreTrainedModel, finetuning: FinetuningConfig) -> str:
+    if finetuning.finetuning_type == "freeze":
+        extras = finetuning.freeze_extra_modules
+        extra = f"'freeze_extra_modules: {extras}'" if extras else "no freeze_extra_modules"
+        return (f"no parameter is trainable with 'freeze_trainable_layers: {finetuning.freeze_trainable_layers}' and {extra}; "
+                "set freeze_trainable_layers to a non-zero number of layers or name modules in freeze_extra_modules.")
+    return (f"no parameter is trainable with finetuning_type '{finetuning.finetuning_type}' and lora_target "
+            f"'{finetuning.lora_target}'; modules available: {', '.join(linear_module_names(model))}.")
+
+
+def _unreachable_model_message(key: str, path: str | Path) -> str:
+    if Path(path).exists():
+        return f"'{key}: {path}' is a folder without a loadable model or tokenizer (config.json, tokenizer files)."
+    return (
+        f"'{key}: {path}' is neither a local folder nor reachable on the Hugging Face Hub "
+        "(offline, or the id is wrong); download it first or point the key at a local model folder."
+    )

@@ -1,0 +1,127 @@
+"""What each pipeline stage computes and which inputs decide its key.
+
+One `*_key` function per stage (DESIGN.md §2) and one function that does the work into a given
+folder. Both are plain Python: the Prefect tasks only wire them to artifacts and MLflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tuneline.core.models.base_model import build_base_model
+from tuneline.core.config import StageConfig
+from tuneline.core.data.tokenization import dataset_fingerprints, entry_fingerprint, read_rows
+from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
+from tuneline.core.store.fingerprints import stage_key
+from tuneline.core.pipeline.spec import BaseStage, EvaluateSettings, ExportSettings, Pipeline, TrainingStage
+
+# Keys that change how a stage runs or reports, never what it produces.
+_NOT_OUTPUT = frozenset({
+    "output_dir", "overwrite_output_dir", "overwrite_cache", "preprocessing_num_workers", "logging_steps",
+    "logging_strategy", "report_to", "plot_loss", "dataloader_num_workers", "disable_tqdm", "run_name",
+    "save_steps", "save_strategy", "save_total_limit", "save_only_model", "resume_from_checkpoint",
+    "tokenized_path", "export_dir", "do_train", "do_eval", "do_predict",
+})
+
+
+def output_relevant(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sorted(values.items()) if k not in _NOT_OUTPUT}
+
+
+def pipeline_dataset_fingerprints(pipeline: Pipeline) -> dict[str, str]:
+    """Content digest of every dataset any stage of `pipeline` reads (validating the entries)."""
+    fingerprints: dict[str, str] = {}
+    for stage in pipeline.stages:
+        if isinstance(stage, BaseStage):
+            fingerprints.update(base_key(stage)[1])
+        else:
+            fingerprints.update(dataset_fingerprints(stage.config))
+            if pipeline.evaluate and pipeline.evaluate.stage == stage.name:
+                fingerprints.update(heldout_fingerprints(pipeline.evaluate, stage.config))
+    return fingerprints
+
+
+# -- build_base --------------------------------------------------------------------------------
+
+def base_key(stage: BaseStage) -> tuple[str, dict[str, str]]:
+    attrs = get_dataset_attrs(stage.corpus, stage.dataset_dir)
+    inputs = {a.name: entry_fingerprint(a, stage.dataset_dir) for a in attrs}
+    config = {**dataclasses.asdict(stage.build), "corpus": list(stage.corpus)}
+    return stage_key("base", config=config, inputs=inputs), inputs
+
+
+def run_build_base(stage: BaseStage, output_dir: Path) -> dict[str, int]:
+    texts = []
+    for attr in get_dataset_attrs(stage.corpus, stage.dataset_dir):
+        for row in load_rows(attr, stage.dataset_dir):
+            texts.extend(m["content"] for m in [*row["prompt"], *row["response"]])
+    return build_base_model(texts, output_dir, config=stage.build)
+
+
+# -- tokenize ----------------------------------------------------------------------------------
+
+def tokenize_key(stage: TrainingStage, *, tokenizer_key: str) -> tuple[str, dict[str, str]]:
+    """Decided by the data settings, the stage kind, the split seed, the tokenizer and the data."""
+    config = stage.config
+    relevant = {
+        **dataclasses.asdict(config.data),
+        "stage": config.finetuning.stage,
+        "seed": config.training.get("seed", 42),
+        "use_fast_tokenizer": config.model.use_fast_tokenizer,
+    }
+    inputs = dataset_fingerprints(config)
+    return stage_key("tokenize", config=output_relevant(relevant), upstream={"tokenizer": tokenizer_key}, inputs=inputs), inputs
+
+
+# -- train -------------------------------------------------------------------------------------
+
+def train_key(stage: TrainingStage, *, tokenized_key: str, parent_key: str, reference_keys: Mapping[str, str] | None = None) -> str:
+    """Decided by the output-relevant settings, the data, the starting model and, for `ref_model` or
+    `reward_model` naming a stage, that stage's model key (so changing the reference retrains)."""
+    config = stage.config
+    relevant = {
+        **dataclasses.asdict(config.finetuning),
+        **dataclasses.asdict(config.model),
+        **dataclasses.asdict(config.generating),  # ppo samples with them; do_predict answers with them
+        **config.training,
+    }
+    relevant.pop("model_name_or_path", None)  # the parent key stands for the starting weights
+    for key in stage.references:
+        relevant.pop(key, None)  # the referenced stage's key stands for it
+    missing = set(stage.references) - set(reference_keys or {})
+    if missing:
+        raise ValueError(f"stage '{stage.name}': no key given for {', '.join(sorted(missing))}")
+    upstream = {"data": tokenized_key, "model": parent_key, **(reference_keys or {})}
+    return stage_key(stage.name, config=output_relevant(relevant), upstream=upstream)
+
+
+# -- evaluate ----------------------------------------------------------------------------------
+
+def evaluate_key(settings: EvaluateSettings, *, stage_key_: str, baseline_key: str | None, tokenized_key: str, inputs: Mapping[str, str]) -> str:
+    upstream = {"stage": stage_key_, "data": tokenized_key, **({"baseline": baseline_key} if baseline_key else {})}
+    return stage_key("evaluate", config=dataclasses.asdict(settings), upstream=upstream, inputs=inputs)
+
+
+def heldout_rows(settings: EvaluateSettings, config: StageConfig) -> list[dict[str, Any]]:
+    rows = read_rows([settings.dataset], config) if settings.dataset else []
+    return rows[: settings.max_samples] if settings.max_samples else rows
+
+
+def heldout_fingerprints(settings: EvaluateSettings, config: StageConfig) -> dict[str, str]:
+    if not settings.dataset:
+        return {}
+    attrs = get_dataset_attrs([settings.dataset], config.data.dataset_dir)
+    return {a.name: entry_fingerprint(a, config.data.dataset_dir) for a in attrs}
+
+
+# -- merge and export --------------------------------------------------------------------------
+
+def merge_key(*, trained_key: str) -> str:
+    return stage_key("merge", config={}, upstream={"trained": trained_key})
+
+
+def export_key(settings: ExportSettings, *, model_key: str, template: str) -> str:
+    return stage_key("export", config={"export_size": settings.export_size, "template": template}, upstream={"model": model_key})

@@ -1,0 +1,174 @@
+"""What stage ppo writes: its log lines, its checkpoints (and resuming from them), its final outputs.
+
+A checkpoint folder has the layout the other stages' checkpoints have, so `checkpoints.py` judges
+it the same way: `trainer_state.json` naming the step, the weights (`adapter_model.safetensors` or
+`model.safetensors`), and the completion record written last, after every process saved its
+random state. The step's other state (value head, optimizer, schedule, KL coefficient, score
+statistics) sits beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tuneline.core.tracking import runs as tracking
+from tuneline.core.training.checkpoint_record import write_record
+from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, TRAINER_STATE, checkpoints
+from tuneline.core.errors import ConfigError
+from tuneline.core.training.job import LOG_FILE
+
+if TYPE_CHECKING:
+    from tuneline.core.stages.ppo.trainer import PPOTrainer, ValueHeadModel
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+
+
+class PPOLog:
+    """`trainer_log.jsonl` lines with LLaMA-Factory's keys (loss, reward, lr, epoch, ...) plus PPO's
+    own (kl, kl_coef, policy and value loss, clip fraction, reply length), a console line, MLflow."""
+
+    def __init__(self, output_dir: str | Path, *, total_steps: int, start_step: int, steps_per_epoch: int,
+                 tracking_uri: str | None, run_id: str | None, main: bool) -> None:
+        self.path = Path(output_dir) / LOG_FILE
+        self.total_steps, self.start_step, self.steps_per_epoch = total_steps, start_step, steps_per_epoch
+        self.tracking_uri, self.run_id, self.main = tracking_uri, run_id, main
+        self.started = time.monotonic()
+        self.last: dict[str, float] = {}
+
+    def write(self, step: int, stats: dict[str, float]) -> None:
+        self.last = stats
+        if not self.main:
+            return
+        elapsed = time.monotonic() - self.started
+        done = step - self.start_step
+        remaining = elapsed / done * (self.total_steps - step) if done else 0.0
+        record = {
+            "current_steps": step, "total_steps": self.total_steps, "loss": round(stats["loss"], 6),
+            "reward": round(stats["reward"], 6), "lr": stats["lr"], "epoch": round(step / self.steps_per_epoch, 4),
+            "percentage": round(100 * step / self.total_steps, 2),
+            "elapsed_time": str(timedelta(seconds=int(elapsed))), "remaining_time": str(timedelta(seconds=int(remaining))),
+            **{key: round(stats[key], 6) for key in ("kl", "kl_coef", "policy_loss", "value_loss", "clipfrac", "response_length")},
+        }
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(f"[step {step}/{self.total_steps} {record['percentage']:.1f}%] loss {stats['loss']:.4f} | reward "
+              f"{stats['reward']:.4f} | kl {stats['kl']:.4f} (coef {stats['kl_coef']:.3f}) | lr {stats['lr']:.2e} | "
+              f"reply {stats['response_length']:.1f} tokens | {record['elapsed_time']} < {record['remaining_time']}", flush=True)
+        if self.tracking_uri and self.run_id:
+            named = {("learning_rate" if k == "lr" else k): v for k, v in stats.items()}  # the other stages' names
+            tracking.log_metrics(self.tracking_uri, self.run_id, {**named, "epoch": record["epoch"]}, step=step)
+
+
+def save_checkpoint(output_dir: Path, trainer: PPOTrainer, *, limit: int | None) -> Path:
+    """`checkpoint-<step>` with everything a resumed run needs; older ones beyond `limit` go."""
+    from safetensors.torch import save_file
+
+    accelerator = trainer.accelerator
+    folder = output_dir / f"{CHECKPOINT_PREFIX}{trainer.step}"
+    if accelerator.is_main_process:
+        folder.mkdir(parents=True, exist_ok=True)
+        model = trainer.unwrapped
+        model.policy.save_pretrained(folder)
+        save_file({k: v.contiguous() for k, v in model.value_head.state_dict().items()}, folder / VALUE_HEAD_FILE)
+        torch.save(trainer.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+        torch.save(trainer.scheduler.state_dict(), folder / SCHEDULER_FILE)
+        state = {"global_step": trainer.step, "max_steps": trainer.total_steps, "kl_coef": trainer.kl.value,
+                 "score_moments": trainer.score_moments.state()}
+        (folder / TRAINER_STATE).write_text(json.dumps(state, indent=1), encoding="utf-8")
+    accelerator.wait_for_everyone()
+    torch.save(_random_state(), folder / f"rng_state_{accelerator.process_index}.pth")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        write_record(folder, step=trainer.step, world_size=accelerator.num_processes)
+        if limit:
+            for stale in checkpoints(output_dir)[limit:]:
+                shutil.rmtree(stale)
+    return folder
+
+
+def load_checkpoint(folder: Path, *, model: ValueHeadModel | None, optimizer: Any, trainer: PPOTrainer | None) -> None:
+    """Restore from `folder`: the weights into `model` (before it is wrapped for training), or the
+    optimizer, schedule, step, KL coefficient, score statistics and random state into `trainer`."""
+    from safetensors.torch import load_file
+
+    if model is not None:
+        _load_policy_weights(model.policy, folder)
+        model.value_head.load_state_dict(load_file(folder / VALUE_HEAD_FILE, device=str(model.value_head.weight.device)))
+        return
+    assert trainer is not None
+    state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+    optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True, map_location=trainer.accelerator.device))
+    trainer.scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
+    trainer.step = int(state["global_step"])
+    trainer.kl.value = float(state["kl_coef"])
+    moments = state["score_moments"]
+    trainer.score_moments.mean, trainer.score_moments.var, trainer.score_moments.count = moments["mean"], moments["var"], moments["count"]
+    rng = folder / f"rng_state_{trainer.accelerator.process_index}.pth"
+    if not rng.is_file():
+        raise ConfigError(f"{folder} holds no random state for process {trainer.accelerator.process_index}; it was saved by "
+                          "fewer processes. Resume with as many processes as saved it, or set 'overwrite_output_dir: true'.")
+    _restore_random_state(torch.load(rng, weights_only=False))
+
+
+def _load_policy_weights(policy, folder: Path) -> None:
+    from peft import PeftModel, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    if isinstance(policy, PeftModel):
+        set_peft_model_state_dict(policy, load_file(folder / "adapter_model.safetensors"))
+        return
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(folder / name))
+    missing, unexpected = policy.load_state_dict(state, strict=False)
+    tied = set(getattr(policy, "_tied_weights_keys", None) or {})
+    if unexpected or [key for key in missing if key not in tied]:
+        raise ConfigError(f"{folder}: the saved weights do not fit the model (missing {missing[:3]}, unexpected "
+                          f"{unexpected[:3]}); resume with the settings it was saved with.")
+    policy.tie_weights()
+
+
+def _random_state() -> dict[str, Any]:
+    states: dict[str, Any] = {"python": random.getstate(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.random.get_rng_state_all()
+    return states
+
+
+def _restore_random_state(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    torch.random.set_rng_state(states["cpu"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.random.set_rng_state_all(states["cuda"])
+
+
+def save_outputs(output_dir: Path, trainer: PPOTrainer, *, tokenizer: Any, metrics: dict[str, float]) -> None:
+    """The trained policy (adapter or model), its value head, the tokenizer and the metrics files."""
+    from safetensors.torch import save_file
+
+    if not trainer.accelerator.is_main_process:
+        return
+    model = trainer.unwrapped
+    model.policy.save_pretrained(output_dir)
+    save_file({k: v.contiguous() for k, v in model.value_head.state_dict().items()}, output_dir / VALUE_HEAD_FILE)
+    tokenizer.save_pretrained(output_dir)
+    train = {k: v for k, v in metrics.items() if not k.startswith("eval_")}
+    evaluated = {k: v for k, v in metrics.items() if k.startswith("eval_")}
+    for name, values in (("train_results.json", train), ("eval_results.json", evaluated), ("all_results.json", metrics)):
+        if values:
+            tmp = output_dir / f".{name}.tmp"
+            tmp.write_text(json.dumps(values, indent=2), encoding="utf-8")
+            os.replace(tmp, output_dir / name)

@@ -1,0 +1,107 @@
+"""ChatML-style formats (`<|im_start|>role\\n...<|im_end|>`), as LLaMA-Factory 0.9.5 registers them:
+chatml itself, the Qwen family, Yi, InternLM2, SmolLM, Phi-4 and the other copies of chatml."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuneline.core.templates.spec import BOS, Template
+
+USER = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+ASSISTANT = "{content}<|im_end|>\n"
+SYSTEM = "<|im_start|>system\n{content}<|im_end|>\n"
+OPEN_REPLY = "<|im_start|>assistant\n"
+_TOOL_OBSERVATION = "<|im_start|>tool\n{content}<|im_end|>\n<|im_start|>assistant\n"
+_QWEN_OBSERVATION = "<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+_INTERN_SYSTEM = (
+    "You are an AI assistant whose name is InternLM (书生·浦语).\n"
+    "- InternLM (书生·浦语) is a conversational language model that is developed by Shanghai AI Laboratory "
+    "(上海人工智能实验室). It is designed to be helpful, honest, and harmless.\n"
+    "- InternLM (书生·浦语) can understand and communicate fluently in the language "
+    "chosen by the user such as English and 中文."
+)
+_DBRX_SYSTEM = (
+    "You are DBRX, created by Databricks. You were last updated in December 2023. "
+    "You answer questions based on information available up to that point.\n"
+    "YOU PROVIDE SHORT RESPONSES TO SHORT QUESTIONS OR STATEMENTS, but provide thorough "
+    "responses to more complex and open-ended questions.\nYou assist with various tasks, "
+    "from writing to coding (using markdown for code blocks — remember to use ``` with "
+    "code, JSON, and tables).\n(You do not have real-time data access or code execution "
+    "capabilities. You avoid stereotyping and provide balanced perspectives on "
+    "controversial topics. You do not provide song lyrics, poems, or news articles and "
+    "do not divulge details of your training data.)\nThis is your system prompt, "
+    "guiding your responses. Do not reference it, just respond to the user. If you find "
+    "yourself talking about this message, stop. You should be responding appropriately "
+    "and usually that means not mentioning this.\nYOU DO NOT MENTION ANY OF THIS INFORMATION "
+    "ABOUT YOURSELF UNLESS THE INFORMATION IS DIRECTLY PERTINENT TO THE USER'S QUERY."
+)
+
+
+def _chatml(name: str, **fields: Any) -> Template:
+    """A template with chatml's user/assistant/system slots and whatever else `fields` sets."""
+    slots = {"format_user": (USER,), "format_assistant": (ASSISTANT,), "format_system": (SYSTEM,),
+             "generation_prefix": OPEN_REPLY}
+    return Template(name=name, **{**slots, **fields})
+
+
+def _qwen(name: str, **fields: Any) -> Template:
+    """chatml with Qwen's tool calls and tool results (`<tool_call>`, `<tool_response>`)."""
+    qwen = {"format_observation": (_QWEN_OBSERVATION,), "tool_format": "qwen", "stop_words": ("<|im_end|>",),
+            "replace_eos": True}
+    return _chatml(name, **{**qwen, **fields})
+
+
+CHATML_TEMPLATES: tuple[Template, ...] = (
+    _chatml("chatml", format_observation=(_TOOL_OBSERVATION,), stop_words=("<|im_end|>", "<|im_start|>"),
+            replace_eos=True),
+    _chatml("chatml_de", format_observation=(_TOOL_OBSERVATION,), stop_words=("<|im_end|>", "<|im_start|>"),
+            replace_eos=True, default_system="Du bist ein freundlicher und hilfsbereiter KI-Assistent."),
+    _qwen("qwen", default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
+    _qwen("qwen3", reasoning=True),
+    _qwen("qwen3_nothink"),
+    _qwen("mimo", default_system="You are a helpful assistant.", reasoning=True),
+    _chatml("yi", stop_words=("<|im_end|>",)),
+    _chatml("intern2", format_prefix=(BOS,), default_system=_INTERN_SYSTEM, stop_words=("<|im_end|>",)),
+    _chatml("smollm", stop_words=("<|im_end|>",)),
+    _chatml("smollm2", stop_words=("<|im_end|>",),
+            default_system="You are a helpful AI assistant named SmolLM, trained by Hugging Face."),
+    _chatml("dbrx", format_observation=(_TOOL_OBSERVATION,), default_system=_DBRX_SYSTEM,
+            stop_words=("<|im_end|>",), replace_eos=True),
+    _chatml("cpm3", format_observation=(_TOOL_OBSERVATION,), format_prefix=(BOS,), stop_words=("<|im_end|>",)),
+    _chatml("cpm4", format_observation=(_TOOL_OBSERVATION,), format_prefix=(BOS,), stop_words=("<|im_end|>",)),
+    _chatml("opencoder", format_observation=(_TOOL_OBSERVATION,), stop_words=("<|im_end|>",),
+            default_system="You are OpenCoder, created by OpenCoder Team."),
+    _chatml("falcon_h1", format_observation=(_TOOL_OBSERVATION,), format_prefix=(BOS,),
+            stop_words=("<|im_end|>", "<|end_of_text|>")),
+    Template(
+        name="sailor",
+        format_user=("<|im_start|>question\n{content}<|im_end|>\n<|im_start|>answer\n",),
+        format_assistant=(ASSISTANT,),
+        format_system=(SYSTEM,),
+        default_system=(
+            "You are an AI assistant named Sailor created by Sea AI Lab. "
+            "Your answer should be friendly, unbiased, faithful, informative and detailed."
+        ),
+        stop_words=("<|im_end|>",),
+        generation_prefix="<|im_start|>answer\n",
+    ),
+    Template(
+        name="phi4",
+        format_user=("<|im_start|>user<|im_sep|>{content}<|im_end|><|im_start|>assistant<|im_sep|>",),
+        format_assistant=("{content}<|im_end|>",),
+        format_system=("<|im_start|>system<|im_sep|>{content}<|im_end|>",),
+        stop_words=("<|im_end|>",),
+        replace_eos=True,
+        generation_prefix="<|im_start|>assistant<|im_sep|>",
+    ),
+    Template(
+        name="moonlight",
+        format_user=("<|im_user|>user<|im_middle|>{content}<|im_end|><|im_assistant|>assistant<|im_middle|>",),
+        format_assistant=("{content}<|im_end|>",),
+        format_system=("<|im_system|>system<|im_middle|>{content}<|im_end|>",),
+        default_system="You are a helpful assistant provided by Moonshot-AI.",
+        stop_words=("<|im_end|>",),
+        replace_eos=True,
+        generation_prefix="<|im_assistant|>assistant<|im_middle|>",
+    ),
+)

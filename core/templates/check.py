@@ -1,0 +1,99 @@
+"""The mismatch guard: does a named template write what the tokenizer's own chat template writes?
+
+A probe conversation (a system prompt and two turns, then the same without the system prompt) is
+encoded with the template and with `apply_chat_template`; the first differing token is described.
+Two documented behaviours of official templates are not reported:
+
+- the system prompt placed elsewhere than the first user message (Mistral v0.3 writes it before the
+  last user message, and drops it when the chat ends with a reply): for `system_in_user` templates
+  the official rendering of the conversation with the system text folded into the first user
+  message, as the template folds it, counts as a match;
+- an eos the official template appends after the last turn (Phi-3.5 with
+  `add_generation_prompt=False`).
+
+It does report LLaMA-Factory's llama2 layout against Meta's: `[/INST]` + reply + `</s>` encodes
+without the `▁` token Meta's ` </s>` puts before each eos, so the trained tokens really differ.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneline.core.errors import TunelineError
+from tuneline.core.templates.auto import own_chat_template
+from tuneline.core.templates.encode import encode_pieces, message_pieces
+from tuneline.core.templates.format import fill
+from tuneline.core.templates.spec import Template
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+PROBE_SYSTEM = "You are a helpful assistant. Answer briefly."
+PROBE = (
+    {"role": "user", "content": "Hi! What is 2+2?"},
+    {"role": "assistant", "content": "2+2 equals 4."},
+    {"role": "user", "content": "And 3+3?"},
+    {"role": "assistant", "content": "3+3 equals 6."},
+)
+_WINDOW = 6
+
+
+def _official_ids(tokenizer: PreTrainedTokenizerBase, chat: list[dict]) -> list[int]:
+    return list(tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False))
+
+
+def _official_candidates(template: Template, tokenizer: PreTrainedTokenizerBase, system: str | None) -> list[list[int]]:
+    messages = [dict(message) for message in PROBE]
+    candidates = [_official_ids(tokenizer, ([{"role": "system", "content": system}] if system else []) + messages)]
+    if system and template.system_in_user:
+        folded = str(fill(template.format_system, system)[0]) + messages[0]["content"]
+        candidates.append(_official_ids(tokenizer, [{"role": "user", "content": folded}, *messages[1:]]))
+    return candidates
+
+
+def _matches(ours: list[int], official: list[int], eos_id: int | None) -> bool:
+    return ours == official or (official[:-1] == ours and official[-1:] == [eos_id])
+
+
+def _describe(
+    template: Template, tokenizer: PreTrainedTokenizerBase, ours: list[int], official: list[int], system: str | None
+) -> str:
+    differing = (i for i, (a, b) in enumerate(zip(ours, official, strict=False)) if a != b)
+    at = next(differing, min(len(ours), len(official)))
+
+    def around(ids: list[int]) -> str:
+        before = tokenizer.decode(ids[max(0, at - _WINDOW):at])
+        after = tokenizer.decode(ids[at:at + _WINDOW])
+        return f"{before!r} + {after!r} (ids {ids[at:at + 3]})"
+
+    probe = "with a system prompt" if system else "without a system prompt"
+    return (
+        f"template '{template.name}' does not write what this tokenizer's own chat template writes for a "
+        f"two-turn conversation {probe}: the token ids first differ at position {at} "
+        f"({len(ours)} ids from the template, {len(official)} from the chat template). "
+        f"Template: {around(ours)}; chat template: {around(official)}. A model trained with this template "
+        "sees another format than the one its chat template prompts it with; name the matching template "
+        "or use 'template: auto'."
+    )
+
+
+def check_template(template: Template, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """One paragraph on the first difference between `template` and the tokenizer's own chat
+    template on a probe conversation, or None when they agree or the tokenizer has none."""
+    own = own_chat_template(tokenizer)
+    if own is None or template.chat_template == own:
+        return None
+    for system in (PROBE_SYSTEM, None):
+        try:
+            pieces = message_pieces(template, tokenizer, messages=PROBE, system=system)
+        except TunelineError as e:
+            return f"template '{template.name}' cannot encode a plain conversation with this tokenizer: {e}"
+        ours = [token for ids in encode_pieces(tokenizer, pieces) for token in ids]
+        try:
+            candidates = _official_candidates(template, tokenizer, system)
+        except Exception as e:  # the chat template's own errors
+            return (f"the tokenizer's chat template cannot render the probe conversation, so "
+                    f"'{template.name}' was not compared with it: {e}")
+        if not any(_matches(ours, official, tokenizer.eos_token_id) for official in candidates):
+            return _describe(template, tokenizer, ours, candidates[0], system)
+    return None

@@ -1,0 +1,235 @@
+"""Chat templates: turn a conversation into token ids exactly as LLaMA-Factory 0.9.5 does.
+
+`message_pieces` writes each message out through its template slots as the pieces to encode:
+texts (encoded on their own with `add_special_tokens=False`, so BPE never merges across message
+boundaries) and token ids (bos/eos and token slots). `encode_turns`, `encode_oneturn` and
+`encode_prompt` encode those pieces, so a batch encoder built on `message_pieces` gives the same
+ids. `template: auto` renders with the tokenizer's own chat template instead (`template_auto`).
+The templates are in `template_registry`; `chat_template_jinja` exports one as a Jinja template and
+`check_template` compares one with the tokenizer's own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneline.core.errors import ConfigError, DataError, unknown_name_message
+from tuneline.core.templates.auto import auto_text, template_from_tokenizer
+from tuneline.core.templates.check import check_template
+from tuneline.core.templates.encode import encode_pieces, message_pieces
+from tuneline.core.templates.format import Message, check_roles, ends_with_prompt, format_messages
+from tuneline.core.templates.jinja import chat_template_jinja
+from tuneline.core.templates.catalog import AUTO, TEMPLATES
+from tuneline.core.templates.spec import BOS, EOS, Special, Template, Token
+
+if TYPE_CHECKING:
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "TEMPLATES",
+    "Template",
+    "Token",
+    "chat_template_jinja",
+    "check_template",
+    "encode_oneturn",
+    "encode_pieces",
+    "encode_prompt",
+    "encode_turns",
+    "fix_tokenizer",
+    "get_template",
+    "message_pieces",
+    "pair_turns",
+    "render_text",
+    "stop_token_ids",
+    "template_from_tokenizer",
+    "turn_pieces",
+]
+
+
+def get_template(name: str, *, tokenizer: PreTrainedTokenizerBase | None = None) -> Template:
+    """The registered template called `name`; `auto` builds one from `tokenizer`'s chat template."""
+    if name == AUTO:
+        if tokenizer is None:
+            raise ConfigError(
+                "'template: auto' reads the tokenizer's own chat template: call get_template('auto', "
+                "tokenizer=...) with the model's tokenizer"
+            )
+        return template_from_tokenizer(tokenizer)
+    if name not in TEMPLATES:
+        raise ConfigError(unknown_name_message("template", name, [*TEMPLATES, AUTO]))
+    return TEMPLATES[name]
+
+
+# ---------------------------------------------------------------- tokenizer fixes
+
+
+def fix_tokenizer(template: Template, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Adjust `tokenizer` for `template` in place, as LLaMA-Factory does before encoding.
+
+    With `replace_eos` the first stop word becomes eos; a tokenizer without eos gets
+    `<|endoftext|>`; pad falls back to eos; the other stop words become special tokens.
+    A token the tokenizer already has keeps its settings: Phi-3's `<|end|>` still swallows the
+    newline after it once it is eos (re-adding it by its text would drop that and add two tokens
+    to every turn). Returns the tokens that were new to the vocabulary (the model's embeddings
+    must grow).
+    """
+    vocab = set(tokenizer.get_vocab())
+    stop_words = list(template.stop_words)
+    if template.replace_eos:
+        _set_eos(tokenizer, stop_words.pop(0))
+    if tokenizer.eos_token_id is None:
+        _set_eos(tokenizer, "<|endoftext|>")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if stop_words:
+        tokenizer.add_special_tokens(
+            {"additional_special_tokens": [_as_added(tokenizer, word) for word in stop_words]},
+            replace_extra_special_tokens=False,
+        )
+    candidates = [tokenizer.eos_token, *stop_words]
+    return [token for token in dict.fromkeys(candidates) if token not in vocab]
+
+
+def _as_added(tokenizer: PreTrainedTokenizerBase, token: str) -> AddedToken | str:
+    """The tokenizer's own added token for `token` (with its strip settings), else the text."""
+    existing = {added.content: added for added in tokenizer.added_tokens_decoder.values()}
+    return existing.get(token, token)
+
+
+def _set_eos(tokenizer: PreTrainedTokenizerBase, token: str) -> None:
+    if tokenizer.eos_token != token:
+        tokenizer.add_special_tokens({"eos_token": _as_added(tokenizer, token)})
+
+
+def stop_token_ids(template: Template, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Ids that end generation: eos, then the template's stop words (after `fix_tokenizer`)."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    for word in template.stop_words:
+        token_id = tokenizer.convert_tokens_to_ids(word)
+        if token_id is None or (token_id == tokenizer.unk_token_id and word != tokenizer.unk_token):
+            raise ConfigError(
+                f"stop word {word!r} of template '{template.name}' is not a token of this tokenizer; "
+                "call fix_tokenizer(template, tokenizer) first"
+            )
+        ids.append(token_id)
+    return list(dict.fromkeys(ids))
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _encode(
+    template: Template,
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    *,
+    system: str | None,
+    tools: str | None,
+    oneturn: bool = False,
+) -> list[list[int]]:
+    pieces = message_pieces(template, tokenizer, messages=messages, system=system, tools=tools, oneturn=oneturn)
+    return encode_pieces(tokenizer, pieces)
+
+
+def _conversation(prompt: list[Message], response: list[Message]) -> list[Message]:
+    messages = [*prompt, *response]
+    check_roles(messages)
+    if ends_with_prompt(messages) or not messages:
+        raise DataError(
+            f"expected the conversation to end with an assistant message, got {len(messages)} "
+            "messages (prompt ends with user, response holds exactly one assistant message)"
+        )
+    return messages
+
+
+def turn_pieces(
+    template: Template,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    prompt: list[Message],
+    response: list[Message],
+    system: str | None,
+    tools: str | None = None,
+) -> list[list[str | int]]:
+    """The pieces of each message of `prompt + response` (see `message_pieces`), checked to be a
+    conversation that ends with the reply; `pair_turns` of their encoding is `encode_turns`."""
+    messages = _conversation(prompt, response)
+    return message_pieces(template, tokenizer, messages=messages, system=system, tools=tools)
+
+
+def pair_turns(encoded: list[list[int]]) -> list[tuple[list[int], list[int]]]:
+    """(source_ids, target_ids) per turn from the ids of each message."""
+    return [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
+
+
+def encode_turns(
+    template: Template,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    prompt: list[Message],
+    response: list[Message],
+    system: str | None,
+    tools: str | None = None,
+) -> list[tuple[list[int], list[int]]]:
+    """(source_ids, target_ids) for each turn of `prompt + response` (LLaMA-Factory's
+    `encode_multiturn`): the prefix and system text open the first source."""
+    pieces = turn_pieces(template, tokenizer, prompt=prompt, response=response, system=system, tools=tools)
+    return pair_turns(encode_pieces(tokenizer, pieces))
+
+
+def encode_oneturn(
+    template: Template,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    prompt: list[Message],
+    response: list[Message],
+    system: str | None,
+    tools: str | None = None,
+) -> tuple[list[int], list[int]]:
+    """(prompt_ids, response_ids): everything before the last reply is prompt (LLaMA-Factory's
+    `encode_oneturn`, used for pairwise and KTO data; reasoning templates drop earlier thoughts)."""
+    messages = _conversation(prompt, response)
+    encoded = _encode(template, tokenizer, messages, system=system, tools=tools, oneturn=True)
+    return [token for ids in encoded[:-1] for token in ids], encoded[-1]
+
+
+def encode_prompt(
+    template: Template,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    prompt: list[Message],
+    system: str | None,
+    tools: str | None = None,
+) -> list[int]:
+    """Ids of `prompt` (ending with a user message) plus the assistant's generation prefix."""
+    check_roles(prompt)
+    if not ends_with_prompt(prompt):
+        raise DataError(f"a generation prompt must end with a user message, got {len(prompt)} messages")
+    return [token for ids in _encode(template, tokenizer, prompt, system=system, tools=tools) for token in ids]
+
+
+def render_text(
+    template: Template,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    messages: list[Message],
+    system: str | None,
+    tools: str | None = None,
+) -> str:
+    """The text that `encode_turns`/`encode_prompt` encode for `messages`, as one string."""
+    check_roles(messages)
+    if template.chat_template is not None:
+        return auto_text(template, tokenizer, messages=messages, system=system, tools=tools)
+    texts = []
+    for pieces in format_messages(template, messages, system=system, tools=tools):
+        for piece in pieces:
+            if isinstance(piece, Token):
+                texts.append(piece.text)
+            elif isinstance(piece, Special):
+                texts.append((tokenizer.bos_token if piece is BOS else tokenizer.eos_token) or "")
+            else:
+                texts.append(piece)
+    return "".join(texts)

@@ -1,0 +1,206 @@
+"""Tool descriptions (appended to the system text) and tool calls (`function` messages), written in
+each tool format exactly as LLaMA-Factory 0.9.5 writes them: the same prompts, the same JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from tuneline.core.errors import DataError
+from tuneline.core.templates.spec import Template
+
+Call = tuple[str, Any]
+"""A tool call: (name, arguments as parsed from the row)."""
+
+_DEFAULT_TOOL_PROMPT = (
+    "You have access to the following tools:\n{tool_text}"
+    "Use the following format if using a tool:\n"
+    "```\n"
+    "Action: tool name (one of [{tool_names}])\n"
+    "Action Input: the input to the tool, in a JSON format representing the kwargs "
+    '(e.g. ```{{"input": "hello world", "num_beams": 5}}```)\n'
+    "```\n"
+)
+
+_QWEN_TOOL_PROMPT = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tool_text}"
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, '
+    '"arguments": <args-json-object>}}\n</tool_call>'
+)
+
+_GLM4_TOOL_PROMPT = (
+    "你是一个名为 ChatGLM 的人工智能助手。你是基于智谱 AI 公司训练的语言模型 GLM-4 模型开发的，"
+    "你的任务是针对用户的问题和要求提供适当的答复和支持。\n\n# 可用工具{tool_text}"
+)
+
+_SEED_TOOL_PROMPT = (
+    "system\nYou are Doubao, a helpful AI assistant. You may call one or more functions to assist with the user "
+    "query.Tool List:\nYou are authorized to use the following tools (described in JSON Schema format). Before "
+    "performing any task, you must decide how to call them based on the descriptions and parameters of these "
+    "tools.{tool_text}\n工具调用请遵循如下格式:\n<seed:tool_call>\n<function=example_function_name>\n"
+    "<parameter=example_parameter_1>value_1</parameter>\n<parameter=example_parameter_2>This is the value for "
+    "the second parameter\nthat can span\nmultiple lines</parameter>\n</function>\n</seed:tool_call>\n"
+)
+
+
+def _dumps(value: Any, **kwargs: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, **kwargs)
+
+
+def _unwrap(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool.get("function", "") if tool.get("type") == "function" else tool
+
+
+def _wrap(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool if tool.get("type") == "function" else {"type": "function", "function": tool}
+
+
+# ---------------------------------------------------------------- tool descriptions
+
+
+def _default_param_line(name: str, param: dict[str, Any], required: list[str]) -> str:
+    req = ", required" if name in required else ""
+    enum = ", should be one of [{}]".format(", ".join(param["enum"])) if param.get("enum") else ""
+    item_spec = param.get("items")
+    items = ", where each item should be {}".format(item_spec.get("type", "")) if item_spec else ""
+    return f"  - {name} ({param.get('type', '')}{req}): {param.get('description', '')}{enum}{items}\n"
+
+
+def _default_tools(tools: list[dict[str, Any]]) -> str:
+    tool_text, names = "", []
+    for tool in map(_unwrap, tools):
+        params = tool["parameters"]
+        args = "".join(
+            _default_param_line(name, param, params.get("required", []))
+            for name, param in params["properties"].items()
+        )
+        tool_text += (
+            f"> Tool Name: {tool['name']}\nTool Description: {tool.get('description', '')}\n"
+            f"Tool Args:\n{args}\n"
+        )
+        names.append(tool["name"])
+    return _DEFAULT_TOOL_PROMPT.format(tool_text=tool_text, tool_names=", ".join(names))
+
+
+def _qwen_tools(tools: list[dict[str, Any]]) -> str:
+    return _QWEN_TOOL_PROMPT.format(tool_text="".join("\n" + _dumps(_wrap(tool)) for tool in tools))
+
+
+def _mistral_tools(tools: list[dict[str, Any]]) -> str:
+    return f"[AVAILABLE_TOOLS] {_dumps([_wrap(tool) for tool in tools])}[/AVAILABLE_TOOLS]"
+
+
+def _glm4_tools(tools: list[dict[str, Any]]) -> str:
+    tool_text = "".join(
+        f"\n\n## {tool['name']}\n\n{_dumps(tool, indent=4)}\n在调用上述函数时，请使用 Json 格式表示调用的参数。"
+        for tool in map(_unwrap, tools)
+    )
+    return _GLM4_TOOL_PROMPT.format(tool_text=tool_text)
+
+
+def _llama3_tools(tools: list[dict[str, Any]]) -> str:
+    raise DataError(
+        "the llama3 tool format does not support tool descriptions here: LLaMA-Factory's llama3 tool prompt "
+        "writes today's date, so the same row would give different tokens from one day to the next; "
+        "drop the tools column or use a template with another tool format (qwen, mistral, default)"
+    )
+
+
+def _seed_tools(tools: list[dict[str, Any]]) -> str:
+    return _SEED_TOOL_PROMPT.format(tool_text="\n" + _dumps(tools))
+
+
+_DESCRIBERS: dict[str, Callable[[list[dict[str, Any]]], str]] = {
+    "default": _default_tools, "qwen": _qwen_tools, "mistral": _mistral_tools,
+    "glm4": _glm4_tools, "llama3": _llama3_tools, "seed_oss": _seed_tools,
+}
+
+
+def tool_text(template: Template, tools: str) -> str:
+    """The text that describes `tools` (a JSON list of function schemas) in the system message."""
+    parsed = _parse(tools, what="tools")
+    if not isinstance(parsed, list):
+        parsed = [parsed]
+    if not parsed:
+        return ""
+    try:
+        return _DESCRIBERS[template.tool_format](parsed)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise DataError(f"the row's tools are not function schemas ({e!r}): {tools[:200]!r}") from e
+
+
+# ---------------------------------------------------------------- tool calls
+
+
+def _default_calls(calls: list[Call]) -> str:
+    return "\n".join(f"Action: {name}\nAction Input: {_dumps(arguments)}" for name, arguments in calls)
+
+
+def _qwen_calls(calls: list[Call]) -> str:
+    return "\n".join(
+        f"<tool_call>\n{_dumps({'name': name, 'arguments': arguments})}\n</tool_call>" for name, arguments in calls
+    )
+
+
+def _mistral_calls(calls: list[Call]) -> str:
+    return _dumps([{"name": name, "arguments": arguments} for name, arguments in calls])
+
+
+def _glm4_calls(calls: list[Call]) -> str:
+    if len(calls) > 1:
+        raise DataError("the glm4 tool format writes one tool call per message, got a list of several")
+    name, arguments = calls[0]
+    return f"{name}\n{_dumps(arguments)}"
+
+
+def _llama3_calls(calls: list[Call]) -> str:
+    objects = [{"name": name, "parameters": arguments} for name, arguments in calls]
+    return _dumps(objects[0] if len(objects) == 1 else objects)
+
+
+def _seed_call(name: str, arguments: dict[str, Any]) -> str:
+    params = "".join(
+        f"\n<parameter={key}>{value if isinstance(value, str) else _dumps(value)}</parameter>"
+        for key, value in arguments.items()
+    )
+    return f"\n<seed:tool_call>\n<function={name}{params}\n</function>\n</seed:tool_call>"
+
+
+def _seed_calls(calls: list[Call]) -> str:
+    return "\n".join(_seed_call(name, arguments) for name, arguments in calls)
+
+
+_CALL_WRITERS: dict[str, Callable[[list[Call]], str]] = {
+    "default": _default_calls, "qwen": _qwen_calls, "mistral": _mistral_calls,
+    "glm4": _glm4_calls, "llama3": _llama3_calls, "seed_oss": _seed_calls,
+}
+
+
+def parse_calls(content: str) -> list[Call]:
+    """The calls of a `function` message: a JSON object `{"name", "arguments"}` or a list of them."""
+    parsed = _parse(content, what="function message")
+    calls = parsed if isinstance(parsed, list) else [parsed]
+    try:
+        return [(call["name"], call["arguments"]) for call in calls]
+    except (KeyError, TypeError) as e:
+        raise DataError(
+            f'a function message must hold {{"name": ..., "arguments": ...}} or a list of them, got {content[:200]!r}'
+        ) from e
+
+
+def call_text(template: Template, content: str) -> str:
+    """The tool calls of a `function` message written in the template's tool format."""
+    try:
+        return _CALL_WRITERS[template.tool_format](parse_calls(content))
+    except AttributeError as e:  # seed_oss arguments that are not an object
+        raise DataError(f"the tool call arguments are not an object: {content[:200]!r}") from e
+
+
+def _parse(text: str, *, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"the row's {what} is not valid JSON ({e}): {text[:200]!r}") from e

@@ -1,0 +1,86 @@
+"""Start the training worker in child processes and stream their output (DESIGN.md §4).
+
+One process by default; several through torchrun when the environment asks for them as it does
+for LLaMA-Factory (`FORCE_TORCHRUN=1 NPROC_PER_NODE=N`, see `distributed.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from tuneline.core.training.distributed import (LaunchPlan, check_parallel_settings, plan_from_env, resolve_parallel_settings,
+                                       worker_command, worker_env)
+from tuneline.core.errors import ConfigError, TunelineError
+from tuneline.core.training.job import TrainJob
+from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX
+
+JOB_FILE = "job.json"
+
+
+class WorkerFailed(RuntimeError):
+    """The worker process ended with an error that is not a configuration problem."""
+
+
+def launch_training(
+    job: TrainJob, *, log: Callable[[str], None] = print, env: Mapping[str, str] | None = None
+) -> dict[str, float]:
+    """Run `job` in worker processes, passing each output line to `log`; return rank 0's metrics."""
+    env = os.environ if env is None else env
+    plan = plan_from_env(env, visible_gpus=visible_gpus(env))
+    job = prepare_job(job, plan)
+    output_dir = Path(job.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    job_path = job.write(output_dir / JOB_FILE)
+    if plan.torchrun:
+        log(f"starting {plan.nproc_per_node} training process(es) on node {plan.node_rank} of {plan.nnodes} through torchrun")
+    process = subprocess.Popen(worker_command(plan, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=worker_env(plan, env))
+    metrics: dict[str, float] = {}
+    errors: list[str] = []
+    tail: list[str] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        line = line.rstrip("\n")
+        if line.startswith(RESULT_PREFIX):
+            metrics = json.loads(line[len(RESULT_PREFIX) :])
+        elif line.startswith(ERROR_PREFIX):
+            errors.append(_error_message(line[len(ERROR_PREFIX) :]))
+        else:
+            tail = (tail + [line])[-20:]
+            log(line)
+    code = process.wait()
+    if errors:  # a problem the user can fix, whatever status torchrun made of it
+        raise TunelineError(errors[0])
+    if code != 0:
+        raise WorkerFailed(f"training worker exited with status {code}; last output:\n" + "\n".join(tail))
+    return metrics
+
+
+def _error_message(text: str) -> str:
+    """The message of one error line; processes print at once, so another's output may follow it."""
+    try:
+        return str(json.JSONDecoder().raw_decode(text)[0])
+    except json.JSONDecodeError:
+        return text
+
+
+def prepare_job(job: TrainJob, plan: LaunchPlan) -> TrainJob:
+    """`job` with its DeepSpeed/FSDP settings checked and resolved and the world size `plan` starts."""
+    problems = check_parallel_settings(job.training)
+    if problems:
+        raise ConfigError(problems)
+    return dataclasses.replace(job, training=resolve_parallel_settings(job.training), world_size=plan.world_size)
+
+
+def visible_gpus(env: Mapping[str, str]) -> int:
+    """CUDA devices this node sees (only counted when NPROC_PER_NODE leaves it to them)."""
+    if env.get("NPROC_PER_NODE"):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
