@@ -125,7 +125,7 @@ def test_all_three_error_kinds_exit_2_from_the_cli_naming_the_stages(tmp_path):
         {"name": "a", "stage": "kto", "from": "b", "dataset": "demo_kto"},
         {"name": "b", "stage": "kto", "from": "a", "dataset": "demo_kto"},
     )
-    raw["defaults"] = {"dataset_dir": str(Path(__file__).resolve().parents[2] / "data")}
+    raw["defaults"] = {"dataset_dir": str(Path(__file__).resolve().parents[3] / "data")}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(raw))
     result = subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "run", str(path), "--workspace", str(tmp_path / "ws")],
@@ -159,7 +159,7 @@ def test_train_key_follows_the_referenced_stage_key():
 
 
 def test_shipped_chain_pipeline_loads_with_its_stage_reference():
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     pipeline = build_pipeline(read_yaml(root / "data/chain_pipeline.yaml"), overrides={"dataset_dir": str(root / "data")})
     assert [(s.name, getattr(s, "parent", None)) for s in pipeline.stages] == [
         ("base", None), ("pt", "base"), ("sft", "pt"), ("rm", "sft"), ("dpo", "sft"), ("ppo", "sft")]

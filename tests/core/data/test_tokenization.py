@@ -11,7 +11,7 @@ from tuneline.core.config import build_stage_config
 from tuneline.core.data.tokenization import tokenize_dataset
 from tuneline.core.errors import ConfigError, DataError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(**values):

@@ -17,7 +17,7 @@ import torch
 from tuneline.core.config import build_stage_config
 from tuneline.core.errors import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DATA_DIR = REPO_ROOT / "data"
 PREFERENCE_FILES = ["dataset_info.json", "demo_preference.json", "demo_preference_heldout.json", "demo_kto.json"]
 

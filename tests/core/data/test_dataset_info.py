@@ -19,7 +19,7 @@ from tuneline.core.data.dataset_info import (
 )
 from tuneline.core.errors import DataError
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DATA_DIR = Path(__file__).resolve().parents[3] / "data"
 DEMO_FILES = ["dataset_info.json", "demo_pretrain.jsonl", "demo_alpaca.json",
               "demo_sharegpt.json", "demo_heldout.json"]
 

@@ -10,7 +10,7 @@ import torch
 from tuneline.core.config import build_stage_config
 from tuneline.core.errors import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 

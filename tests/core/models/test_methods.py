@@ -19,7 +19,7 @@ from tuneline.core.config import FinetuningConfig, ModelConfig, build_stage_conf
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.loading import apply_finetuning, load_model, loraplus_optimizer, method_problems
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 ADAPTER_PARTS = ("lora_A", "lora_B", "lora_magnitude_vector")
 
 
