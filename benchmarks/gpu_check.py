@@ -81,17 +81,18 @@ def stage_values(folder: Path, model: Path, args, *, quantization_bit: int | Non
 
 
 def tokenize(values: dict, folder: Path, name: str) -> Path:
-    from tuneline.core.config import build_stage_config
-    from tuneline.core.data.tokenization import tokenize_dataset
+    from tuneline.core.stages.registry import build_stage_config
+    from tuneline.core.stages.registry import tokenize_stage_data
 
     output = folder / name
-    tokenize_dataset(build_stage_config(values), tokenizer_path=values["model_name_or_path"], output_dir=output)
+    tokenize_stage_data(build_stage_config(values), tokenizer_path=values["model_name_or_path"], output_dir=output)
     return output
 
 
 def run_tuneline(values: dict, dataset: Path) -> dict:
-    from tuneline.core.config import build_stage_config
-    from tuneline.core.training.job import TrainJob, run_training
+    from tuneline.core.stages.registry import build_stage_config
+    from tuneline.core.training.job import TrainJob
+    from tuneline.core.worker.run import run_training
 
     config = build_stage_config(values)
     job = TrainJob(model_path=values["model_name_or_path"], dataset_path=str(dataset), output_dir=values["output_dir"],

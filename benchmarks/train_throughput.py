@@ -55,7 +55,7 @@ def stage_config(model: Path, *, rows: int, cutoff_len: int, packing: bool = Fal
 def tokenized(config: dict) -> tuple[Path, dict]:
     """The tokenized dataset `tuneline train` uses for `config` (content-keyed cache) and its counters."""
     from tuneline.core.store.artifacts import read_manifest
-    from tuneline.core.config import build_stage_config
+    from tuneline.core.stages.registry import build_stage_config
     from tuneline.flows.single import tokenized_dataset
 
     path = tokenized_dataset(build_stage_config(config))

@@ -72,7 +72,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class FinetuningConfig:
-    stage: Literal["pt", "sft", "rm", "dpo", "kto", "ppo"] = _doc("Training stage.", default="sft")
+    stage: str = _doc("Training stage: one of the stage kinds in core/stages/registry.py.", default="sft")
     finetuning_type: Literal["lora", "freeze", "full"] = _doc("Which parameters train.", default="lora")
     lora_rank: int = _doc("LoRA rank r.", default=8)
     lora_alpha: int | None = _doc("LoRA scaling alpha (default: 2 x lora_rank).", default=None)
@@ -263,8 +263,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> StageConfig:
-    """Split, type-check and cross-check a flat LLaMA-Factory mapping; all problems at once."""
+def read_stage_config(raw: Mapping[str, Any]) -> tuple[StageConfig, list[str]]:
+    """Split, type-check and cross-check a flat LLaMA-Factory mapping: the config and every problem found.
+
+    The checks of a stage kind come on top (`core.stages.registry.build_stage_config` adds them and
+    raises one ConfigError with all problems); this layer knows no kind.
+    """
     problems: list[str] = []
     known = valid_keys()
     grouped: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
@@ -294,15 +298,7 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
     training = _coerce_training(training, problems)
     config = StageConfig(training=training, **built)
     problems.extend(_conflicts(config))
-    if problems:
-        raise ConfigError(problems, source=source)
-    return config
-
-
-def load_stage_config(path: str | Path, overrides: list[str] | None = None) -> StageConfig:
-    raw = read_yaml(path)
-    raw.update(parse_overrides(overrides or []))
-    return build_stage_config(raw, source=str(path))
+    return config, problems
 
 
 def coerce_fields(group: type, values: dict[str, Any], problems: list[str]) -> dict[str, Any]:
@@ -391,34 +387,6 @@ def _conflicts(config: StageConfig) -> list[str]:
         probs, names = data.interleave_probs.split(","), data.dataset.split(",")
         if len(probs) != len(names):
             problems.append(f"'interleave_probs' has {len(probs)} values for {len(names)} datasets; give one per dataset.")
-    problems.extend(_predict_conflicts(config))
-    from tuneline.core.models.loading import method_problems  # model.py builds on these dataclasses
-
-    problems.extend(method_problems(config.model, config.finetuning))
-    if config.finetuning.stage in ("dpo", "kto"):
-        from tuneline.core.stages.preference import preference_problems
-
-        problems.extend(preference_problems(config.finetuning))
-    if config.finetuning.stage == "ppo":
-        from tuneline.core.stages.ppo.trainer import ppo_problems
-
-        problems.extend(ppo_problems(config.finetuning))
-    return problems
-
-
-def _predict_conflicts(config: StageConfig) -> list[str]:
-    """`do_predict` / `predict_with_generate` settings that could not work, found before any training."""
-    do_predict, with_generate = config.training.get("do_predict"), config.training.get("predict_with_generate")
-    problems = []
-    if do_predict and not with_generate:
-        problems.append("'do_predict: true' needs 'predict_with_generate: true' (answers are generated and scored); set it or remove do_predict.")
-    if with_generate and config.finetuning.stage != "sft":
-        problems.append(f"'predict_with_generate: true' is for stage sft, not '{config.finetuning.stage}'; remove it.")
-    if do_predict and with_generate and not (config.data.eval_dataset or config.data.val_size):
-        problems.append("'do_predict: true' needs a predict set: name 'eval_dataset' or hold rows out with 'val_size'.")
-    if do_predict and with_generate and config.data.train_on_prompt:
-        problems.append("'do_predict: true' finds where each prompt ends from the label mask, which 'train_on_prompt: true' "
-                        "removes; remove one of the two.")
     return problems
 
 

@@ -18,7 +18,8 @@ from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.errors import ConfigError
 from tuneline.core.tracking.lineage import lineage_tags
-from tuneline.core.pipeline.spec import REWARD_KIND, BaseStage, Pipeline, TrainingStage, load_pipeline
+from tuneline.core.stages.registry import stage_kind
+from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
 from tuneline.core.tracking.promotion import candidate_metrics
 from tuneline.core.pipeline.keys import base_key, evaluate_key, export_key, heldout_fingerprints, merge_key, tokenize_key, train_key
 from tuneline.flows.report import change_summary
@@ -127,7 +128,7 @@ def run_training_stage(pipeline: Pipeline, stage: TrainingStage, state: ChainSta
                    tokenized_path=tokenized["path"], references={ref: model["path"] for ref, model in references.items()},
                    upstream={"data": tokenized["key"], "model": start["key"], **reference_keys})
     state.trained[stage.name] = trained
-    if trained["finetuning_type"] == "full" and stage.kind != REWARD_KIND:
+    if trained["finetuning_type"] == "full" and stage.produces_policy:
         state.models[stage.name] = {**trained, "tokenizer_path": trained["path"]}
 
 
@@ -152,7 +153,7 @@ def full_model(name: str, state: ChainState) -> dict[str, Any]:
     """The stage's full-weight causal LM, merging a LoRA stage's adapter once; never an rm stage's."""
     if name not in state.models:
         trained = state.trained[name]
-        if trained["config"].get("stage") == REWARD_KIND:
+        if not stage_kind(trained["config"]["stage"]).produces_policy:
             raise ConfigError(f"stage '{name}' is an rm stage; its reward model is not a causal LM to start from or merge.")
         merged = call(state, merge, f"{name}/merge", state.context, name=name, key=merge_key(trained_key=trained["key"]), trained=trained)
         state.models[name] = {**merged, "tokenizer_path": merged["path"]}

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from tuneline.core.store.artifacts import find_artifact, write_artifact
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX
-from tuneline.core.config import StageConfig, cache_root, load_stage_config, unsupported_for_training
-from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR, dataset_fingerprints, render_preview, tokenize_dataset
+from tuneline.core.config import StageConfig, cache_root, unsupported_for_training
+from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
+from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR, dataset_fingerprints, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.export import export_model, merge_adapter
@@ -61,7 +62,7 @@ def tokenized_dataset(config: StageConfig) -> Path:
     if cached is not None:
         return cached.path
     with write_artifact(cache_root(), "tokenized", key, config=config.flat(), inputs=inputs) as draft:
-        draft.metrics.update(tokenize_dataset(config, tokenizer_path=model_path, output_dir=draft.path))
+        draft.metrics.update(tokenize_stage_data(config, tokenizer_path=model_path, output_dir=draft.path))
     return find_artifact(cache_root(), "tokenized", key).path
 
 
@@ -72,7 +73,7 @@ def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[s
     draft = output_dir.with_name(f".{output_dir.name}.partial")
     shutil.rmtree(draft, ignore_errors=True)
     try:
-        counters = tokenize_dataset(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft)
+        counters = tokenize_stage_data(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft)
     except BaseException:
         shutil.rmtree(draft, ignore_errors=True)
         raise

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from prefect import task
 
-from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
+from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, run_stage
 from tuneline.core.pipeline.spec import BaseStage
 from tuneline.core.pipeline.keys import run_build_base
 
 
 @task(name="build_base", **STAGE_TASK_OPTIONS)
-def build_base(context: RunContext, stage: BaseStage, *, key: str, inputs: dict[str, str]) -> dict[str, Any]:
+def build_base(context: RunContext, stage: BaseStage, *, key: str, inputs: dict[str, str]) -> StageOutcome:
     def work(draft, run_id):
         draft.metrics.update(run_build_base(stage, draft.path))
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
 
 from prefect import task
 
 from tuneline.core.pipeline.spec import EvaluateSettings, TrainingStage
 from tuneline.core.evaluation.heldout import score_model
-from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
+from tuneline.core.pipeline.keys import heldout_rows
+from tuneline.core.store.results import StageResult
+from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, run_stage
 
 
 @task(name="evaluate", **STAGE_TASK_OPTIONS)
@@ -20,19 +21,22 @@ def evaluate(
     stage: TrainingStage,
     *,
     key: str,
-    trained: dict[str, Any],
+    trained: StageResult,
     baseline_model: str | None,
     tokenized_path: str,
     upstream: dict[str, str],
-) -> dict[str, Any]:
+) -> StageOutcome:
     def work(draft, run_id):
-        adapter = trained["path"] if trained["finetuning_type"] == "lora" else None
-        model_path = trained["start_model"] if adapter else trained["path"]
-        result = score_model(model_path, adapter_path=adapter, settings=settings, config=stage.config, tokenized_path=tokenized_path)
+        adapter = trained.path if trained.is_adapter else None
+        model_path = trained.start_model if adapter else trained.path
+        rows = heldout_rows(settings, stage.config)
+        result = score_model(model_path, adapter_path=adapter, config=stage.config, tokenized_path=tokenized_path, rows=rows,
+                             max_new_tokens=settings.max_new_tokens)
         draft.metrics.update(result.metrics)
         _write_predictions(draft.path / "generated_predictions.jsonl", result.predictions)
         if baseline_model:
-            baseline = score_model(baseline_model, adapter_path=None, settings=settings, config=stage.config, tokenized_path=tokenized_path)
+            baseline = score_model(baseline_model, adapter_path=None, config=stage.config, tokenized_path=tokenized_path,
+                                   rows=rows, max_new_tokens=settings.max_new_tokens)
             draft.metrics.update({f"baseline_{k}": v for k, v in baseline.metrics.items()})
 
     return run_stage(context, name=f"{stage.name}/evaluate", kind="evaluation", key=key,

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 
-from tuneline.core.models.export import write_hf_folder
 from tuneline.core.pipeline.spec import ExportSettings
-from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, run_stage
+from tuneline.core.pipeline.stage_runs import write_export
+from tuneline.core.store.results import ModelRef
+from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, run_stage
 
 
 @task(name="export", **STAGE_TASK_OPTIONS)
-def export(context: RunContext, settings: ExportSettings, *, key: str, model: dict[str, Any], template: str) -> dict[str, Any]:
+def export(context: RunContext, settings: ExportSettings, *, key: str, model: ModelRef, template: str) -> StageOutcome:
     def work(draft, run_id):
-        write_hf_folder(model["path"], draft.path, template=template, export_size_gb=settings.export_size)
+        write_export(draft.path, model=model.path, template=template, export_size_gb=settings.export_size)
 
     params = {"stage": settings.stage, "export_size": settings.export_size, "template": template}
-    return run_stage(context, name=f"{settings.stage}/export", kind="export", key=key, params=params, inputs={"model": model["key"]}, work=work)
+    return run_stage(context, name=f"{settings.stage}/export", kind="export", key=key, params=params, inputs={"model": model.key}, work=work)

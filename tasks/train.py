@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,26 +13,18 @@ from tuneline.core.tracking import runs as tracking
 from tuneline.core.training.checkpoints import checkpoint_step, resume_point
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.training.job import LOG_FILE, LOSS_PLOT, TrainJob
-from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, link_resumed_attempt, run_stage
-
-# A pipeline stage checkpoints unless its settings name `save_steps` or `save_strategy`, so that a
-# killed chain resumes the stage it interrupted (`tuneline train` keeps transformers' "no"). Every 50
-# steps bounds what a kill loses to a few minutes of GPU work while a LoRA checkpoint costs
-# megabytes; full-weight stages that save slowly name their own `save_steps`. The newest two are kept:
-# if a kill cuts the newest short, the one before is whole. The final artifact holds none
-# (keep_checkpoints=False), and the save keys are not part of the stage key.
-DEFAULT_CHECKPOINTING = {"save_strategy": "steps", "save_steps": 50, "save_total_limit": 2}
+from tuneline.core.pipeline.stage_runs import DEFAULT_CHECKPOINTING, train_job, with_checkpointing  # noqa: F401 (DEFAULT_CHECKPOINTING: imported from here too)
+from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
+from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, link_resumed_attempt, run_stage
 
 
 @task(name="train", **STAGE_TASK_OPTIONS)
 def train(
     context: RunContext, stage: TrainingStage, *, key: str, start_model: str, tokenized_path: str, upstream: dict[str, str],
     references: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> StageOutcome:
     """`references` maps `ref_model`/`reward_model` to the resolved path of the stage they name."""
     logger = get_run_logger()
-    finetuning = {**dataclasses.asdict(stage.config.finetuning), **(references or {})}
     training = with_checkpointing(stage.config.training)
 
     def work(draft, run_id):
@@ -42,18 +33,9 @@ def train(
             step = resumed_step(draft.path, training)
             link_resumed_attempt(context, run_id, previous_run_id=previous_run_id, step=step)
             logger.info("%s resumes run %s's draft from step %d", stage.name, previous_run_id, step)
-        job = TrainJob(
-            model_path=start_model,
-            dataset_path=tokenized_path,
-            output_dir=str(draft.path),
-            finetuning=finetuning,
-            training=training,
-            model={**dataclasses.asdict(stage.config.model), "model_name_or_path": start_model},
-            generating=dataclasses.asdict(stage.config.generating),
-            tracking_uri=context.tracking_uri,
-            run_id=run_id,
-            keep_checkpoints=False,
-        )
+        job = train_job(stage.config, start_model=start_model, dataset_path=tokenized_path, output_dir=str(draft.path),
+                        training=training, references=references, tracking_uri=context.tracking_uri, run_id=run_id,
+                        keep_checkpoints=False)
         draft.metrics.update(launch_training(job, log=logger.info))
         draft.extra.update(start_model=start_model, finetuning_type=stage.config.finetuning.finetuning_type)
         if (draft.path / LOSS_PLOT).is_file():
@@ -61,13 +43,6 @@ def train(
 
     params = {**stage.config.flat(), **(references or {}), "model_name_or_path": start_model}
     return run_stage(context, name=stage.name, kind="trained", key=key, params=params, inputs=upstream, work=work, keep_partial=True)
-
-
-def with_checkpointing(training: Mapping[str, Any]) -> dict[str, Any]:
-    """The stage's trainer settings, with DEFAULT_CHECKPOINTING unless they name a save policy."""
-    if "save_steps" in training or "save_strategy" in training:
-        return dict(training)
-    return {**DEFAULT_CHECKPOINTING, **training}
 
 
 def previous_attempt(draft: Path) -> str | None:

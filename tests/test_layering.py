@@ -28,8 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "evaluation": {"errors", "config", "templates", "models", "data"},
     "inference": {"errors", "config", "store", "templates", "models", "data", "evaluation"},
     "stages": {"errors", "config", "store", "templates", "models", "data", "tracking", "training", "evaluation"},
-    "worker": {"errors", "config", "training", "stages"},
-    "pipeline": {"errors", "config", "store", "templates", "models", "data", "tracking", "stages"},
+    "worker": {"errors", "config", "store", "templates", "models", "data", "tracking", "training", "evaluation", "stages"},
+    "pipeline": {"errors", "config", "store", "templates", "models", "data", "tracking", "training", "evaluation", "stages",
+                 "worker"},
 }
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tuneline.core.data.dataset_info import DatasetAttr
+    from tuneline.core.data.dataset_attr import DatasetAttr
 
 Message = dict[str, str]
 KTO_TEXT = {"true": True, "false": False}

@@ -41,7 +41,7 @@ Encoded = tuple[list[dict[str, Any]], Counter]
 class EncodingSpec:
     """What decides how rows become examples (picklable, sent once to each worker)."""
 
-    stage: str
+    examples: str  # the shape of the examples, one of ENCODERS (a stage kind's `examples`)
     template: Template
     cutoff_len: int
     train_on_prompt: bool
@@ -52,10 +52,10 @@ class EncodingSpec:
     batch_size: int  # the trainer's per-device batch, for the padding ratio
 
     @classmethod
-    def from_config(cls, config: StageConfig, *, template: Template) -> EncodingSpec:
+    def from_config(cls, config: StageConfig, *, template: Template, examples: str) -> EncodingSpec:
         training = config.training
         return cls(
-            stage=config.finetuning.stage,
+            examples=examples,
             template=template,
             cutoff_len=config.data.cutoff_len,
             train_on_prompt=config.data.train_on_prompt,
@@ -86,9 +86,9 @@ def encode_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -
 def prepare_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) -> PreparedBatch:
     """Render `rows` to the pieces their template encodes (pure Python; see `encode_texts`)."""
     kind = _kind(spec)
-    if kind == "pt":
+    if kind == "pretrain":
         return PreparedBatch(rows, [], None)
-    if kind == "sft":
+    if kind == "supervised":
         pieces = [_supervised_pieces(row, spec, tokenizer) for row in rows]
         texts = dict.fromkeys(piece for row in pieces if row for message in row for piece in message if isinstance(piece, str))
         segments = _segmenter(spec.template, tokenizer)
@@ -119,26 +119,27 @@ def finish_batch(prepared: PreparedBatch, encoded: dict[str, list[int]], *, spec
     """Examples and counters of a prepared batch, given the ids of its texts."""
     kind = _kind(spec)
     rows = prepared.rows
-    if kind == "pt":
+    if kind == "pretrain":
         with lock or nullcontext():
             examples, counters = _encode_pretrain(rows, spec, tokenizer)
-    elif kind == "sft":
+    elif kind == "supervised":
         examples, counters = _encode_supervised(prepared, encoded, spec, PrefetchedTokenizer(tokenizer, encoded, lock))
     else:
         examples, counters = _ENCODERS[kind](rows, spec, PrefetchedTokenizer(tokenizer, encoded, lock))
     counters["rows_in"] += len(rows)
     counters["examples"] += len(examples)
-    ids_key = "chosen_input_ids" if kind in ("rm", "dpo") else "input_ids"
-    labels_key = "chosen_labels" if kind in ("rm", "dpo") else "labels"
+    ids_key = "chosen_input_ids" if kind == "pairwise" else "input_ids"
+    labels_key = "chosen_labels" if kind == "pairwise" else "labels"
     counters["total_tokens"] += sum(len(e[ids_key]) for e in examples) - (counters["pad_positions"] if spec.packing else 0)
     counters["trained_tokens"] += sum(len(e[labels_key]) - e[labels_key].count(-100) for e in examples)
-    if not spec.packing and kind != "pt":
+    if not spec.packing and kind != "pretrain":
         _count_padding([len(e[ids_key]) for e in examples], spec.batch_size, counters)
     return examples, counters
 
 
 def _kind(spec: EncodingSpec) -> str:
-    return "predict" if spec.predict else spec.stage
+    """The encoder to use: prompts alone when predicting without training, else the spec's shape."""
+    return "unsupervised" if spec.predict else spec.examples
 
 
 class PrefetchedTokenizer:
@@ -335,13 +336,12 @@ def _per_row(rows, encode) -> Encoded:
 
 
 _ENCODERS = {
-    "pt": _encode_pretrain,
-    "rm": _encode_pairwise,
-    "dpo": _encode_pairwise,
-    "kto": _encode_feedback,
-    "ppo": _encode_unsupervised,
-    "predict": _encode_unsupervised,
+    "pretrain": _encode_pretrain,
+    "pairwise": _encode_pairwise,
+    "feedback": _encode_feedback,
+    "unsupervised": _encode_unsupervised,
 }
+ENCODERS = ("supervised", *_ENCODERS)  # every example shape (supervised rows are encoded with prefetched pieces)
 
 
 def _count_padding(all_lengths: list[int], batch_size: int, counters: Counter) -> None:

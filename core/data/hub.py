@@ -17,7 +17,7 @@ from tuneline.core.data.readers import Record
 from tuneline.core.errors import DataError
 
 if TYPE_CHECKING:
-    from tuneline.core.data.dataset_info import DatasetAttr
+    from tuneline.core.data.dataset_attr import DatasetAttr
 
 LOAD_FROM_KEYS = {"ms_hub": "ms_hub_url", "om_hub": "om_hub_url", "script": "script_url",
                   "cloud_file": "cloud_file_name"}

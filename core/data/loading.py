@@ -24,7 +24,7 @@ from tuneline.core.data.sources import entry_label, open_records
 from tuneline.core.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from tuneline.core.data.dataset_info import DatasetAttr
+    from tuneline.core.data.dataset_attr import DatasetAttr
 
 OnBadRow = Literal["error", "skip"]
 ON_BAD_ROW = ("error", "skip")

@@ -13,7 +13,7 @@ artifact, which must not change once written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tuneline.core.errors import ConfigError, DataError
 
@@ -27,16 +27,19 @@ FEEDBACK_COLUMNS = ("input_ids", "attention_mask", "labels", "kl_input_ids", "kl
                     "kto_tags")
 
 
-def check_columns(dataset: Dataset, *, stage: str) -> None:
-    """Refuse a tokenized dataset that lacks the columns `stage` trains on (rm/dpo: pairwise, kto: feedback)."""
-    needed = FEEDBACK_COLUMNS if stage == "kto" else PAIRWISE_COLUMNS
+_TRAINED_BY = {"pairwise": "a pairwise stage (rm, dpo)", "feedback": "stage 'kto'"}
+
+
+def check_columns(dataset: Dataset, *, examples: Literal["pairwise", "feedback"]) -> None:
+    """Refuse a tokenized dataset that lacks the columns of `examples` (rm/dpo: pairwise, kto: feedback)."""
+    needed = FEEDBACK_COLUMNS if examples == "feedback" else PAIRWISE_COLUMNS
     missing = [name for name in needed if name not in dataset.column_names]
     if not missing:
         return
-    source = ("rows with a 'kto_tag' column, tokenized with 'stage: kto'" if stage == "kto"
+    source = ("rows with a 'kto_tag' column, tokenized with 'stage: kto'" if examples == "feedback"
               else "a dataset with '\"ranking\": true' in dataset_info.json, tokenized with 'stage: rm' or 'dpo'")
-    raise ConfigError(f"stage '{stage}' needs the tokenized columns {', '.join(missing)}, which this dataset lacks "
-                      f"(it has {', '.join(dataset.column_names)}); train on {source}.")
+    raise ConfigError(f"{_TRAINED_BY[examples]} needs the tokenized columns {', '.join(missing)}, which this "
+                      f"dataset lacks (it has {', '.join(dataset.column_names)}); train on {source}.")
 
 
 def prompt_length(labels: Sequence[int]) -> int:
@@ -49,20 +52,20 @@ def prompt_length(labels: Sequence[int]) -> int:
 
 def reward_pairs(dataset: Dataset) -> Dataset:
     """`chosen_ids` and `rejected_ids` (prompt and reply together), as TRL's RewardTrainer takes them."""
-    check_columns(dataset, stage="rm")
+    check_columns(dataset, examples="pairwise")
     return _map(dataset, lambda batch: {"chosen_ids": batch["chosen_input_ids"],
                                         "rejected_ids": batch["rejected_input_ids"]})
 
 
 def dpo_pairs(dataset: Dataset) -> Dataset:
     """`prompt_ids`, `chosen_ids` and `rejected_ids`, as TRL's DPOTrainer takes them."""
-    check_columns(dataset, stage="dpo")
+    check_columns(dataset, examples="pairwise")
     return _map(dataset, _split_pairs, with_indices=True)
 
 
 def odds_ratio_pairs(dataset: Dataset) -> Dataset:
     """The six pairwise columns as they are: TRL's ORPO and CPO (SimPO) trainers read LLaMA-Factory's names."""
-    check_columns(dataset, stage="dpo")
+    check_columns(dataset, examples="pairwise")
     return _map(dataset, lambda batch: {name: batch[name] for name in PAIRWISE_COLUMNS})
 
 
@@ -73,7 +76,7 @@ def kto_examples(dataset: Dataset) -> Dataset:
     prompt with the previous row's reply); TRL puts it after the example's own prompt, which is the
     `kl_*` prompt unless truncation cut the two differently.
     """
-    check_columns(dataset, stage="kto")
+    check_columns(dataset, examples="feedback")
     return _map(dataset, _split_feedback)
 
 

@@ -18,7 +18,7 @@ from tuneline.core.data.readers import (
 from tuneline.core.errors import DataError
 
 if TYPE_CHECKING:
-    from tuneline.core.data.dataset_info import DatasetAttr
+    from tuneline.core.data.dataset_attr import DatasetAttr
 
 DATA_CONFIG = "dataset_info.json"
 

@@ -104,12 +104,13 @@ def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
     return tokenizer, template
 
 
-def tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
-    """Write the tokenized splits and fixed tokenizer to `output_dir`; return the counters."""
+def tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
+    """Write the tokenized splits (rows encoded as `examples`, a stage kind's shape) and the fixed
+    tokenizer to `output_dir`; return the counters."""
     if not config.data.dataset:
         raise ConfigError("'dataset' is not set; name one or more entries of dataset_info.json.")
     with _cyclic_gc_paused():
-        return _tokenize_dataset(config, tokenizer_path=tokenizer_path, output_dir=output_dir)
+        return _tokenize_dataset(config, examples=examples, tokenizer_path=tokenizer_path, output_dir=output_dir)
 
 
 @contextmanager
@@ -126,10 +127,10 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _tokenize_dataset(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
+def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
     tokenizer, template = prepare_tokenizer(config, tokenizer_path)
     output_dir = Path(output_dir)
-    spec = EncodingSpec.from_config(config, template=template)
+    spec = EncodingSpec.from_config(config, template=template, examples=examples)
     counters: Counter = Counter()
     writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
     reports: list[LoadReport] = []

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import StageConfig
-from tuneline.core.pipeline.spec import EvaluateSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -56,7 +55,12 @@ def validation_loss(model: PreTrainedModel, dataset_path: str | Path, *, tokeniz
             total_loss += losses.item()
             total_tokens += int((labels != -100).sum())
     loss = total_loss / max(total_tokens, 1)
-    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": float(total_tokens)}
+    return {"eval_loss": loss, "eval_perplexity": perplexity(loss), "eval_tokens": float(total_tokens)}
+
+
+def perplexity(loss: float) -> float:
+    """exp(mean token loss), capped so that a diverged run reports a large number instead of inf."""
+    return math.exp(min(loss, 50.0))
 
 
 def greedy_answers(
@@ -110,22 +114,21 @@ class Score:
 
 
 def score_model(
-    model_path: str | Path, *, adapter_path: str | Path | None, settings: EvaluateSettings, config: StageConfig, tokenized_path: str | Path
+    model_path: str | Path, *, adapter_path: str | Path | None, config: StageConfig, tokenized_path: str | Path,
+    rows: Sequence[dict[str, Any]], max_new_tokens: int,
 ) -> Score:
-    """Validation loss of a tokenized dataset plus greedy-answer F1 on the held-out rows."""
+    """Validation loss of a tokenized dataset plus greedy-answer F1 on the held-out `rows` (standard rows)."""
     from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR
     from tuneline.core.models.loading import load_tokenizer
-    from tuneline.core.pipeline.keys import heldout_rows
     from tuneline.core.templates.conversation import get_template
 
     tokenizer = load_tokenizer(Path(tokenized_path) / TOKENIZER_DIR)
     model = load_for_inference(model_path, adapter_path=adapter_path)
     metrics = validation_loss(model, tokenized_path, tokenizer=tokenizer)
-    rows = heldout_rows(settings, config)
     predictions: list[dict[str, str]] = []
     if rows:
         template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
-        answers = greedy_answers(model, tokenizer, rows, template=template, max_new_tokens=settings.max_new_tokens)
+        answers = greedy_answers(model, tokenizer, rows, template=template, max_new_tokens=max_new_tokens)
         metrics["answer_f1"] = answer_score(answers, rows)
         predictions = [
             {"prompt": row["prompt"][-1]["content"], "predict": answer, "label": row["response"][0]["content"]}

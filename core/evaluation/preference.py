@@ -45,7 +45,7 @@ def pair_logps(
     model: PreTrainedModel, pairs: Dataset, *, batch_size: int = 16, adapter_off: bool = False
 ) -> PairLogps:
     """Reply log-probabilities of `model` for every pair; `adapter_off` switches a LoRA model's adapter off."""
-    check_columns(pairs, stage="dpo")
+    check_columns(pairs, examples="pairwise")
     context = model.disable_adapter() if adapter_off else contextlib.nullcontext()
     with context:
         chosen, chosen_tokens = sequence_logps(model, pairs["chosen_input_ids"], pairs["chosen_labels"],

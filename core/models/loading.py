@@ -7,11 +7,12 @@ from safetensors only, unless `allow_pickle_weights` trusts pickle (.bin) files.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from tuneline.core.models.adapters import adapter_paths, apply_lora, linear_module_names, loraplus_optimizer, pickle_weights_message
+from tuneline.core.models.adapters import ADAPTER_CONFIG, adapter_paths, apply_lora, load_adapter, linear_module_names, loraplus_optimizer, pickle_weights_message
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.freeze import apply_freeze, apply_full
@@ -21,9 +22,11 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["apply_finetuning", "count_parameters", "linear_module_names", "load_model", "load_tokenizer",
+__all__ = ["apply_finetuning", "count_parameters", "linear_module_names", "load_model", "load_reward_model", "load_tokenizer",
            "loraplus_optimizer", "method_problems", "trainable_summary"]
 
+# The model class on the backbone: a causal LM, or a one-output scoring head (sequence classification).
+Head = Literal["causal_lm", "score"]
 # LLaMA-Factory's `flash_attn` values and the attention implementation transformers calls them.
 ATTENTION = {"auto": None, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -51,29 +54,34 @@ def load_model(
     model: ModelConfig | None = None,
     vocab_size: int | None = None,
     training: Mapping[str, Any] | None = None,
+    head: Head = "causal_lm",
 ) -> PreTrainedModel:
-    """The causal LM in the compute dtype, with the chosen attention, quantized when asked, its
-    embeddings resized to `vocab_size` if larger."""
-    from transformers import AutoModelForCausalLM
+    """The model at `path` in the compute dtype, with the chosen attention, quantized when asked, its
+    embeddings resized to `vocab_size` if larger: a causal LM (policies and references), or with
+    `head="score"` the same backbone with a one-output scoring head (reward models; the head is new
+    and random unless `path` saved one). Both pass the same checks (pickle weights, remote code)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     model = model or ModelConfig()
-    config = _load_config(path, model)
+    config = _load_config(path, model, **({"num_labels": 1} if head == "score" else {}))
     dtype = compute_dtype(training or {}, config=config)
     quantization = quantization_config(model, compute_dtype=dtype)
     _check_weights_format(path, model)
+    model_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(
-            str(path),
-            config=config,
-            dtype=dtype,
-            attn_implementation=attention_implementation(model.flash_attn),
-            quantization_config=quantization,
-            device_map=quantized_device_map() if quantization else None,
-            trust_remote_code=model.trust_remote_code,
-            revision=model.model_revision,
-            cache_dir=model.cache_dir,
-            use_safetensors=None if model.allow_pickle_weights else True,
-        )
+        with _new_head_expected(head):
+            loaded = model_class.from_pretrained(
+                str(path),
+                config=config,
+                dtype=dtype,
+                attn_implementation=attention_implementation(model.flash_attn),
+                quantization_config=quantization,
+                device_map=quantized_device_map() if quantization else None,
+                trust_remote_code=model.trust_remote_code,
+                revision=model.model_revision,
+                cache_dir=model.cache_dir,
+                use_safetensors=None if model.allow_pickle_weights else True,
+            )
     except OSError as e:
         if "safetensors" in str(e) and not Path(path).is_dir():
             raise ConfigError(f"'model_name_or_path: {path}' has no safetensors weights on the Hugging Face Hub, and "
@@ -85,6 +93,42 @@ def load_model(
     if vocab_size is not None and vocab_size > loaded.get_input_embeddings().num_embeddings:
         loaded.resize_token_embeddings(vocab_size)
     return loaded
+
+
+def _new_head_expected(head: Head):
+    """A causal LM's weights lack the scoring head on purpose; transformers would warn that it is new."""
+    if head != "score":
+        return contextlib.nullcontext()
+    from trl.trainer.reward_trainer import suppress_seqcls_warning
+
+    return suppress_seqcls_warning()
+
+
+def load_reward_model(
+    path: str | Path, *, base_model: str | Path | None = None, model: ModelConfig | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A trained reward model (a stage rm output) and its tokenizer, in eval mode.
+
+    `path` holds full weights, or a LoRA adapter whose base is `base_model` (default: the base
+    recorded in the adapter's config). `model` holds the rm stage's model settings: the adapters its
+    `adapter_name_or_path` lists were merged into the base before training, and are merged again
+    here, then the reward adapter.
+    """
+    folder = Path(path)
+    model = model or ModelConfig()
+    tokenizer = load_tokenizer(folder, model=model)
+    if (folder / ADAPTER_CONFIG).is_file():
+        from peft import PeftConfig, PeftModel
+
+        base = base_model or PeftConfig.from_pretrained(str(folder)).base_model_name_or_path
+        reward = load_model(base, model=model, vocab_size=len(tokenizer), head="score")
+        for adapter in adapter_paths(model):
+            reward = load_adapter(reward, adapter, model_config=model, trainable=False).merge_and_unload()
+        reward = PeftModel.from_pretrained(reward, str(folder)).merge_and_unload()
+    else:
+        reward = load_model(folder, model=model, vocab_size=len(tokenizer), head="score")
+    reward.config.pad_token_id = tokenizer.pad_token_id
+    return reward.eval(), tokenizer
 
 
 def compute_dtype(training: Mapping[str, Any], *, config: PretrainedConfig) -> torch.dtype:
@@ -211,12 +255,12 @@ def trainable_summary(model: PreTrainedModel) -> str:
     return f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
 
 
-def _load_config(path: str | Path, model: ModelConfig) -> PretrainedConfig:
+def _load_config(path: str | Path, model: ModelConfig, **overrides: Any) -> PretrainedConfig:
     from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(str(path), trust_remote_code=model.trust_remote_code,
-                                          revision=model.model_revision, cache_dir=model.cache_dir)
+                                          revision=model.model_revision, cache_dir=model.cache_dir, **overrides)
     except OSError as e:
         raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
     except ValueError as e:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuneline.core.models.base_model import build_base_model
 from tuneline.core.config import StageConfig
-from tuneline.core.data.tokenization import dataset_fingerprints, entry_fingerprint, read_rows
+from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, read_rows
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
+from tuneline.core.data.sources import dataset_file_paths
 from tuneline.core.store.fingerprints import stage_key
 from tuneline.core.pipeline.spec import BaseStage, EvaluateSettings, ExportSettings, Pipeline, TrainingStage
 
@@ -31,24 +33,72 @@ def output_relevant(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in sorted(values.items()) if k not in _NOT_OUTPUT}
 
 
-def pipeline_dataset_fingerprints(pipeline: Pipeline) -> dict[str, str]:
-    """Content digest of every dataset any stage of `pipeline` reads (validating the entries)."""
-    fingerprints: dict[str, str] = {}
-    for stage in pipeline.stages:
-        if isinstance(stage, BaseStage):
-            fingerprints.update(base_key(stage)[1])
-        else:
-            fingerprints.update(dataset_fingerprints(stage.config))
-            if pipeline.evaluate and pipeline.evaluate.stage == stage.name:
-                fingerprints.update(heldout_fingerprints(pipeline.evaluate, stage.config))
-    return fingerprints
+@dataclass(frozen=True)
+class PipelineFingerprints:
+    """The content digest of every dataset a pipeline reads, hashed once per flow run (the
+    register_datasets task) and handed to the key functions, which then hash nothing."""
+
+    stages: Mapping[str, Mapping[str, str]]
+    """Stage name -> {dataset name: digest} of what it reads (a base stage: its corpus)."""
+    heldout: Mapping[str, str]
+    """The evaluate section's held-out dataset."""
+
+    def all(self) -> dict[str, str]:
+        """By dataset name: what the parent run records as its inputs and lineage tags name."""
+        merged: dict[str, str] = {}
+        for digests in self.stages.values():
+            merged.update(digests)
+        return {**merged, **self.heldout}
+
+
+def pipeline_dataset_fingerprints(pipeline: Pipeline) -> PipelineFingerprints:
+    """Hash every dataset any stage of `pipeline` reads, each (folder, entry) once."""
+    digests: dict[tuple[str, str], str] = {}
+
+    def digest(names: list[str], dataset_dir: str) -> dict[str, str]:
+        for attr in get_dataset_attrs(names, dataset_dir):
+            if (dataset_dir, attr.name) not in digests:
+                digests[dataset_dir, attr.name] = entry_fingerprint(attr, dataset_dir)
+        return {name: digests[dataset_dir, name] for name in names}
+
+    stages = {stage.name: digest(stage_datasets(stage), stage_dataset_dir(stage)) for stage in pipeline.stages}
+    heldout: dict[str, str] = {}
+    if pipeline.evaluate and pipeline.evaluate.dataset:
+        config = pipeline.stage(pipeline.evaluate.stage).config
+        heldout = digest([pipeline.evaluate.dataset], config.data.dataset_dir)
+    return PipelineFingerprints(stages=stages, heldout=heldout)
+
+
+def check_pipeline_datasets(pipeline: Pipeline) -> None:
+    """Every dataset entry the pipeline names exists and its files are there, checked without
+    reading them (the flow's register_datasets hashes them, once)."""
+    named = [(stage_datasets(stage), stage_dataset_dir(stage)) for stage in pipeline.stages]
+    if pipeline.evaluate and pipeline.evaluate.dataset:
+        named.append(([pipeline.evaluate.dataset], pipeline.stage(pipeline.evaluate.stage).config.data.dataset_dir))
+    for names, dataset_dir in named:
+        for attr in get_dataset_attrs(names, dataset_dir):
+            dataset_file_paths(attr, dataset_dir)
+
+
+def stage_datasets(stage: BaseStage | TrainingStage) -> list[str]:
+    if isinstance(stage, BaseStage):
+        return list(stage.corpus)
+    return dataset_names(stage.config.data.dataset) + dataset_names(stage.config.data.eval_dataset)
+
+
+def stage_dataset_dir(stage: BaseStage | TrainingStage) -> str:
+    return stage.dataset_dir if isinstance(stage, BaseStage) else stage.config.data.dataset_dir
 
 
 # -- build_base --------------------------------------------------------------------------------
 
-def base_key(stage: BaseStage) -> tuple[str, dict[str, str]]:
-    attrs = get_dataset_attrs(stage.corpus, stage.dataset_dir)
-    inputs = {a.name: entry_fingerprint(a, stage.dataset_dir) for a in attrs}
+def base_key(stage: BaseStage, *, fingerprints: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """Decided by the build settings and the corpus; `fingerprints` (the run's digests of the
+    corpus) saves hashing it again."""
+    if fingerprints is None:
+        attrs = get_dataset_attrs(stage.corpus, stage.dataset_dir)
+        fingerprints = {a.name: entry_fingerprint(a, stage.dataset_dir) for a in attrs}
+    inputs = dict(fingerprints)
     config = {**dataclasses.asdict(stage.build), "corpus": list(stage.corpus)}
     return stage_key("base", config=config, inputs=inputs), inputs
 
@@ -63,8 +113,11 @@ def run_build_base(stage: BaseStage, output_dir: Path) -> dict[str, int]:
 
 # -- tokenize ----------------------------------------------------------------------------------
 
-def tokenize_key(stage: TrainingStage, *, tokenizer_key: str) -> tuple[str, dict[str, str]]:
-    """Decided by the data settings, the stage kind, the split seed, the tokenizer and the data."""
+def tokenize_key(
+    stage: TrainingStage, *, tokenizer_key: str, fingerprints: Mapping[str, str] | None = None
+) -> tuple[str, dict[str, str]]:
+    """Decided by the data settings, the stage kind, the split seed, the tokenizer and the data;
+    `fingerprints` (the run's digests of the stage's datasets) saves hashing them again."""
     config = stage.config
     relevant = {
         **dataclasses.asdict(config.data),
@@ -72,7 +125,7 @@ def tokenize_key(stage: TrainingStage, *, tokenizer_key: str) -> tuple[str, dict
         "seed": config.training.get("seed", 42),
         "use_fast_tokenizer": config.model.use_fast_tokenizer,
     }
-    inputs = dataset_fingerprints(config)
+    inputs = dict(fingerprints) if fingerprints is not None else dataset_fingerprints(config)
     return stage_key("tokenize", config=output_relevant(relevant), upstream={"tokenizer": tokenizer_key}, inputs=inputs), inputs
 
 

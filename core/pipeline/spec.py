@@ -34,18 +34,16 @@ from typing import Any
 from tuneline.core.models.base_model import BaseModelConfig
 from tuneline.core.config import (
     StageConfig,
-    build_stage_config,
     coerce_fields,
     parse_overrides,
     read_yaml,
     unsupported_for_training,
 )
 from tuneline.core.errors import ConfigError, nearest
+from tuneline.core.stages.registry import DEFAULT_STAGE, STAGE_NAMES, build_stage_config, kinds_with, stage_kind
 from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, load_promote_function, settings_problems
 
-TRAINING_KINDS = ("pt", "sft", "rm", "dpo", "kto", "ppo")
-BASE_KIND = "build_base"
-REWARD_KIND = "rm"
+BASE_KIND = "build_base"  # the pipeline's own stage: the project's tiny base model, built from a corpus
 REFERENCE_KEYS = ("ref_model", "reward_model")
 _TOP_KEYS = ("name", "workspace", "defaults", "stages", "evaluate", "export", "register")
 _STAGE_META_KEYS = ("name", "from", "stage")
@@ -69,6 +67,11 @@ class TrainingStage:
     @property
     def kind(self) -> str:
         return self.config.finetuning.stage
+
+    @property
+    def produces_policy(self) -> bool:
+        """Whether its output is a causal LM (to start from, merge, evaluate, export), not a reward model."""
+        return stage_kind(self.kind).produces_policy
 
     def links(self) -> dict[str, str]:
         """Every stage this one needs, by the key that names it (`from`, `ref_model`, `reward_model`)."""
@@ -196,14 +199,14 @@ def _build_stage(
         problems.append(f"stage #{index + 1} must be a mapping with a 'name'.")
         return None
     name = str(entry["name"])
-    kind = entry.get("stage", "sft")
+    kind = entry.get("stage", DEFAULT_STAGE)
     if kind == BASE_KIND:
         shared = {k: v for k, v in everywhere.items() if k in BASE_KEYS or k == "dataset_dir"}
         return _build_base(name, {**entry, **shared, **per_stage.get(name, {})}, defaults, problems)
     shared = {k: v for k, v in everywhere.items() if k not in BASE_KEYS}
     values = {**entry, **shared, **per_stage.get(name, {})}
-    if kind not in TRAINING_KINDS:
-        problems.append(f"stage '{name}': 'stage: {kind}' is not supported; choose one of {', '.join((BASE_KIND, *TRAINING_KINDS))}.")
+    if kind not in STAGE_NAMES:
+        problems.append(f"stage '{name}': 'stage: {kind}' is not supported; choose one of {', '.join((BASE_KIND, *STAGE_NAMES))}.")
         return None
     flat = {**{k: v for k, v in defaults.items() if k not in BASE_KEYS}, **{k: v for k, v in values.items() if k not in ("name", "from")}}
     try:
@@ -299,17 +302,22 @@ def _dag_problems(stages: list[BaseStage | TrainingStage]) -> list[str]:
 
 def _link_kind_problems(stage: TrainingStage, key: str, target: BaseStage | TrainingStage) -> list[str]:
     """`reward_model` must name an rm stage; `from` and `ref_model` a policy (an rm output is no causal LM)."""
-    is_reward = isinstance(target, TrainingStage) and target.kind == REWARD_KIND
+    is_reward = isinstance(target, TrainingStage) and not target.produces_policy
+    rewarders = " or ".join(kinds_with(output="reward_model"))
     if key == "reward_model" and not is_reward:
         kind = target.kind if isinstance(target, TrainingStage) else BASE_KIND
         return [f"stage '{stage.name}' has 'reward_model: {target.name}', but stage '{target.name}' is a {kind} stage; "
-                f"'reward_model' must name an rm stage."]
+                f"'reward_model' must name an {rewarders} stage."]
     if key != "reward_model" and is_reward:
-        return [f"stage '{stage.name}' has '{key}: {target.name}', but stage '{target.name}' is an rm stage: a reward model "
-                f"is no policy (not a causal LM); name a build_base, pt, sft, dpo, kto or ppo stage instead."]
-    if key == "ref_model" and stage.kind not in ("dpo", "kto", "ppo"):
-        return [f"stage '{stage.name}' has 'ref_model: {target.name}', but only dpo, kto and ppo stages use a reference "
-                f"model; remove 'ref_model' or make the stage dpo, kto or ppo."]
+        policies = ", ".join((BASE_KIND, *kinds_with(output="policy")))
+        return [f"stage '{stage.name}' has '{key}: {target.name}', but stage '{target.name}' is an {target.kind} stage: a "
+                f"reward model is no policy (not a causal LM); name a {policies} stage instead."]
+    if key in REFERENCE_KEYS and key not in stage_kind(stage.kind).references:
+        readers = kinds_with(reference=key)
+        listed = f"{', '.join(readers[:-1])} and {readers[-1]}" if len(readers) > 1 else readers[0]
+        return [f"stage '{stage.name}' has '{key}: {target.name}', but only {listed} stages use a "
+                f"{key.replace('_', ' ').replace('ref ', 'reference ')}; remove '{key}' or make the stage "
+                f"{', '.join(readers[:-1]) + ' or ' if len(readers) > 1 else ''}{readers[-1]}."]
     return []
 
 
@@ -338,14 +346,14 @@ def _cycle_problems(by_name: Mapping[str, BaseStage | TrainingStage]) -> list[st
 
 def _section_kind_problems(stages: list[BaseStage | TrainingStage], raw: Mapping[str, Any]) -> list[str]:
     """`evaluate` and `export` generate from or merge a causal LM, which an rm stage does not produce."""
-    reward = {s.name for s in stages if isinstance(s, TrainingStage) and s.kind == REWARD_KIND}
+    reward = {s.name for s in stages if isinstance(s, TrainingStage) and not s.produces_policy}
     problems = []
     for section, keys in (("evaluate", ("stage", "baseline")), ("export", ("stage",))):
         values = raw.get(section)
         for key in keys if isinstance(values, Mapping) else ():
             if values.get(key) in reward:
                 problems.append(f"'{section}.{key}: {values[key]}' names an rm stage, whose reward model is not a "
-                                f"causal LM; name a pt, sft, dpo, kto or ppo stage.")
+                                f"causal LM; name a {', '.join(kinds_with(output='policy'))} stage.")
     return problems
 
 

@@ -1,113 +1,92 @@
-"""The model and trainer of each training stage, and its held-out metrics: one entry per stage.
+"""The registry of stage kinds: the one list of the stage names, and the checks that depend on them.
 
-`run_training` loads the tokenizer and the tokenized splits, then asks this module for the stage's
-model (a causal LM, or a sequence-classification model for rm), its ready trainer (transformers'
-for pt and sft, TRL's for rm, dpo and kto) and, after training, the metrics that say how good the
-result is on the validation split.
+Every other part of tuneline asks here what a stage kind is (`stage_kind`), never compares a stage
+name itself. `build_stage_config` is where a stage's YAML becomes a checked `StageConfig`: the
+config layer's own checks, then the method's, then the kind's, all problems reported at once.
+Adding a kind is one module under `core/stages/` and one entry in `KINDS`
+(docs/ARCHITECTURE.md, "Adding a stage kind").
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-from tuneline.core.config import FinetuningConfig, ModelConfig
-from tuneline.core.errors import ConfigError
+from tuneline.core.config import StageConfig, parse_overrides, read_stage_config, read_yaml
+from tuneline.core.errors import ConfigError, nearest
+from tuneline.core.models.loading import method_problems
+from tuneline.core.stages.dpo import DPO
+from tuneline.core.stages.kind import StageKind
+from tuneline.core.stages.kto import KTO
+from tuneline.core.stages.ppo.stage import PPO
+from tuneline.core.stages.pt import PT
+from tuneline.core.stages.rm import RM
+from tuneline.core.stages.sft import SFT
 
-if TYPE_CHECKING:
-    from datasets import DatasetDict
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
-
-TRAINABLE_STAGES = ("pt", "sft", "rm", "dpo", "kto", "ppo")  # ppo trains in `core.ppo`, not a trainer
-
-
-def load_stage_model(
-    stage: str, model_path: str, *, tokenizer: PreTrainedTokenizerBase, finetuning: FinetuningConfig,
-    model_config: ModelConfig, training: Mapping[str, Any],
-) -> PreTrainedModel:
-    """The model the stage trains, with its method (LoRA, freeze, full, QLoRA) applied."""
-    if stage == "rm":
-        from tuneline.core.stages.reward import load_reward_base, prepare_reward_model
-
-        model = load_reward_base(model_path, model=model_config, vocab_size=len(tokenizer), training=training)
-        return prepare_reward_model(model, finetuning, model_config=model_config, training=training)
-    from tuneline.core.models.loading import apply_finetuning, load_model
-
-    model = load_model(model_path, model=model_config, vocab_size=len(tokenizer), training=training)
-    return apply_finetuning(model, finetuning, model_config=model_config, training=training)
+KINDS: dict[str, StageKind] = {kind.name: kind for kind in (PT, SFT, RM, DPO, KTO, PPO)}
+STAGE_NAMES = tuple(KINDS)
+DEFAULT_STAGE = SFT.name  # what `stage` means when a config leaves it out
 
 
-def build_stage_trainer(
-    stage: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, datasets: DatasetDict, *,
-    finetuning: FinetuningConfig, model_config: ModelConfig, args: TrainingArguments, callbacks: Sequence[TrainerCallback],
-) -> Trainer:
-    if stage not in _BUILDERS:
-        raise ConfigError(f"stage '{stage}' cannot be trained by this version; choose one of {', '.join(TRAINABLE_STAGES)}.")
-    return _BUILDERS[stage](model, tokenizer, train_dataset=datasets["train"],
-                            eval_dataset=datasets["validation"] if "validation" in datasets else None,
-                            finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks)
+def stage_kind(name: str) -> StageKind:
+    """The kind called `name`, or a ConfigError listing the kinds there are."""
+    if name in KINDS:
+        return KINDS[name]
+    guess = nearest(name, KINDS)
+    raise ConfigError(f"'stage: {name}' is not a stage kind" + (f"; did you mean '{guess}'?" if guess else "")
+                      + f" Choose one of {', '.join(STAGE_NAMES)}.")
 
 
-def held_out_metrics(
-    stage: str, trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation, *, finetuning: FinetuningConfig
-) -> dict[str, float]:
-    """The trainer's evaluation of the `validation` split (tuneline's columns), plus what judges the
-    stage's result: perplexity (pt, sft), reward accuracy and margin (rm), preference accuracy and
-    margins (dpo)."""
-    metrics = dict(trainer.evaluate())
-    if stage in ("pt", "sft"):
-        metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
-    elif stage == "rm":
-        from tuneline.core.stages.reward import evaluate_reward_model
-
-        metrics.update({f"eval_rm_{k}": v for k, v in evaluate_reward_model(trainer.model, tokenizer, validation).items()})
-    elif stage == "dpo":
-        from tuneline.core.evaluation.preference import evaluate_preference
-
-        found = evaluate_preference(trainer.model, validation, beta=finetuning.pref_beta, reference=getattr(trainer, "ref_model", None))
-        metrics.update({f"eval_pref_{k}": v for k, v in found.items()})
-    return metrics
+def kinds_with(*, output: str | None = None, reference: str | None = None) -> tuple[str, ...]:
+    """Names of the kinds that produce `output` and/or read `reference`, for messages and checks."""
+    return tuple(name for name, kind in KINDS.items()
+                 if (output is None or kind.output == output) and (reference is None or reference in kind.references))
 
 
-def _language_model_trainer(model, tokenizer, *, train_dataset, eval_dataset, finetuning, model_config, args, callbacks):
-    from transformers import Trainer
-
-    from tuneline.core.models.loading import loraplus_optimizer
-    from tuneline.core.training.job import build_collator
-
-    return Trainer(
-        model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-        data_collator=build_collator(train_dataset, tokenizer=tokenizer, model=model), processing_class=tokenizer,
-        optimizers=(loraplus_optimizer(model, finetuning=finetuning, args=args), None), callbacks=list(callbacks),
-    )
-
-
-def _reward_trainer(model, tokenizer, *, train_dataset, eval_dataset, finetuning, model_config, args, callbacks):
-    from tuneline.core.stages.reward import build_reward_trainer
-
-    return build_reward_trainer(model, tokenizer, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                                finetuning=finetuning, args=args, callbacks=callbacks)
+def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> StageConfig:
+    """Split, type-check and cross-check a flat LLaMA-Factory mapping; all problems at once."""
+    config, problems = read_stage_config(raw)
+    if config.finetuning.stage not in KINDS:
+        guess = nearest(config.finetuning.stage, KINDS)
+        problems.append(f"'stage': got {config.finetuning.stage!r}; choose one of {', '.join(STAGE_NAMES)}"
+                        + (f" (did you mean '{guess}'?)" if guess else ""))
+    else:
+        kind = KINDS[config.finetuning.stage]
+        problems.extend(method_problems(config.model, config.finetuning))
+        problems.extend(predict_problems(config, kind))
+        problems.extend(kind.config_problems(config))
+    if problems:
+        raise ConfigError(problems, source=source)
+    return config
 
 
-def _dpo_trainer(model, tokenizer, *, train_dataset, eval_dataset, finetuning, model_config, args, callbacks):
-    from tuneline.core.stages.preference import build_dpo_trainer
-
-    return build_dpo_trainer(model, tokenizer, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                             finetuning=finetuning, args=args, callbacks=callbacks, model_config=model_config)
-
-
-def _kto_trainer(model, tokenizer, *, train_dataset, eval_dataset, finetuning, model_config, args, callbacks):
-    from tuneline.core.stages.preference import build_kto_trainer
-
-    return build_kto_trainer(model, tokenizer, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                             finetuning=finetuning, args=args, callbacks=callbacks, model_config=model_config)
+def load_stage_config(path: str | Path, overrides: list[str] | None = None) -> StageConfig:
+    raw = read_yaml(path)
+    raw.update(parse_overrides(overrides or []))
+    return build_stage_config(raw, source=str(path))
 
 
-_BUILDERS: dict[str, Callable[..., Trainer]] = {
-    "pt": _language_model_trainer,
-    "sft": _language_model_trainer,
-    "rm": _reward_trainer,
-    "dpo": _dpo_trainer,
-    "kto": _kto_trainer,
-}
+def predict_problems(config: StageConfig, kind: StageKind) -> list[str]:
+    """`do_predict` / `predict_with_generate` settings that could not work, found before any training."""
+    do_predict, with_generate = config.training.get("do_predict"), config.training.get("predict_with_generate")
+    problems = []
+    if do_predict and not with_generate:
+        problems.append("'do_predict: true' needs 'predict_with_generate: true' (answers are generated and scored); set it or remove do_predict.")
+    if with_generate and not kind.predicts:
+        predicting = " or ".join(name for name, k in KINDS.items() if k.predicts)
+        problems.append(f"'predict_with_generate: true' is for stage {predicting}, not '{kind.name}'; remove it.")
+    if do_predict and with_generate and not (config.data.eval_dataset or config.data.val_size):
+        problems.append("'do_predict: true' needs a predict set: name 'eval_dataset' or hold rows out with 'val_size'.")
+    if do_predict and with_generate and config.data.train_on_prompt:
+        problems.append("'do_predict: true' finds where each prompt ends from the label mask, which 'train_on_prompt: true' "
+                        "removes; remove one of the two.")
+    return problems
+
+
+def tokenize_stage_data(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
+    """The stage's datasets tokenized to `output_dir` in the shape its kind trains on; the counters."""
+    from tuneline.core.data.tokenization import tokenize_dataset
+
+    return tokenize_dataset(config, examples=stage_kind(config.finetuning.stage).examples, tokenizer_path=tokenizer_path,
+                            output_dir=output_dir)

@@ -7,6 +7,12 @@ directory is kept when the work fails only for writers that resume (training che
 Several processes may share a workspace: `artifact_lock` holds an exclusive `flock` on
 `.<key>.lock` beside the artifact while one of them computes it, so the others wait and then find
 it finished instead of writing the same draft at once.
+
+The manifest records every file's size and sha256 (`core.store.integrity`). An artifact found
+damaged is never served: it is moved aside to `.<key>.damaged` (kept for inspection until
+`tuneline gc`) and computed again. `tuneline verify` marks the damaged artifacts it finds by
+replacing their manifest with `damage.json` (what it found): for every reader they no longer
+exist, and the next run sets them aside and says why it recomputes them.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuneline.core.store.integrity import record_files
 from tuneline.core.store.locks import file_lock
 
 MANIFEST = "manifest.json"
+DAMAGE_NOTE = "damage.json"  # what `tuneline verify` found, in place of the manifest
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,10 @@ def partial_path(workspace: str | Path, kind: str, key: str) -> Path:
 
 def lock_path(workspace: str | Path, kind: str, key: str) -> Path:
     return Path(workspace) / "artifacts" / kind / f".{key}.lock"
+
+
+def damaged_path(workspace: str | Path, kind: str, key: str) -> Path:
+    return Path(workspace) / "artifacts" / kind / f".{key}.damaged"
 
 
 def artifact_lock(
@@ -105,6 +117,9 @@ def write_artifact(
         if not keep_partial:  # nothing worth resuming from: leave no half-written files behind
             shutil.rmtree(draft_dir, ignore_errors=True)
         raise
+    tmp_manifest = draft_dir / f".{MANIFEST}.tmp"
+    for leftover in (tmp_manifest, draft_dir / MANIFEST):  # an attempt killed while finishing: not files of the artifact
+        leftover.unlink(missing_ok=True)
     manifest = {
         "kind": kind,
         "key": key,
@@ -112,21 +127,43 @@ def write_artifact(
         "config": dict(config),
         "metrics": draft.metrics,
         **draft.extra,
-        "files": _file_sizes(draft_dir),
+        "files": record_files(draft_dir),  # hashed once, here; cache hits compare sizes only
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    tmp_manifest = draft_dir / f".{MANIFEST}.tmp"
     tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str), encoding="utf-8")
     os.replace(tmp_manifest, draft_dir / MANIFEST)
-    if final.exists():  # an equal artifact landed meanwhile (same key, same content): keep it
+    if read_manifest(final) is not None:  # an equal artifact landed meanwhile (same key, same content): keep it
         shutil.rmtree(draft_dir)
         return
+    if final.exists():  # a folder `tuneline verify` marked damaged: it gives way
+        set_aside(final)
     os.replace(draft_dir, final)
 
 
-def _file_sizes(root: Path) -> dict[str, int]:
-    return {
-        f.relative_to(root).as_posix(): f.stat().st_size
-        for f in sorted(root.rglob("*"))
-        if f.is_file() and f.name != f".{MANIFEST}.tmp"
-    }
+def set_aside(path: Path) -> Path:
+    """Move a damaged artifact folder to `.<key>.damaged` beside it (replacing an older one there),
+    out of every reader's sight; return where it went."""
+    target = path.with_name(f".{path.name}.damaged")
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(path, target)
+    return target
+
+
+def mark_damaged(artifact: Artifact, problems: list[str]) -> None:
+    """Replace the manifest with a note of `problems`: the artifact stops existing for readers, and
+    the run that recomputes it reads why. The note is written before the manifest goes, so an
+    interrupted mark leaves the artifact as it was, never unmarked and unlisted."""
+    note = {"problems": problems, "manifest": dict(artifact.manifest)}
+    tmp_note = artifact.path / f".{DAMAGE_NOTE}.tmp"
+    tmp_note.write_text(json.dumps(note, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp_note, artifact.path / DAMAGE_NOTE)
+    (artifact.path / MANIFEST).unlink()
+
+
+def damage_noted(path: Path) -> list[str] | None:
+    """The problems `mark_damaged` noted in the folder `path`, or None when it holds no note."""
+    file = path / DAMAGE_NOTE
+    if not file.is_file():
+        return None
+    return list(json.loads(file.read_text(encoding="utf-8")).get("problems") or ["marked damaged"])

@@ -12,7 +12,8 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,6 +88,27 @@ def start_run(
 
 def end_run(uri: str, run_id: str, *, failed: bool = False) -> None:
     client(uri).set_terminated(run_id, status="FAILED" if failed else "FINISHED")
+
+
+@contextmanager
+def tracked_run(
+    uri: str,
+    experiment_id: str,
+    *,
+    name: str,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> Iterator[str]:
+    """Open a run (a child of `parent_run_id` if given) and yield its id; it ends FINISHED when the
+    block does, FAILED when the block raises (the exception goes on). A killed process leaves it
+    RUNNING: `end_abandoned_run` ends it later."""
+    run_id = start_run(uri, experiment_id, name=name, parent_run_id=parent_run_id, tags=tags)
+    try:
+        yield run_id
+    except BaseException:
+        end_run(uri, run_id, failed=True)
+        raise
+    end_run(uri, run_id)
 
 
 def end_abandoned_run(uri: str, run_id: str, *, status: str = "KILLED") -> bool:

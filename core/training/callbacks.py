@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from tuneline.core.tracking import runs as tracking
-from tuneline.core.training.throughput import Peak, TokenCounter, device_peak, flops_per_token, mfu
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
+from tuneline.core.training.outputs import TrainingLog
+from tuneline.core.training.throughput import Peak, TokenCounter, device_peak, flops_per_token, mfu
 
 if TYPE_CHECKING:
     from transformers import (
@@ -56,9 +56,7 @@ class LogCallback(TrainerCallback):
     """Writes one JSON line per logging step, prints it compactly, and mirrors it to an MLflow run."""
 
     def __init__(self, output_dir: str | Path, *, tracking_uri: str | None, run_id: str | None) -> None:
-        self.log_path = Path(output_dir) / LOG_FILE
-        self.tracking_uri = tracking_uri
-        self.run_id = run_id
+        self.log = TrainingLog(output_dir, tracking_uri=tracking_uri, run_id=run_id)
         self.counter = TokenCounter(pad_token_id=None)
         self.start = time.monotonic()
         self.start_step = 0
@@ -104,16 +102,10 @@ class LogCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         record = self._record(args, state, logs)
-        if "loss" in record or "eval_loss" in record:  # the end-of-training summary is not a step
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-            if args.disable_tqdm:
-                print(progress_line(record), flush=True)
-        if self.tracking_uri and self.run_id:
-            numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
-            numbers.update({k: record[k] for k in THROUGHPUT_KEYS if k in record})
-            tracking.log_metrics(self.tracking_uri, self.run_id, numbers, step=state.global_step)
+        numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
+        numbers.update({k: record[k] for k in THROUGHPUT_KEYS if k in record})
+        is_step = "loss" in record or "eval_loss" in record  # the end-of-training summary is not a step
+        self.log.write(record if is_step else None, metrics=numbers, step=state.global_step, echo=args.disable_tqdm)
 
     def _record(self, args: TrainingArguments, state: TrainerState, logs: dict[str, Any]) -> dict[str, Any]:
         """The trainer_log.jsonl line for `logs`: LLaMA-Factory's keys first, then tuneline's."""
@@ -150,21 +142,6 @@ class LogCallback(TrainerCallback):
                         peak_flops=self.peak.flops * processes)
             numbers["mfu"] = float(f"{share:.4g}")
         return numbers
-
-
-def progress_line(record: dict[str, Any]) -> str:
-    """One compact console line for a trainer_log.jsonl record."""
-    parts = []
-    for key, fmt in (("loss", ".4f"), ("eval_loss", ".4f"), ("lr", ".2e"), ("grad_norm", ".3g"), ("epoch", ".2f")):
-        if key in record:
-            parts.append(f"{key} {record[key]:{fmt}}")
-    if "tokens_per_second" in record:
-        parts.append(f"tok/s {record['tokens_per_second']:,.0f} (all {record['all_tokens_per_second']:,.0f}, "
-                     f"pad {100 * record['padding_ratio']:.1f}%)")
-    if "mfu" in record:
-        parts.append(f"MFU {100 * record['mfu']:.3g}%")
-    parts.append(f"{record['elapsed_time']} < {record['remaining_time']}")
-    return f"[step {record['current_steps']}/{record['total_steps']} {record['percentage']:.1f}%] " + " | ".join(parts)
 
 
 def _peak_line(peak: Peak | None, *, processes: int) -> str:

@@ -14,11 +14,16 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
+from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE, rotate_checkpoints
 
 
 class CheckpointRecord(TrainerCallback):
-    """Writes `checkpoint-N/tuneline_checkpoint.json` after all processes saved checkpoint N."""
+    """Writes `checkpoint-N/tuneline_checkpoint.json` after all processes saved checkpoint N, then
+    keeps the newest `limit` checkpoints (`save_total_limit`, which tuneline applies itself for
+    every stage kind, so that only complete checkpoints count; see `rotate_checkpoints`)."""
+
+    def __init__(self, *, limit: int | None = None) -> None:
+        self.limit = limit
 
     def on_save(self, args, state, control, **kwargs):
         import torch.distributed as dist
@@ -28,6 +33,7 @@ class CheckpointRecord(TrainerCallback):
         if state.is_world_process_zero:
             write_record(Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}",
                          step=state.global_step, world_size=args.world_size)
+            rotate_checkpoints(args.output_dir, limit=self.limit, keep=state.best_model_checkpoint)
 
 
 def write_record(folder: Path, *, step: int, world_size: int) -> Path:

@@ -41,6 +41,18 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=checkpoint_step, reverse=True)
 
 
+def rotate_checkpoints(output_dir: str | Path, *, limit: int | None, keep: str | Path | None = None) -> list[Path]:
+    """Remove all but the newest `limit` checkpoints (`save_total_limit`; None or 0 keeps all), never
+    `keep` (the best checkpoint when the run tracks one); the folders removed."""
+    if not limit:
+        return []
+    protected = Path(keep).resolve() if keep else None
+    stale = [p for p in checkpoints(output_dir)[limit:] if p.resolve() != protected]
+    for folder in stale:
+        shutil.rmtree(folder)
+    return stale
+
+
 def incomplete_reason(path: Path) -> str | None:
     """Why the checkpoint at `path` cannot be resumed from, or None when it is complete."""
     state = _read_json(path / TRAINER_STATE)

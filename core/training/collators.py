@@ -120,3 +120,12 @@ class PackedCollator:
             return flatten_for_varlen(batch)
         dtype = None if self.attn_implementation == "sdpa" else self.mask_dtype
         return {**batch, "attention_mask": block_causal_mask(batch["attention_mask"], dtype=dtype)}
+
+
+def build_collator(train_dataset, *, tokenizer, model):
+    """Packed datasets (they carry position_ids) keep their examples apart; others pad per batch."""
+    from transformers import DataCollatorForSeq2Seq
+
+    if "position_ids" in train_dataset.column_names:
+        return PackedCollator(tokenizer.pad_token_id, attn_implementation=model.config._attn_implementation)
+    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)

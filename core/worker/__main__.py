@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m tuneline.core.worker JOB.json", file=sys.stderr)
         return 2
     from tuneline.core.training.distributed import check_world_size
-    from tuneline.core.training.job import TrainJob, run_training
+    from tuneline.core.training.job import TrainJob
+    from tuneline.core.worker.run import run_training
 
     try:
         job = TrainJob.read(argv[0])

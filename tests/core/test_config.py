@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuneline.core.config import build_stage_config, load_stage_config, parse_overrides
+from tuneline.core.config import parse_overrides
+from tuneline.core.stages.registry import build_stage_config, load_stage_config
 from tuneline.core.errors import ConfigError
 
 

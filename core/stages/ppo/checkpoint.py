@@ -10,24 +10,45 @@ statistics) sits beside them.
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from tuneline.core.tracking import runs as tracking
-from tuneline.core.training.checkpoint_record import write_record
-from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, TRAINER_STATE, checkpoints
 from tuneline.core.errors import ConfigError
-from tuneline.core.training.job import LOG_FILE
+from tuneline.core.training.checkpoint_record import write_record
+from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, TRAINER_STATE, rotate_checkpoints
+from tuneline.core.training.outputs import TrainingLog, save_results, split_results
 
 if TYPE_CHECKING:
-    from tuneline.core.stages.ppo.trainer import PPOTrainer, ValueHeadModel
+    from accelerate import Accelerator
+
+    from tuneline.core.stages.ppo.arithmetic import AdaptiveKLController, RunningMoments
+
+
+class ValueHeadModel(Protocol):
+    """What is saved of the model: the policy (adapter or full weights) and its value head."""
+
+    policy: Any
+    value_head: torch.nn.Linear
+
+
+class PPOTrainer(Protocol):
+    """The state of a PPO run that a checkpoint holds (the trainer in `trainer.py`, which calls these)."""
+
+    accelerator: Accelerator
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    step: int
+    total_steps: int
+    kl: AdaptiveKLController
+    score_moments: RunningMoments
+
+    @property
+    def unwrapped(self) -> ValueHeadModel: ...
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -40,9 +61,9 @@ class PPOLog:
 
     def __init__(self, output_dir: str | Path, *, total_steps: int, start_step: int, steps_per_epoch: int,
                  tracking_uri: str | None, run_id: str | None, main: bool) -> None:
-        self.path = Path(output_dir) / LOG_FILE
+        self.log = TrainingLog(output_dir, tracking_uri=tracking_uri, run_id=run_id)
         self.total_steps, self.start_step, self.steps_per_epoch = total_steps, start_step, steps_per_epoch
-        self.tracking_uri, self.run_id, self.main = tracking_uri, run_id, main
+        self.main = main
         self.started = time.monotonic()
         self.last: dict[str, float] = {}
 
@@ -60,14 +81,8 @@ class PPOLog:
             "elapsed_time": str(timedelta(seconds=int(elapsed))), "remaining_time": str(timedelta(seconds=int(remaining))),
             **{key: round(stats[key], 6) for key in ("kl", "kl_coef", "policy_loss", "value_loss", "clipfrac", "response_length")},
         }
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-        print(f"[step {step}/{self.total_steps} {record['percentage']:.1f}%] loss {stats['loss']:.4f} | reward "
-              f"{stats['reward']:.4f} | kl {stats['kl']:.4f} (coef {stats['kl_coef']:.3f}) | lr {stats['lr']:.2e} | "
-              f"reply {stats['response_length']:.1f} tokens | {record['elapsed_time']} < {record['remaining_time']}", flush=True)
-        if self.tracking_uri and self.run_id:
-            named = {("learning_rate" if k == "lr" else k): v for k, v in stats.items()}  # the other stages' names
-            tracking.log_metrics(self.tracking_uri, self.run_id, {**named, "epoch": record["epoch"]}, step=step)
+        named = {("learning_rate" if k == "lr" else k): v for k, v in stats.items()}  # the other stages' names
+        self.log.write(record, metrics={**named, "epoch": record["epoch"]}, step=step)
 
 
 def save_checkpoint(output_dir: Path, trainer: PPOTrainer, *, limit: int | None) -> Path:
@@ -91,9 +106,7 @@ def save_checkpoint(output_dir: Path, trainer: PPOTrainer, *, limit: int | None)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_record(folder, step=trainer.step, world_size=accelerator.num_processes)
-        if limit:
-            for stale in checkpoints(output_dir)[limit:]:
-                shutil.rmtree(stale)
+        rotate_checkpoints(output_dir, limit=limit)
     return folder
 
 
@@ -165,10 +178,5 @@ def save_outputs(output_dir: Path, trainer: PPOTrainer, *, tokenizer: Any, metri
     model.policy.save_pretrained(output_dir)
     save_file({k: v.contiguous() for k, v in model.value_head.state_dict().items()}, output_dir / VALUE_HEAD_FILE)
     tokenizer.save_pretrained(output_dir)
-    train = {k: v for k, v in metrics.items() if not k.startswith("eval_")}
-    evaluated = {k: v for k, v in metrics.items() if k.startswith("eval_")}
-    for name, values in (("train_results.json", train), ("eval_results.json", evaluated), ("all_results.json", metrics)):
-        if values:
-            tmp = output_dir / f".{name}.tmp"
-            tmp.write_text(json.dumps(values, indent=2), encoding="utf-8")
-            os.replace(tmp, output_dir / name)
+    for split, values in split_results(metrics).items():
+        save_results(output_dir, split, values)

@@ -40,6 +40,7 @@ import torch
 
 from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig
 from tuneline.core.errors import ConfigError
+from tuneline.core.stages.kind import LoopRequest, ModelRequest
 from tuneline.core.stages.ppo.arithmetic import (AdaptiveKLController, RunningMoments, advantages_and_returns, clipped_losses,
                                     masked_whiten, token_rewards)
 
@@ -56,26 +57,6 @@ LAM = 0.95
 CLIPRANGE = 0.2
 CLIPRANGE_VALUE = 0.2
 VF_COEF = 0.1
-
-
-def ppo_problems(finetuning: FinetuningConfig) -> list[str]:
-    """PPO settings that could not train, one line each (checked when the config is read)."""
-    problems = []
-    if not finetuning.reward_model:
-        problems.append("'stage: ppo' needs 'reward_model': the output folder of an rm stage (or, in a pipeline, "
-                        "the name of an rm stage).")
-    if finetuning.reward_model_type == "api":
-        problems.append("'reward_model_type: api' is not supported; train a reward model with 'stage: rm' and name its "
-                        "output in 'reward_model'.")
-    if finetuning.reward_model_adapters:
-        problems.append("'reward_model_adapters' is not supported: 'reward_model' names an rm stage's output, which "
-                        "holds its adapter; remove the key.")
-    if finetuning.ppo_epochs < 1 or finetuning.ppo_buffer_size < 1:
-        problems.append(f"'ppo_epochs' and 'ppo_buffer_size' must be at least 1, got {finetuning.ppo_epochs} and "
-                        f"{finetuning.ppo_buffer_size}.")
-    if finetuning.ppo_target <= 0:
-        problems.append(f"'ppo_target' must be positive, got {finetuning.ppo_target}.")
-    return problems
 
 
 class ValueHeadModel(torch.nn.Module):
@@ -227,7 +208,7 @@ class PPOTrainer:
         return torch.cat(logprobs), torch.cat(values) if values else None
 
     def scores(self, prompts: list[list[int]], replies: list[list[int]]) -> torch.Tensor:
-        from tuneline.core.stages.reward import score
+        from tuneline.core.evaluation.reward import score
 
         texts = [prompt + reply for prompt, reply in zip(prompts, replies)]
         return score(self.reward_model, self.tokenizer, texts, batch_size=self.args.per_device_train_batch_size).to(
@@ -359,21 +340,21 @@ def _adapter_off(policy):
     return switched_off()
 
 
-def train_ppo(job: Any, args: TrainingArguments, *, tokenizer: PreTrainedTokenizerBase, datasets: Any,
-              checkpoint: str | None, finetuning: FinetuningConfig, model_config: ModelConfig) -> dict[str, float]:
+def train_ppo(request: LoopRequest) -> dict[str, float]:
     """Stage ppo end to end in this process: build, resume, train, save, evaluate; the metrics."""
     from accelerate import Accelerator
     from trl.trainer.utils import disable_dropout_in_model
 
-    from tuneline.core.models.loading import trainable_summary
+    from tuneline.core.models.loading import load_reward_model, trainable_summary
+    from tuneline.core.stages.causal_lm import load_policy
     from tuneline.core.stages.ppo.checkpoint import PPOLog, load_checkpoint, save_checkpoint, save_outputs
     from tuneline.core.stages.preference import reference_model
-    from tuneline.core.stages.reward import load_reward_model
-    from tuneline.core.stages.registry import load_stage_model
 
+    job, args, tokenizer, datasets = request.job, request.args, request.tokenizer, request.datasets
+    checkpoint, finetuning, model_config = request.checkpoint, request.finetuning, request.model_config
     accelerator = Accelerator(cpu=args.use_cpu, mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no")
-    policy = load_stage_model("ppo", job.model_path, tokenizer=tokenizer, finetuning=finetuning,
-                              model_config=model_config, training=job.training)
+    policy = load_policy(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
+                                      model_config=model_config, training=job.training))
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or
                                              {"use_reentrant": False})
@@ -403,7 +384,7 @@ def train_ppo(job: Any, args: TrainingArguments, *, tokenizer: PreTrainedTokeniz
         if trainer.step % max(int(args.logging_steps), 1) == 0 or trainer.step == trainer.total_steps:
             log.write(trainer.step, stats)
         if args.save_strategy == "steps" and args.save_steps and trainer.step % int(args.save_steps) == 0:
-            save_checkpoint(Path(job.output_dir), trainer, limit=args.save_total_limit)
+            save_checkpoint(Path(job.output_dir), trainer, limit=job.training.get("save_total_limit"))
     metrics = {"train_runtime": round(time.monotonic() - started, 4), "train_steps": float(trainer.total_steps),
                **{f"train_{k}": v for k, v in log.last.items()}}
     if "validation" in datasets and accelerator.is_main_process:

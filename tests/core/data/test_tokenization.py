@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.config import build_stage_config
-from tuneline.core.data.tokenization import tokenize_dataset
+from tuneline.core.stages.registry import build_stage_config
+from tuneline.core.stages.registry import tokenize_stage_data
 from tuneline.core.errors import ConfigError, DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -28,7 +28,7 @@ def test_sft_tokens_equal_the_per_row_encoder_and_counters_add_up(shared_dir: Pa
     from tuneline.core.templates.conversation import fix_tokenizer, get_template
 
     config = _config(dataset="demo_alpaca,demo_sharegpt", max_samples=150, preprocessing_batch_size=64)
-    counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
+    counters = tokenize_stage_data(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
     train = load_from_disk(str(tmp_path / "out"))["train"]
 
     tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/gpt2")
@@ -52,7 +52,7 @@ def test_worker_processes_give_the_same_dataset(shared_dir: Path, tmp_path: Path
     for workers in (1, 2):
         config = _config(dataset="demo_alpaca", max_samples=200, preprocessing_batch_size=50, preprocessing_num_workers=workers,
                          val_size=0.1)
-        tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / f"w{workers}")
+        tokenize_stage_data(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / f"w{workers}")
     one, two = load_from_disk(str(tmp_path / "w1")), load_from_disk(str(tmp_path / "w2"))
     assert one["train"]["input_ids"] == two["train"]["input_ids"]
     assert one["validation"]["input_ids"] == two["validation"]["input_ids"]
@@ -62,11 +62,11 @@ def test_worker_processes_give_the_same_dataset(shared_dir: Path, tmp_path: Path
 def test_named_template_that_disagrees_with_the_tokenizer_is_refused_unless_allowed(shared_dir: Path, tmp_path: Path):
     qwen = shared_dir / "tokenizers/qwen2.5"
     with pytest.raises(ConfigError, match="allow_template_mismatch"):
-        tokenize_dataset(_config(dataset="demo_alpaca", max_samples=5, template="llama3"), tokenizer_path=qwen, output_dir=tmp_path / "a")
-    counters = tokenize_dataset(_config(dataset="demo_alpaca", max_samples=5, template="llama3", allow_template_mismatch=True),
+        tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="llama3"), tokenizer_path=qwen, output_dir=tmp_path / "a")
+    counters = tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="llama3", allow_template_mismatch=True),
                                 tokenizer_path=qwen, output_dir=tmp_path / "b")
     assert counters["examples"] == 5
-    assert tokenize_dataset(_config(dataset="demo_alpaca", max_samples=5, template="qwen"), tokenizer_path=qwen,
+    assert tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="qwen"), tokenizer_path=qwen,
                             output_dir=tmp_path / "c")["examples"] == 5
 
 
@@ -93,7 +93,7 @@ def test_llamafactory_demo_datasets_tokenize_with_their_stage(shared_dir: Path, 
 
     config = build_stage_config({"stage": stage, "dataset": dataset, "dataset_dir": str(shared_dir / "llamafactory/data"),
                                  "template": "qwen", "cutoff_len": 256, "max_samples": 40})
-    counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/qwen2.5", output_dir=tmp_path / "out")
+    counters = tokenize_stage_data(config, tokenizer_path=shared_dir / "tokenizers/qwen2.5", output_dir=tmp_path / "out")
     train = load_from_disk(str(tmp_path / "out"))["train"]
     assert set(train.column_names) == columns
     assert len(train) > 0 and counters["trained_tokens"] > 0
@@ -107,9 +107,9 @@ def test_bad_row_leaves_no_output_and_names_the_row(shared_dir: Path, tmp_path: 
     (data / "dataset_info.json").write_text(json.dumps({"d": {"file_name": "d.json"}}))
     config = build_stage_config({"stage": "sft", "dataset": "d", "dataset_dir": str(data), "template": "default"})
     with pytest.raises(DataError, match="row 1"):
-        tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
+        tokenize_stage_data(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
     lenient = build_stage_config({"stage": "sft", "dataset": "d", "dataset_dir": str(data), "template": "default", "on_bad_row": "skip"})
-    counters = tokenize_dataset(lenient, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "ok")
+    counters = tokenize_stage_data(lenient, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "ok")
     assert counters["examples"] == 1
     assert sum(v for k, v in counters.items() if k.startswith("rows_dropped_")) == 1
 
@@ -124,6 +124,6 @@ def test_truncation_is_counted(shared_dir: Path, tmp_path: Path):
     for packing in (False, True):
         config = build_stage_config({"stage": "sft", "dataset": "d", "dataset_dir": str(data), "template": "default",
                                      "cutoff_len": 64, "packing": packing})
-        counters = tokenize_dataset(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / f"out{packing}")
+        counters = tokenize_stage_data(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / f"out{packing}")
         assert counters["rows_truncated"] == 1 and counters["responses_cut"] == 1
         assert counters["examples"] == 2  # packed: the long row fills a pack on its own

@@ -102,7 +102,7 @@ def test_do_predict_without_a_predict_set_is_a_config_error(model_and_tokenizer,
 
 
 def test_predict_settings_that_cannot_work_are_refused_before_training():
-    from tuneline.core.config import build_stage_config
+    from tuneline.core.stages.registry import build_stage_config
     from tuneline.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:

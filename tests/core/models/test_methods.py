@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuneline.core.config import FinetuningConfig, ModelConfig, build_stage_config
+from tuneline.core.config import FinetuningConfig, ModelConfig
+from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.loading import apply_finetuning, load_model, loraplus_optimizer, method_problems
 
@@ -26,12 +27,12 @@ ADAPTER_PARTS = ("lora_A", "lora_B", "lora_magnitude_vector")
 @pytest.fixture(scope="module")
 def tokenized(tiny_base: Path, tmp_path_factory) -> Path:
     """32 demo alpaca examples tokenized with the default template, as a training stage gets them."""
-    from tuneline.core.data.tokenization import tokenize_dataset
+    from tuneline.core.stages.registry import tokenize_stage_data
 
     config = build_stage_config({"stage": "sft", "dataset": "demo_alpaca", "dataset_dir": str(REPO_ROOT / "data"),
                                  "template": "default", "cutoff_len": 48, "max_samples": 32})
     output = tmp_path_factory.mktemp("tokenized") / "data"
-    tokenize_dataset(config, tokenizer_path=tiny_base, output_dir=output)
+    tokenize_stage_data(config, tokenizer_path=tiny_base, output_dir=output)
     return output
 
 
@@ -293,7 +294,8 @@ def test_settings_that_cannot_train_together_are_named_at_once():
 
 
 def run_stage(tiny_base: Path, tokenized: Path, output: Path, finetuning: dict, **training) -> dict:
-    from tuneline.core.training.job import TrainJob, run_training
+    from tuneline.core.training.job import TrainJob
+    from tuneline.core.worker.run import run_training
 
     job = TrainJob(model_path=str(tiny_base), dataset_path=str(tokenized), output_dir=str(output), finetuning=finetuning,
                    training={"max_steps": 8, "per_device_train_batch_size": 4, "logging_steps": 1, "seed": 0, **training})

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuneline.core.config import build_stage_config
+from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -32,18 +32,18 @@ def finetuning(stage: str = "dpo", **keys):
 
 
 def trainer_args(path: Path, **keys):
-    from tuneline.core.training.job import training_arguments
+    from tuneline.core.training.arguments import training_arguments
 
     values = {"per_device_train_batch_size": 16, "lr_scheduler_type": "constant", "seed": 1, "report_to": "none"}
     return training_arguments(str(path), {**values, **keys})
 
 
 def tokenize(base: Path, output: Path, **keys) -> Path:
-    from tuneline.core.data.tokenization import tokenize_dataset
+    from tuneline.core.stages.registry import tokenize_stage_data
 
     config = build_stage_config({"model_name_or_path": str(base), "dataset_dir": str(DATA_DIR), "template": "chatml",
                                  "cutoff_len": 64, **keys})
-    tokenize_dataset(config, tokenizer_path=base, output_dir=output)
+    tokenize_stage_data(config, tokenizer_path=base, output_dir=output)
     return output
 
 
@@ -156,7 +156,7 @@ def test_unusable_preference_settings_are_named_when_the_config_is_read(keys: di
 
 
 def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:
-    from tuneline.core.stages.preference import build_kto_trainer
+    from tuneline.core.stages.kto import build_kto_trainer
 
     data, tokenizer = load(feedback)
     method = finetuning("kto", finetuning_type="lora")
@@ -174,7 +174,7 @@ def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pair
     from peft import PeftModel
 
     from tuneline.core.models.loading import load_model
-    from tuneline.core.stages.preference import build_dpo_trainer
+    from tuneline.core.stages.dpo import build_dpo_trainer
     from tuneline.core.evaluation.preference import pair_logps
 
     data, tokenizer = load(pairs)
@@ -205,7 +205,7 @@ def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pair
 
 
 def test_full_tuning_reference_is_a_frozen_copy_of_the_start(sft_model: Path, pairs: Path, tmp_path: Path) -> None:
-    from tuneline.core.stages.preference import build_dpo_trainer
+    from tuneline.core.stages.dpo import build_dpo_trainer
 
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="full")
@@ -251,7 +251,7 @@ def test_a_continued_adapter_keeps_trls_copy_as_reference(tiny_base: Path) -> No
 ])
 def test_each_pref_loss_trains_a_few_steps(keys: dict, trainer_name: str, objective: tuple | None, sft_model: Path,
                                            pairs: Path, tmp_path: Path) -> None:
-    from tuneline.core.stages.preference import build_dpo_trainer
+    from tuneline.core.stages.dpo import build_dpo_trainer
 
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="lora", lora_rank=4, **keys)
@@ -277,7 +277,7 @@ def test_dpo_raises_heldout_preference_accuracy(sft_model: Path, pairs: Path, tm
     """Full DPO (with LLaMA-Factory's SFT term, pref_ftx) from the SFT model: the share of held-out
     pairs whose chosen reply is the more likely one rises to 0.8 or more, and the implicit reward
     against the frozen starting copy ranks them as well."""
-    from tuneline.core.stages.preference import build_dpo_trainer
+    from tuneline.core.stages.dpo import build_dpo_trainer
     from tuneline.core.evaluation.preference import evaluate_preference
 
     data, tokenizer = load(pairs)
@@ -304,7 +304,7 @@ def test_dpo_raises_heldout_preference_accuracy(sft_model: Path, pairs: Path, tm
 def test_kto_trains_and_its_loss_falls(sft_model: Path, feedback: Path, pairs: Path, tmp_path: Path) -> None:
     """LoRA KTO from the SFT model: its loss falls, in training and on a fixed set of its rows, with
     the policy's adapter switched off as the reference."""
-    from tuneline.core.stages.preference import build_kto_trainer
+    from tuneline.core.stages.kto import build_kto_trainer
     from tuneline.core.evaluation.preference import evaluate_preference
 
     data, tokenizer = load(feedback)

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuneline.core.config import build_stage_config
+from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
+from tuneline.core.models.loading import load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -25,7 +26,7 @@ def finetuning(**keys):
 @pytest.fixture(scope="module")
 def pairs(tiny_base: Path, tmp_path_factory) -> Path:
     """demo_preference (train) and demo_preference_heldout (validation), tokenized for stage rm."""
-    from tuneline.core.data.tokenization import tokenize_dataset
+    from tuneline.core.stages.registry import tokenize_stage_data
 
     config = build_stage_config({
         "model_name_or_path": str(tiny_base), "stage": "rm", "dataset": "demo_preference",
@@ -33,7 +34,7 @@ def pairs(tiny_base: Path, tmp_path_factory) -> Path:
         "cutoff_len": 64,
     })
     output = tmp_path_factory.mktemp("rm_pairs")
-    tokenize_dataset(config, tokenizer_path=tiny_base, output_dir=output)
+    tokenize_stage_data(config, tokenizer_path=tiny_base, output_dir=output)
     return output
 
 
@@ -48,9 +49,9 @@ def load_pairs(path: Path):
 def test_lora_reward_model_adapts_the_backbone_and_saves_the_head(tiny_base: Path) -> None:
     from peft import PeftModelForSequenceClassification
 
-    from tuneline.core.stages.reward import load_reward_base, prepare_reward_model
+    from tuneline.core.stages.rm import prepare_reward_model
 
-    model = prepare_reward_model(load_reward_base(tiny_base), finetuning(finetuning_type="lora", lora_rank=4))
+    model = prepare_reward_model(load_model(tiny_base, head="score"), finetuning(finetuning_type="lora", lora_rank=4))
     assert isinstance(model, PeftModelForSequenceClassification)
     lora = model.peft_config["default"]
     assert "score" in lora.modules_to_save and "score" not in lora.target_modules
@@ -61,23 +62,23 @@ def test_lora_reward_model_adapts_the_backbone_and_saves_the_head(tiny_base: Pat
 
 
 def test_freeze_and_full_tuning_train_the_head(tiny_base: Path) -> None:
-    from tuneline.core.stages.reward import load_reward_base, prepare_reward_model
+    from tuneline.core.stages.rm import prepare_reward_model
 
-    frozen = prepare_reward_model(load_reward_base(tiny_base),
+    frozen = prepare_reward_model(load_model(tiny_base, head="score"),
                                   finetuning(finetuning_type="freeze", freeze_trainable_layers=1))
     trainable = {name for name, p in frozen.named_parameters() if p.requires_grad}
     assert "score.weight" in trainable
     assert any(name.startswith("model.layers.1.") for name in trainable)
     assert not any(name.startswith("model.layers.0.") for name in trainable)
-    full = prepare_reward_model(load_reward_base(tiny_base), finetuning(finetuning_type="full"))
+    full = prepare_reward_model(load_model(tiny_base, head="score"), finetuning(finetuning_type="full"))
     assert all(p.requires_grad for p in full.parameters())
 
 
 def test_score_reads_each_text_alone_whatever_the_padding(tiny_base: Path, pairs: Path) -> None:
-    from tuneline.core.stages.reward import load_reward_base, score
+    from tuneline.core.evaluation.reward import score
 
     data, tokenizer = load_pairs(pairs)
-    model = load_reward_base(tiny_base, vocab_size=len(tokenizer))
+    model = load_model(tiny_base, vocab_size=len(tokenizer), head="score")
     model.config.pad_token_id = tokenizer.pad_token_id
     texts = data["validation"]["chosen_input_ids"][:6] + data["validation"]["rejected_input_ids"][:6]
     together = score(model, tokenizer, texts)
@@ -92,13 +93,13 @@ def test_score_reads_each_text_alone_whatever_the_padding(tiny_base: Path, pairs
 def test_reward_trainer_refuses_data_without_pairs(tiny_base: Path, pairs: Path, tmp_path: Path) -> None:
     from datasets import Dataset
 
-    from tuneline.core.stages.reward import build_reward_trainer, load_reward_base
-    from tuneline.core.training.job import training_arguments
+    from tuneline.core.stages.rm import build_reward_trainer
+    from tuneline.core.training.arguments import training_arguments
 
     _, tokenizer = load_pairs(pairs)
     sft_rows = Dataset.from_dict({"input_ids": [[1, 2]], "attention_mask": [[1, 1]], "labels": [[-100, 2]]})
     with pytest.raises(ConfigError, match="chosen_input_ids.*ranking"):
-        build_reward_trainer(load_reward_base(tiny_base), tokenizer, train_dataset=sft_rows,
+        build_reward_trainer(load_model(tiny_base, head="score"), tokenizer, train_dataset=sft_rows,
                              finetuning=finetuning(finetuning_type="full"),
                              args=training_arguments(str(tmp_path), {"report_to": "none"}))
 
@@ -110,20 +111,15 @@ def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, p
     from safetensors import safe_open
     from transformers import set_seed
 
-    from tuneline.core.stages.reward import (
-        build_reward_trainer,
-        evaluate_reward_model,
-        load_reward_base,
-        load_reward_model,
-        prepare_reward_model,
-        score,
-    )
-    from tuneline.core.training.job import training_arguments
+    from tuneline.core.evaluation.reward import evaluate_reward_model, score
+    from tuneline.core.models.loading import load_reward_model
+    from tuneline.core.stages.rm import build_reward_trainer, prepare_reward_model
+    from tuneline.core.training.arguments import training_arguments
 
     data, tokenizer = load_pairs(pairs)
     method = finetuning(finetuning_type="lora", lora_rank=8)
     set_seed(1)  # the new head and adapter start the same whatever ran before
-    model = prepare_reward_model(load_reward_base(tiny_base, vocab_size=len(tokenizer)), method)
+    model = prepare_reward_model(load_model(tiny_base, vocab_size=len(tokenizer), head="score"), method)
     args = training_arguments(str(tmp_path / "rm"), {"learning_rate": 1e-3, "max_steps": 60, "seed": 1, "report_to": "none",
                                                      "per_device_train_batch_size": 16, "lr_scheduler_type": "constant"})
     trainer = build_reward_trainer(model, tokenizer, train_dataset=data["train"], eval_dataset=data["validation"],

@@ -1,0 +1,157 @@
+"""Stage dpo: preference optimisation on pairs with TRL's trainers, set up from LLaMA-Factory's keys.
+
+It trains on pairs; `pref_loss` picks the objective as LLaMA-Factory does:
+- `sigmoid` (DPO), `hinge`, `ipo`: TRL's DPOTrainer, against a reference model, with `pref_beta`
+  as beta. `dpo_label_smoothing` > 0 turns sigmoid into TRL's robust DPO: the older TRL that
+  LLaMA-Factory builds on made it conservative DPO, which TRL 1.16 no longer offers.
+  `pref_ftx` adds TRL's `sft` term (mean negative log-likelihood of the chosen replies' tokens)
+  with that weight; LLaMA-Factory averages per reply first, which weighs short replies more.
+- `orpo`: TRL's ORPOTrainer (loss = NLL of chosen + beta x odds-ratio loss). TRL takes the NLL
+  over prompt and reply where LLaMA-Factory takes it over the reply.
+- `simpo`: TRL's CPOTrainer with its SimPO loss (length-normalised log-probabilities, margin
+  `simpo_gamma`); `pref_ftx` weighs its NLL term (`cpo_alpha`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tuneline.core.config import FinetuningConfig, ModelConfig, StageConfig
+from tuneline.core.stages.causal_lm import load_policy
+from tuneline.core.stages.kind import StageKind, TrainerRequest
+from tuneline.core.stages.preference import preference_optimizer, preference_problems, raise_problems, with_reference
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase, PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+
+REFERENCE_FREE = ("orpo", "simpo")
+
+
+def dpo_problems(finetuning: FinetuningConfig) -> list[str]:
+    """Preference settings that stage dpo could not train with, or would ignore, one line each."""
+    ft = finetuning
+    problems = preference_problems(ft)
+    if ft.pref_loss == "kto_pair":
+        problems.append("'pref_loss: kto_pair' is no longer offered by TRL; train 'stage: kto' on rows with a kto_tag, "
+                        "or choose pref_loss sigmoid, hinge, ipo, orpo or simpo.")
+    if ft.dpo_label_smoothing and ft.pref_loss not in ("sigmoid", "simpo"):
+        problems.append(f"'dpo_label_smoothing' applies to pref_loss sigmoid or simpo, not '{ft.pref_loss}'; remove it.")
+    if ft.pref_loss == "orpo" and ft.pref_ftx:
+        problems.append("'pref_ftx' does not apply to 'pref_loss: orpo', whose loss already holds the SFT term; "
+                        "remove it.")
+    if ft.pref_loss in REFERENCE_FREE and (ft.ref_model or ft.ref_model_adapters):
+        problems.append(f"'pref_loss: {ft.pref_loss}' needs no reference model; "
+                        "remove 'ref_model' and 'ref_model_adapters'.")
+    return problems
+
+
+def dpo_loss_terms(finetuning: FinetuningConfig) -> tuple[list[str], list[float]]:
+    """TRL DPOTrainer `loss_type` list and `loss_weights` for pref_loss sigmoid, hinge or ipo."""
+    main = "robust" if finetuning.pref_loss == "sigmoid" and finetuning.dpo_label_smoothing else finetuning.pref_loss
+    if finetuning.pref_ftx:
+        return [main, "sft"], [1.0, finetuning.pref_ftx]
+    return [main], [1.0]
+
+
+def build_dpo_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    train_dataset: Dataset,
+    eval_dataset: Dataset | None = None,
+    finetuning: FinetuningConfig,
+    args: TrainingArguments,
+    callbacks: Sequence[TrainerCallback] = (),
+    model_config: ModelConfig | None = None,
+) -> Trainer:
+    """A TRL trainer for stage dpo and `pref_loss`, ready to train on tuneline's tokenized pairs."""
+    raise_problems(dpo_problems(finetuning))
+    if finetuning.pref_loss in REFERENCE_FREE:
+        return _reference_free_trainer(model, tokenizer, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                                       finetuning=finetuning, args=args, callbacks=callbacks)
+    from trl import DPOConfig
+
+    from tuneline.core.data.preference_columns import dpo_pairs
+    from tuneline.core.stages.preference_trainers import TokenizedDPOTrainer
+    from tuneline.core.training.trl_args import trl_config
+
+    loss_types, loss_weights = dpo_loss_terms(finetuning)
+    config = trl_config(DPOConfig, args, beta=finetuning.pref_beta, loss_type=loss_types, loss_weights=loss_weights,
+                        label_smoothing=finetuning.dpo_label_smoothing, max_length=None)
+    return with_reference(TokenizedDPOTrainer, model, tokenizer, config=config, convert=dpo_pairs, train_dataset=train_dataset,
+                           eval_dataset=eval_dataset, finetuning=finetuning, callbacks=callbacks, model_config=model_config)
+
+
+def _reference_free_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    train_dataset: Dataset,
+    eval_dataset: Dataset | None,
+    finetuning: FinetuningConfig,
+    args: TrainingArguments,
+    callbacks: Sequence[TrainerCallback],
+) -> Trainer:
+    """ORPO or SimPO (through TRL's CPO trainer): the policy alone, no reference."""
+    from trl.experimental.cpo import CPOConfig
+    from trl.experimental.orpo import ORPOConfig
+
+    from tuneline.core.data.preference_columns import odds_ratio_pairs
+    from tuneline.core.stages.preference_trainers import TokenizedCPOTrainer, TokenizedORPOTrainer
+    from tuneline.core.training.trl_args import trl_config
+
+    # Their batches hold no `input_ids` (chosen and rejected are concatenated inside), so transformers
+    # cannot count the tokens seen and would warn at every step.
+    untracked = {"include_num_input_tokens_seen": "no"}
+    if finetuning.pref_loss == "orpo":
+        trainer_class: Any = TokenizedORPOTrainer
+        config: Any = trl_config(ORPOConfig, args, beta=finetuning.pref_beta, **untracked)
+    else:
+        trainer_class = TokenizedCPOTrainer
+        config = trl_config(CPOConfig, args, loss_type="simpo", beta=finetuning.pref_beta,
+                            cpo_alpha=finetuning.pref_ftx, simpo_gamma=finetuning.simpo_gamma,
+                            label_smoothing=finetuning.dpo_label_smoothing, **untracked)
+    return trainer_class(
+        model=model,
+        args=config,
+        train_dataset=odds_ratio_pairs(train_dataset),
+        eval_dataset=odds_ratio_pairs(eval_dataset) if eval_dataset is not None else None,
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+        optimizers=(preference_optimizer(model, finetuning, config), None),
+    )
+
+
+def preference_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
+                       finetuning: FinetuningConfig) -> dict[str, float]:
+    """The trainer's evaluation plus how strongly policy and reference prefer the chosen replies (`eval_pref_*`)."""
+    from tuneline.core.evaluation.preference import evaluate_preference
+
+    metrics = dict(trainer.evaluate())
+    found = evaluate_preference(trainer.model, validation, beta=finetuning.pref_beta, reference=getattr(trainer, "ref_model", None))
+    metrics.update({f"eval_pref_{k}": v for k, v in found.items()})
+    return metrics
+
+
+def _dpo_trainer(request: TrainerRequest) -> Trainer:
+    return build_dpo_trainer(request.model, request.tokenizer, train_dataset=request.train_dataset,
+                             eval_dataset=request.eval_dataset, finetuning=request.finetuning, args=request.args,
+                             callbacks=request.callbacks, model_config=request.model_config)
+
+
+def _config_problems(config: StageConfig) -> list[str]:
+    return dpo_problems(config.finetuning)
+
+
+DPO = StageKind(
+    name="dpo",
+    summary="direct preference optimisation on pairs (DPO, IPO, hinge, ORPO, SimPO), against a reference model",
+    examples="pairwise",
+    references=frozenset({"ref_model"}),
+    config_problems=_config_problems,
+    load_model=load_policy,
+    build_trainer=_dpo_trainer,
+    held_out_metrics=preference_metrics,
+)

@@ -1,0 +1,106 @@
+"""The stage-kind interface: everything tuneline knows about one kind of training stage.
+
+Each kind (pt, sft, rm, dpo, kto, ppo) is one module under `core/stages/` that builds a
+`StageKind` value; `core/stages/registry.py` lists them. Config validation, tokenization, the
+worker, `tuneline train` and the pipeline ask the registry, never compare stage names
+(docs/ARCHITECTURE.md, "Stage kinds").
+
+A kind trains in one of two ways: through a trainer (`load_model` builds the model with its
+method applied, `build_trainer` the transformers or TRL trainer, `held_out_metrics` judges the
+result on the validation split), or through a loop of its own (`train_loop`, for ppo, whose
+rollouts and updates do not fit a trainer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from tuneline.core.config import FinetuningConfig, ModelConfig, StageConfig
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+
+    from tuneline.core.training.job import TrainJob
+
+# The shapes of tokenized examples, named as `core.data.encoding` names its encoders.
+Examples = Literal["pretrain", "supervised", "pairwise", "feedback", "unsupervised"]
+# What a finished stage holds: a causal LM (a policy that generates, merges and exports) or a reward model.
+Output = Literal["policy", "reward_model"]
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What a kind needs to load the model it trains."""
+
+    model_path: str
+    tokenizer: PreTrainedTokenizerBase
+    finetuning: FinetuningConfig
+    model_config: ModelConfig
+    training: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TrainerRequest:
+    """What a kind needs to build its trainer around a loaded model."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    train_dataset: Dataset
+    eval_dataset: Dataset | None
+    finetuning: FinetuningConfig
+    model_config: ModelConfig
+    args: TrainingArguments
+    callbacks: Sequence[TrainerCallback]
+
+
+@dataclass(frozen=True)
+class LoopRequest:
+    """What a kind with its own training loop needs: the job, its resolved arguments, the data."""
+
+    job: TrainJob
+    args: TrainingArguments
+    tokenizer: PreTrainedTokenizerBase
+    datasets: DatasetDict
+    checkpoint: str | None
+    finetuning: FinetuningConfig
+    model_config: ModelConfig
+
+
+def no_problems(config: StageConfig) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """One kind of training stage, as the registry holds it."""
+
+    name: str
+    """The value of the `stage` key."""
+    summary: str
+    """One line for listings and errors."""
+    examples: Examples
+    """The shape its rows are tokenized to (and so the columns of its tokenized dataset)."""
+    output: Output = "policy"
+    references: frozenset[str] = frozenset()
+    """Which of `ref_model` and `reward_model` it reads; in a pipeline they may name a stage."""
+    predicts: bool = False
+    """Whether `do_predict` with `predict_with_generate` can answer held-out prompts after training."""
+    config_problems: Callable[[StageConfig], list[str]] = no_problems
+    """Settings this kind cannot train with, one line each, found when the config is read."""
+    load_model: Callable[[ModelRequest], PreTrainedModel] | None = None
+    build_trainer: Callable[[TrainerRequest], Trainer] | None = None
+    held_out_metrics: Callable[[Trainer, PreTrainedTokenizerBase, Dataset, FinetuningConfig], dict[str, float]] | None = None
+    train_loop: Callable[[LoopRequest], dict[str, float]] | None = None
+
+    def __post_init__(self) -> None:
+        by_trainer = None not in (self.load_model, self.build_trainer, self.held_out_metrics)
+        if by_trainer == (self.train_loop is not None):
+            raise ValueError(f"stage kind '{self.name}' needs either load_model, build_trainer and held_out_metrics, "
+                             "or a train_loop")
+
+    @property
+    def produces_policy(self) -> bool:
+        return self.output == "policy"

@@ -1,0 +1,87 @@
+"""Stage kto: single replies tagged desirable or not, trained with TRL's KTOTrainer against a
+reference model (`kto_chosen_weight` and `kto_rejected_weight` weigh the two kinds)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tuneline.core.config import FinetuningConfig, ModelConfig, StageConfig
+from tuneline.core.errors import ConfigError
+from tuneline.core.stages.causal_lm import load_policy
+from tuneline.core.stages.kind import StageKind, TrainerRequest
+from tuneline.core.stages.preference import preference_problems, raise_problems, with_reference
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+
+
+def kto_problems(finetuning: FinetuningConfig) -> list[str]:
+    """Preference settings that stage kto could not train with, or would ignore, one line each."""
+    ft = finetuning
+    problems = preference_problems(ft)
+    if ft.pref_ftx:
+        problems.append("'pref_ftx' is not supported with 'stage: kto' (TRL's KTO trainer has no SFT term); remove it.")
+    if ft.dpo_label_smoothing:
+        problems.append("'dpo_label_smoothing' applies to stage dpo, not kto; remove it.")
+    for key, weight in (("kto_chosen_weight", ft.kto_chosen_weight), ("kto_rejected_weight", ft.kto_rejected_weight)):
+        if weight <= 0:
+            problems.append(f"'{key}' must be positive, got {weight}.")
+    return problems
+
+
+def build_kto_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    train_dataset: Dataset,
+    eval_dataset: Dataset | None = None,
+    finetuning: FinetuningConfig,
+    args: TrainingArguments,
+    callbacks: Sequence[TrainerCallback] = (),
+    model_config: ModelConfig | None = None,
+) -> Trainer:
+    """TRL's KTOTrainer for stage kto, ready to train on tuneline's tokenized feedback rows."""
+    raise_problems(kto_problems(finetuning))
+    if args.per_device_train_batch_size < 2:
+        raise ConfigError(f"'per_device_train_batch_size: {args.per_device_train_batch_size}' is too small for stage "
+                          "kto, which estimates its KL term from the other rows of a batch; set it to 2 or more.")
+    from trl import KTOConfig
+
+    from tuneline.core.data.preference_columns import kto_examples
+    from tuneline.core.stages.preference_trainers import TokenizedKTOTrainer
+    from tuneline.core.training.trl_args import trl_config
+
+    config = trl_config(KTOConfig, args, beta=finetuning.pref_beta, desirable_weight=finetuning.kto_chosen_weight,
+                        undesirable_weight=finetuning.kto_rejected_weight, max_length=None,
+                        train_sampling_strategy="sequential")  # TRL insists; the trainer shuffles (see its sampler)
+    return with_reference(TokenizedKTOTrainer, model, tokenizer, config=config, convert=kto_examples, train_dataset=train_dataset,
+                           eval_dataset=eval_dataset, finetuning=finetuning, callbacks=callbacks, model_config=model_config)
+
+
+def _kto_trainer(request: TrainerRequest) -> Trainer:
+    return build_kto_trainer(request.model, request.tokenizer, train_dataset=request.train_dataset,
+                             eval_dataset=request.eval_dataset, finetuning=request.finetuning, args=request.args,
+                             callbacks=request.callbacks, model_config=request.model_config)
+
+
+def _config_problems(config: StageConfig) -> list[str]:
+    return kto_problems(config.finetuning)
+
+
+def _trainer_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
+                     finetuning: FinetuningConfig) -> dict[str, float]:
+    return dict(trainer.evaluate())
+
+
+KTO = StageKind(
+    name="kto",
+    summary="Kahneman-Tversky optimisation on replies tagged desirable or undesirable, against a reference model",
+    examples="feedback",
+    references=frozenset({"ref_model"}),
+    config_problems=_config_problems,
+    load_model=load_policy,
+    build_trainer=_kto_trainer,
+    held_out_metrics=_trainer_metrics,
+)

@@ -1,0 +1,47 @@
+"""Stage ppo: proximal policy optimisation against a reward model from an rm stage.
+
+Its own training loop (`trainer.py`: rollouts, scores, advantages, clipped updates) on accelerate;
+its arithmetic in `arithmetic.py`; its checkpoints and outputs in `checkpoint.py`.
+"""
+
+from __future__ import annotations
+
+from tuneline.core.config import StageConfig
+from tuneline.core.stages.kind import LoopRequest, StageKind
+
+
+def ppo_problems(config: StageConfig) -> list[str]:
+    """PPO settings that could not train, one line each (checked when the config is read)."""
+    finetuning = config.finetuning
+    problems = []
+    if not finetuning.reward_model:
+        problems.append("'stage: ppo' needs 'reward_model': the output folder of an rm stage (or, in a pipeline, "
+                        "the name of an rm stage).")
+    if finetuning.reward_model_type == "api":
+        problems.append("'reward_model_type: api' is not supported; train a reward model with 'stage: rm' and name its "
+                        "output in 'reward_model'.")
+    if finetuning.reward_model_adapters:
+        problems.append("'reward_model_adapters' is not supported: 'reward_model' names an rm stage's output, which "
+                        "holds its adapter; remove the key.")
+    if finetuning.ppo_epochs < 1 or finetuning.ppo_buffer_size < 1:
+        problems.append(f"'ppo_epochs' and 'ppo_buffer_size' must be at least 1, got {finetuning.ppo_epochs} and "
+                        f"{finetuning.ppo_buffer_size}.")
+    if finetuning.ppo_target <= 0:
+        problems.append(f"'ppo_target' must be positive, got {finetuning.ppo_target}.")
+    return problems
+
+
+def _train(request: LoopRequest) -> dict[str, float]:
+    from tuneline.core.stages.ppo.trainer import train_ppo  # torch and accelerate load only when ppo trains
+
+    return train_ppo(request)
+
+
+PPO = StageKind(
+    name="ppo",
+    summary="proximal policy optimisation: sampled replies scored by a reward model, KL-penalised against a reference",
+    examples="unsupervised",
+    references=frozenset({"ref_model", "reward_model"}),
+    config_problems=ppo_problems,
+    train_loop=_train,
+)

@@ -1,0 +1,15 @@
+"""Stage pt: continued pre-training on plain text, every token trained."""
+
+from __future__ import annotations
+
+from tuneline.core.stages.causal_lm import build_language_model_trainer, load_policy, perplexity_metrics
+from tuneline.core.stages.kind import StageKind
+
+PT = StageKind(
+    name="pt",
+    summary="pre-training: next-token prediction on plain text (packed by default)",
+    examples="pretrain",
+    load_model=load_policy,
+    build_trainer=build_language_model_trainer,
+    held_out_metrics=perplexity_metrics,
+)

@@ -1,0 +1,158 @@
+"""Reward modelling (stage rm): the chosen base with a one-output scoring head, trained on pairs.
+
+LLaMA-Factory puts a value head on the causal LM (TRL's `AutoModelForCausalLMWithValueHead`, which
+TRL 1.x no longer ships) and reads the value at the last non-padding token. tuneline loads the
+base as transformers' `AutoModelForSequenceClassification` with `num_labels=1`, whose `score` head
+reads the same position, and trains it with TRL's `RewardTrainer` on the pairwise loss
+-log sigmoid(r_chosen - r_rejected). With LoRA the head trains in full and is saved inside the
+adapter (`modules_to_save`), so base plus adapter folder is the whole reward model, which
+`core.models.loading.load_reward_model` loads back for a later stage (PPO) to score texts with
+(`core.evaluation.reward.score`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tuneline.core.config import FinetuningConfig, ModelConfig
+from tuneline.core.errors import ConfigError
+from tuneline.core.stages.kind import ModelRequest, StageKind, TrainerRequest
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+    from trl import RewardTrainer
+
+# Names transformers gives the head of a sequence-classification model.
+HEAD_NAMES = ("score", "classifier")
+
+
+def head_name(model: PreTrainedModel) -> str:
+    """The attribute holding the scoring head."""
+    children = dict(model.named_children())
+    for name in HEAD_NAMES:
+        if name in children:
+            return name
+    raise ConfigError(f"{type(model).__name__} has no scoring head named {' or '.join(HEAD_NAMES)}; "
+                      "stage rm needs a model family that transformers loads for sequence classification.")
+
+
+def prepare_reward_model(
+    model: PreTrainedModel,
+    finetuning: FinetuningConfig,
+    *,
+    model_config: ModelConfig | None = None,
+    training: Mapping[str, Any] | None = None,
+) -> PreTrainedModel:
+    """Make the chosen parameters trainable, the scoring head always among them.
+
+    LoRA: adapters named in `adapter_name_or_path` (an SFT adapter, typically) are merged into the
+    base first, then a new sequence-classification adapter trains with the head in full.
+    """
+    from peft import get_peft_model
+
+    from tuneline.core.models.adapters import adapter_paths, load_adapter
+    from tuneline.core.models.loading import apply_finetuning, method_problems, prepare_checkpointing, upcast_trainable
+
+    model_config = model_config or ModelConfig()
+    if finetuning.finetuning_type != "lora":
+        model = apply_finetuning(model, finetuning, model_config=model_config, training=training)
+        model.get_submodule(head_name(model)).requires_grad_(True)
+        upcast_trainable(model)
+        return model
+    problems = method_problems(model_config, finetuning)
+    if problems:
+        raise ConfigError(problems)
+    prepare_checkpointing(model, training or {})
+    for path in adapter_paths(model_config):
+        model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
+    model = get_peft_model(model, reward_lora_config(model, finetuning))
+    upcast_trainable(model)
+    return model
+
+
+def reward_lora_config(model: PreTrainedModel, finetuning: FinetuningConfig) -> LoraConfig:
+    """tuneline's LoRA settings for a sequence classifier: the head is saved with the adapter, not adapted."""
+    from peft import TaskType
+
+    from tuneline.core.models.adapters import linear_module_names, lora_config
+
+    base = lora_config(model, finetuning)
+    head = head_name(model)
+    targets = base.target_modules
+    if isinstance(targets, str):  # "all-linear": every linear layer of the backbone
+        targets = [name for name in linear_module_names(model) if name != head]
+    return dataclasses.replace(base, task_type=TaskType.SEQ_CLS, target_modules=sorted(set(targets) - {head}),
+                               modules_to_save=[*(base.modules_to_save or []), head])
+
+
+def build_reward_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    train_dataset: Dataset,
+    eval_dataset: Dataset | None = None,
+    finetuning: FinetuningConfig,
+    args: TrainingArguments,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> RewardTrainer:
+    """TRL's RewardTrainer, ready to train on tuneline's tokenized pairs (stage rm).
+
+    Dropout stays as configured (LLaMA-Factory's reward trainer keeps it); sequences are not cut
+    again, tokenization already applied `cutoff_len`.
+    """
+    from trl import RewardConfig, RewardTrainer
+
+    from tuneline.core.data.preference_columns import reward_pairs
+    from tuneline.core.models.loading import loraplus_optimizer
+    from tuneline.core.training.trl_args import trl_config
+
+    config = trl_config(RewardConfig, args, max_length=None, disable_dropout=False)
+    return RewardTrainer(
+        model=model,
+        args=config,
+        train_dataset=reward_pairs(train_dataset),
+        eval_dataset=reward_pairs(eval_dataset) if eval_dataset is not None else None,
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+        optimizers=(loraplus_optimizer(model, finetuning=finetuning, args=config), None),
+    )
+
+
+def _reward_trainer(request: TrainerRequest) -> RewardTrainer:
+    return build_reward_trainer(request.model, request.tokenizer, train_dataset=request.train_dataset,
+                                eval_dataset=request.eval_dataset, finetuning=request.finetuning, args=request.args,
+                                callbacks=request.callbacks)
+
+
+def load_reward_base(request: ModelRequest) -> PreTrainedModel:
+    """The starting model with a one-output scoring head and the method applied."""
+    from tuneline.core.models.loading import load_model
+
+    model = load_model(request.model_path, model=request.model_config, vocab_size=len(request.tokenizer),
+                       training=request.training, head="score")
+    return prepare_reward_model(model, request.finetuning, model_config=request.model_config, training=request.training)
+
+
+def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
+                   finetuning: FinetuningConfig) -> dict[str, float]:
+    """The trainer's evaluation plus pair accuracy and margin on the validation pairs (`eval_rm_*`)."""
+    from tuneline.core.evaluation.reward import evaluate_reward_model
+
+    metrics = dict(trainer.evaluate())
+    metrics.update({f"eval_rm_{k}": v for k, v in evaluate_reward_model(trainer.model, tokenizer, validation).items()})
+    return metrics
+
+
+RM = StageKind(
+    name="rm",
+    summary="reward modelling: a scoring head trained to rank the chosen reply of each pair above the rejected",
+    examples="pairwise",
+    output="reward_model",
+    load_model=load_reward_base,
+    build_trainer=_reward_trainer,
+    held_out_metrics=reward_metrics,
+)

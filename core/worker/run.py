@@ -1,0 +1,92 @@
+"""Training one stage from its job, inside the worker process: the same steps for every kind.
+
+The kind (looked up in `core.stages.registry`) loads its model and builds its trainer, or runs its
+own loop; everything around that (arguments, resume point, seeds, logs, checkpoints, saving, the
+results files, the loss curve) is shared, so every kind writes LLaMA-Factory's output layout.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tuneline.core.config import FinetuningConfig, ModelConfig
+from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
+from tuneline.core.stages.registry import stage_kind
+from tuneline.core.training.arguments import global_batch_size, prepare_run, training_arguments
+from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX
+from tuneline.core.training.job import TrainJob
+from tuneline.core.training.outputs import save_results
+
+
+def run_training(job: TrainJob) -> dict[str, float]:
+    """Train, save (adapter or full weights, tokenizer, trainer state, metrics) and return metrics."""
+    from datasets import load_from_disk
+    from transformers import set_seed
+
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.models.loading import load_tokenizer
+
+    args = training_arguments(job.output_dir, job.training)
+    checkpoint = prepare_run(job, args)
+    set_seed(args.seed)  # before the adapter's random init, so equal seeds give equal runs
+    finetuning = FinetuningConfig(**job.finetuning)
+    model_config = ModelConfig(**job.model)
+    kind = stage_kind(finetuning.stage)
+    tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
+    datasets = load_from_disk(job.dataset_path)
+    if kind.train_loop is not None:
+        metrics = kind.train_loop(LoopRequest(job=job, args=args, tokenizer=tokenizer, datasets=datasets, checkpoint=checkpoint,
+                                              finetuning=finetuning, model_config=model_config))
+        finish_outputs(job, main=args.process_index == 0)
+        return metrics
+    return _train_with_trainer(kind, job, args, checkpoint=checkpoint, tokenizer=tokenizer, datasets=datasets,
+                               finetuning=finetuning, model_config=model_config)
+
+
+def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tokenizer, datasets, finetuning: FinetuningConfig,
+                        model_config: ModelConfig) -> dict[str, float]:
+    from tuneline.core.models.loading import trainable_summary
+    from tuneline.core.training.callbacks import LogCallback
+    from tuneline.core.training.checkpoint_record import CheckpointRecord
+
+    model = kind.load_model(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
+                                         model_config=model_config, training=job.training))
+    print(trainable_summary(model), flush=True)
+    callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id),
+                 CheckpointRecord(limit=job.training.get("save_total_limit"))]
+    trainer = kind.build_trainer(TrainerRequest(
+        model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
+        eval_dataset=datasets["validation"] if "validation" in datasets else None,
+        finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks))
+    LogCallback.replace_printer(trainer)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(job.output_dir)
+    main = trainer.is_world_process_zero()
+    if main:
+        tokenizer.save_pretrained(job.output_dir)
+    trainer.save_state()
+    metrics = {**result.metrics, "global_batch_size": global_batch_size(args)}
+    results = {"train": dict(metrics)}
+    if "validation" in datasets:
+        results["eval"] = kind.held_out_metrics(trainer, tokenizer, datasets["validation"], finetuning)
+        metrics.update(results["eval"])
+    if args.do_predict:
+        from tuneline.core.evaluation.predict import predict_after_training
+
+        metrics.update(predict_after_training(trainer, datasets, generating=job.generating))
+    for split, values in results.items() if main else ():
+        save_results(job.output_dir, split, values)
+    finish_outputs(job, main=main)
+    return metrics
+
+
+def finish_outputs(job: TrainJob, *, main: bool) -> None:
+    """The loss curve, and no checkpoints left when the job says so; rank 0 alone writes the stage's files."""
+    from tuneline.core.training.callbacks import plot_loss
+
+    if main:
+        plot_loss(job.output_dir)
+        if not job.keep_checkpoints:
+            for stale in Path(job.output_dir).glob(f"{CHECKPOINT_PREFIX}*"):
+                shutil.rmtree(stale)
