@@ -72,7 +72,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class FinetuningConfig:
-    stage: str = _doc("Training stage: one of the stage kinds in core/stages/registry.py.", default="sft")
+    stage: str | None = _doc("Training stage: one of the stage kinds in core/stages/registry.py (unset: its DEFAULT_STAGE).",
+                             default=None)
     finetuning_type: Literal["lora", "freeze", "full"] = _doc("Which parameters train.", default="lora")
     lora_rank: int = _doc("LoRA rank r.", default=8)
     lora_alpha: int | None = _doc("LoRA scaling alpha (default: 2 x lora_rank).", default=None)

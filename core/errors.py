@@ -46,3 +46,9 @@ def unknown_name_message(kind: str, name: str, candidates: Iterable[str]) -> str
     hint = f"; did you mean '{guess}'?" if guess else ""
     listing = f"; valid: {', '.join(options)}." if len(options) <= 30 else ""
     return f"unknown {kind} '{name}'{hint}{listing}"
+
+
+def listed(names: Iterable[str], *, last: str = "or") -> str:
+    """`a, b or c`: names joined for a message."""
+    names = list(names)
+    return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else "".join(names)

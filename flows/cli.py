@@ -1,4 +1,4 @@
-"""The `tuneline` command (DESIGN.md §6).
+"""The `tuneline` command (docs/ARCHITECTURE.md, "Interfaces").
 
     tuneline demo [--workspace DIR] [key=value ...]
     tuneline run PIPELINE.yaml [--workspace DIR] [key=value ...]
@@ -10,8 +10,11 @@
     tuneline chat PATH [--system TEXT] [--max-new-tokens N] [--do-sample] [--temperature T] ...
     tuneline promote MODEL_NAME VERSION [--workspace DIR | --tracking-uri URI]
     tuneline rollback MODEL_NAME [--workspace DIR | --tracking-uri URI]
+    tuneline verify [--workspace DIR]
+    tuneline gc [--workspace DIR] [--keep-runs N] [--yes]
 
-Exit status: 0 success, 2 bad configuration or input (one paragraph, no traceback), 1 otherwise.
+Exit status: 0 success, 2 bad configuration or input (one paragraph, no traceback), 1 otherwise
+(`verify`: 1 when an artifact is damaged).
 """
 
 from __future__ import annotations
@@ -116,7 +119,22 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(handler=run_export)
     add_chat_parser(commands)
     add_registry_parsers(commands)
+    add_store_parsers(commands)
     return parser
+
+
+def add_store_parsers(commands: argparse._SubParsersAction) -> None:
+    from tuneline.core.tracking.references import DEFAULT_KEEP_RUNS
+
+    verify = commands.add_parser("verify", help="re-hash every artifact against its manifest; list (and mark for recomputing) the damaged")
+    verify.add_argument("--workspace", default="workspace", help="workspace to check (default: ./workspace)")
+    verify.set_defaults(handler=run_verify)
+    gc = commands.add_parser("gc", help="list artifacts and drafts that no recent run or registered model needs; --yes removes them")
+    gc.add_argument("--workspace", default="workspace", help="workspace to clean (default: ./workspace)")
+    gc.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
+                    help=f"keep what each pipeline's last N runs used (default: {DEFAULT_KEEP_RUNS})")
+    gc.add_argument("--yes", action="store_true", help="remove what is listed")
+    gc.set_defaults(handler=run_gc)
 
 
 def add_registry_parsers(commands: argparse._SubParsersAction) -> None:
@@ -163,10 +181,10 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 def _run_flow(pipeline: str, overrides: list[str], workspace: str | None) -> int:
     from tuneline.core.pipeline.spec import load_pipeline
-    from tuneline.core.pipeline.keys import pipeline_dataset_fingerprints
+    from tuneline.core.pipeline.keys import check_pipeline_datasets
 
-    # Config and dataset-entry errors surface before Prefect starts.
-    pipeline_dataset_fingerprints(load_pipeline(pipeline, overrides, workspace=workspace))
+    # Config and dataset-entry errors surface before Prefect starts; the flow hashes the data, once.
+    check_pipeline_datasets(load_pipeline(pipeline, overrides, workspace=workspace))
     from tuneline.flows.pipeline import pipeline_flow
     from tuneline.flows.prefect_api import start_prefect_api
     from tuneline.flows.report import print_summary
@@ -245,6 +263,81 @@ def run_rollback(args: argparse.Namespace) -> int:
 
     print(rollback(_registry_uri(args), name=args.model_name, alias=args.alias))
     return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from tuneline.core.store.verify import verify_workspace
+
+    workspace = _existing_workspace(args)
+    verdicts = verify_workspace(workspace)
+    for verdict in verdicts:
+        if verdict.damaged:
+            print(f"damaged: {verdict.path}")
+            for problem in verdict.problems:
+                print(f"  {problem}")
+    damaged = sum(v.damaged for v in verdicts)
+    unchecked = sum(not v.checked for v in verdicts)
+    print(f"{len(verdicts)} artifact(s) verified, {damaged} damaged"
+          + (f", {unchecked} without file hashes (written by an older tuneline; not checked)" if unchecked else ""))
+    if damaged:
+        print("the damaged artifacts are marked (manifest.json gave way to damage.json): the next run recomputes them")
+    return 1 if damaged else 0
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    from tuneline.core.store.gc import find_garbage, remove_garbage
+    from tuneline.core.tracking.references import referenced_keys
+
+    if args.keep_runs < 0:
+        from tuneline.core.errors import ConfigError
+
+        raise ConfigError(f"--keep-runs {args.keep_runs}: give a count of runs, 0 or more.", source="tuneline gc")
+    workspace = _existing_workspace(args)
+    garbage = find_garbage(workspace, referenced=referenced_keys(_workspace_store(args), keep_runs=args.keep_runs))
+    for item in garbage:
+        print(f"{_size_text(item.size):>10}  {item.path}  ({item.reason})")
+    total = _size_text(sum(item.size for item in garbage))
+    if not args.yes:
+        print(f"{len(garbage)} unreferenced folder(s), {total}" + ("; run again with --yes to remove them" if garbage else ""))
+        return 0
+    removed = list(remove_garbage(workspace, garbage))
+    print(f"removed {len(removed)} folder(s), {_size_text(sum(item.size for item in removed))}"
+          + (f"; {len(garbage) - len(removed)} taken by a running process meanwhile, kept" if len(removed) < len(garbage) else ""))
+    return 0
+
+
+def _size_text(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    for unit in ("KB", "MB", "GB", "TB"):
+        size /= 1024
+        if size < 1024 or unit == "TB":
+            break
+    return f"{size:.1f} {unit}"
+
+
+def _existing_workspace(args: argparse.Namespace) -> Path:
+    from tuneline.core.errors import ConfigError
+
+    workspace = Path(args.workspace)
+    if not (workspace / "artifacts").is_dir():
+        raise ConfigError(f"--workspace {args.workspace}: no artifacts/ folder in {workspace.resolve()}; pass the workspace a "
+                          f"pipeline ran in (--workspace DIR).", source=f"tuneline {args.command}")
+    return workspace
+
+
+def _workspace_store(args: argparse.Namespace) -> str:
+    """MLFLOW_TRACKING_URI, else the workspace's SQLite store, which must exist: without it gc cannot
+    tell what recent runs use (and opening a missing one would create an empty store)."""
+    from tuneline.core.tracking import runs as tracking
+    from tuneline.core.errors import ConfigError
+
+    store = Path(args.workspace) / "mlflow.db"
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.is_file():
+        raise ConfigError(f"--workspace {args.workspace}: no MLflow store at {store.resolve()}, so gc cannot tell which "
+                          f"artifacts recent runs use; pass the workspace a pipeline ran in, or set MLFLOW_TRACKING_URI to "
+                          f"the store its runs went to.", source=f"tuneline {args.command}")
+    return tracking.tracking_uri(args.workspace)
 
 
 def _registry_uri(args: argparse.Namespace) -> str:

@@ -2,28 +2,28 @@
 
 They need no Prefect server: a LLaMA-Factory user's YAML runs as one stage, with its
 tokenized data cached by content key under `$TUNELINE_CACHE` (default ~/.cache/tuneline).
+The job, the tokenized-data cache and the merge/export path are the pipeline's own
+(`core.pipeline.stage_runs`); only where the files go differs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from pathlib import Path
 
-from tuneline.core.store.artifacts import find_artifact, write_artifact
+from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX
 from tuneline.core.config import StageConfig, cache_root, unsupported_for_training
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
-from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR, dataset_fingerprints, render_preview
+from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
-from tuneline.core.models.export import export_model, merge_adapter
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.pipeline.keys import tokenize_key
-from tuneline.core.training.job import LOG_FILE, TrainJob
+from tuneline.core.pipeline.stage_runs import cached_tokenized_data, export_folder, export_template, train_job
+from tuneline.core.training.job import LOG_FILE
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -36,34 +36,27 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     if problems:
         raise ConfigError(problems, source=config_path)
     plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
-    dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
+    fingerprints = dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
     output_dir = Path(config.training["output_dir"])
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
-    tokenized = tokenized_dataset(config)
-    job = TrainJob(
-        model_path=config.model.model_name_or_path,
-        dataset_path=str(tokenized),
-        output_dir=str(output_dir),
-        finetuning=dataclasses.asdict(config.finetuning),
-        training={k: v for k, v in config.training.items() if k != "output_dir"},
-        model=dataclasses.asdict(config.model),
-        generating=dataclasses.asdict(config.generating),
-        overwrite_output_dir=config.output.overwrite_output_dir,
-    )
+    tokenized = tokenized_dataset(config, fingerprints=fingerprints)
+    job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized), output_dir=str(output_dir),
+                    training=config.training, overwrite_output_dir=config.output.overwrite_output_dir)
     return launch_training(job)
 
 
-def tokenized_dataset(config: StageConfig) -> Path:
-    """The config's datasets tokenized (from the content-keyed cache when present)."""
+def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:
+    """The config's datasets tokenized (from the content-keyed cache when present and sound);
+    `fingerprints`, the datasets' digests if already computed, saves hashing them twice."""
     model_path = config.model.model_name_or_path
     stage = TrainingStage(name=config.finetuning.stage, parent=None, config=config)
-    key, inputs = tokenize_key(stage, tokenizer_key=tokenizer_fingerprint(model_path))
-    cached = find_artifact(cache_root(), "tokenized", key)
-    if cached is not None:
-        return cached.path
-    with write_artifact(cache_root(), "tokenized", key, config=config.flat(), inputs=inputs) as draft:
-        draft.metrics.update(tokenize_stage_data(config, tokenizer_path=model_path, output_dir=draft.path))
-    return find_artifact(cache_root(), "tokenized", key).path
+    artifact = cached_tokenized_data(cache_root(), stage, tokenizer_path=model_path, tokenizer_key=tokenizer_fingerprint(model_path),
+                                     fingerprints=fingerprints, on_damaged=_announce_damage)
+    return artifact.path
+
+
+def _announce_damage(damage: Damage) -> None:
+    print(f"tokenize: cached artifact {damage.path} is damaged ({damage.reason}); recomputing", flush=True)
 
 
 def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[str, int]:
@@ -109,17 +102,8 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
 def export(config_path: str, overrides: list[str]) -> Path:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "export_dir"), source=config_path)
-    export_dir = Path(config.export.export_dir)
-    template = config.data.template or DEFAULT_TEMPLATE
-    if not config.model.adapter_name_or_path:
-        return export_model(config.model.model_name_or_path, export_dir, template=template, export_size_gb=config.export.export_size)
-    merged = export_dir.with_name(f".{export_dir.name}.merged")
-    shutil.rmtree(merged, ignore_errors=True)
-    try:
-        merge_adapter(config.model.model_name_or_path, config.model.adapter_name_or_path, merged)
-        return export_model(merged, export_dir, template=template, export_size_gb=config.export.export_size)
-    finally:
-        shutil.rmtree(merged, ignore_errors=True)
+    return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=config.model.adapter_name_or_path or None,
+                         template=export_template(config), export_size_gb=config.export.export_size)
 
 
 def tokenizer_fingerprint(model_path: str) -> str:
@@ -137,7 +121,7 @@ def _require(config: StageConfig, keys: tuple[str, ...], *, source: str) -> None
 
 
 def _check_output_dir(output_dir: Path, *, overwrite: bool) -> None:
-    """Refuse to mix a new run into a folder of other files; checkpoints mean resume (DESIGN.md §6).
+    """Refuse to mix a new run into a folder of other files; checkpoints mean resume (docs/ARCHITECTURE.md, "Interfaces").
 
     A run killed before its first checkpoint leaves only its job and log; rerun, it starts over.
     """

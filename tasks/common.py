@@ -19,12 +19,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
 
 from tuneline.core.tracking import runs as tracking
+from tuneline.core.tracking.references import KEY_TAG
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft, find_artifact, write_artifact
 from tuneline.core.store.cache import Damage, serve_or_compute
 from tuneline.core.store.results import StageResult
 
 CACHE_HIT_TAG = "tuneline.cache_hit"
-KEY_TAG = "tuneline.key"
 PRODUCER_TAG = "tuneline.produced_by_run"
 RECOMPUTED_TAG = "tuneline.recomputed_damaged"  # why the cached artifact this run replaced was damaged
 RESUMED_RUN_TAG = "tuneline.resumed_from_run"

@@ -5,26 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from tuneline.core.tracking import model_registry as registry
 
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.store.artifacts import artifact_lock
 from tuneline.core.pipeline.spec import RegisterSettings
+from tuneline.core.store.results import StageResult
+from tuneline.core.tracking.references import EXPORT_KEY_TAG
 from tuneline.core.tracking.promotion import check_metric, decide, metric_tags, rule_from_settings
 from tuneline.tasks.common import CACHE_HIT_TAG, KEY_TAG, RunContext
 
-EXPORT_KEY_TAG = "tuneline.export_key"
 FLAVOR_TAG = "tuneline.mlflow_flavor"
 FALLBACK_TAG = "tuneline.mlflow_flavor_fallback"
 
 
-@task(name="register")
+@task(name="register", cache_policy=NO_CACHE, persist_result=False)
 def register(
     context: RunContext,
     settings: RegisterSettings,
     *,
-    exported: dict[str, Any],
+    exported: StageResult,
     lineage: dict[str, str],
     metrics: dict[str, float],
     metric_origin: dict[str, str],
@@ -32,7 +34,7 @@ def register(
 ) -> dict[str, Any]:
     """Reuse the version already registered for this export (same key), else register a new one; then
     compare it with the champion on the configured metric and point `champion` or `challenger` at it."""
-    uri, key, name = context.tracking_uri, exported["key"], settings.model_name
+    uri, key, name = context.tracking_uri, exported.key, settings.model_name
     rule = rule_from_settings(metric=settings.promote_metric, greater=settings.greater_is_better,
                               min_improvement=settings.min_improvement, function=settings.promote_function)
     check_metric(rule, metrics, metric_origin)
@@ -41,36 +43,29 @@ def register(
                                     search_dir=search_dir)
 
 
-def _register_and_decide(context: RunContext, settings: RegisterSettings, rule: Any, *, exported: dict[str, Any],
+def _register_and_decide(context: RunContext, settings: RegisterSettings, rule: Any, *, exported: StageResult,
                          lineage: dict[str, str], metrics: dict[str, float], search_dir: str | None) -> dict[str, Any]:
-    uri, key, name = context.tracking_uri, exported["key"], settings.model_name
+    uri, key, name = context.tracking_uri, exported.key, settings.model_name
     existing = tracking.find_model_version(uri, name=name, tag=EXPORT_KEY_TAG, value=key)
-    run_id = tracking.start_run(
-        uri, context.experiment_id, name="register", parent_run_id=context.parent_run_id,
-        tags={KEY_TAG: key, CACHE_HIT_TAG: str(existing is not None).lower(), "tuneline.stage": "register"},
-    )
-    tracking.log_params(uri, run_id, {"model_name": name, "alias": settings.alias, "export": exported["path"],
-                                      "promote_metric": settings.promote_metric, "promote_function": settings.promote_function,
-                                      "min_improvement": settings.min_improvement, "greater_is_better": rule.greater_is_better})
-    try:
+    tags = {KEY_TAG: key, CACHE_HIT_TAG: str(existing is not None).lower(), "tuneline.stage": "register"}
+    with tracking.tracked_run(uri, context.experiment_id, name="register", parent_run_id=context.parent_run_id, tags=tags) as run_id:
+        tracking.log_params(uri, run_id, {"model_name": name, "alias": settings.alias, "export": exported.path,
+                                          "promote_metric": settings.promote_metric, "promote_function": settings.promote_function,
+                                          "min_improvement": settings.min_improvement, "greater_is_better": rule.greater_is_better})
         version = existing or _register_new(uri, run_id, name=name, exported=exported, tags={**lineage, **metric_tags(metrics)})
         champion_version, champion_metrics = registry.champion(uri, name=name, alias=settings.alias)
         decision = decide(rule, version=version, candidate=metrics, champion_version=champion_version, champion=champion_metrics,
                           alias=settings.alias, search_dir=search_dir)
         registry.apply_decision(uri, name=name, decision=decision)
-    except BaseException:
-        tracking.end_run(uri, run_id, failed=True)
-        raise
-    tracking.set_tags(uri, run_id, {"tuneline.promotion": decision.message})
-    tracking.end_run(uri, run_id)
+        tracking.set_tags(uri, run_id, {"tuneline.promotion": decision.message})
     get_run_logger().info("registered %s version %s: %s", name, version, decision.message)
     return {"model_name": name, "version": version, "alias": decision.alias, "promoted": decision.promoted,
             "decision": decision.message, "cache_hit": existing is not None}
 
 
-def _register_new(uri: str, run_id: str, *, name: str, exported: dict[str, Any], tags: dict[str, str]) -> str:
-    flavor, fallback = tracking.log_chat_model(uri, run_id, exported["path"], artifact_path="model")
+def _register_new(uri: str, run_id: str, *, name: str, exported: StageResult, tags: dict[str, str]) -> str:
+    flavor, fallback = tracking.log_chat_model(uri, run_id, exported.path, artifact_path="model")
     if fallback:
-        get_run_logger().warning("logged %s as plain files, not as an MLflow transformers model: %s", exported["path"], fallback)
-    tags = {EXPORT_KEY_TAG: exported["key"], FLAVOR_TAG: flavor, **({FALLBACK_TAG: fallback} if fallback else {}), **tags}
+        get_run_logger().warning("logged %s as plain files, not as an MLflow transformers model: %s", exported.path, fallback)
+    tags = {EXPORT_KEY_TAG: exported.key, FLAVOR_TAG: flavor, **({FALLBACK_TAG: fallback} if fallback else {}), **tags}
     return tracking.register_model_version(uri, name=name, run_id=run_id, artifact_path="model", tags=tags, alias=None)

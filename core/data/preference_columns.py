@@ -27,7 +27,7 @@ FEEDBACK_COLUMNS = ("input_ids", "attention_mask", "labels", "kl_input_ids", "kl
                     "kto_tags")
 
 
-_TRAINED_BY = {"pairwise": "a pairwise stage (rm, dpo)", "feedback": "stage 'kto'"}
+_TRAINED_BY = {"pairwise": "a pairwise stage (rm, dpo)", "feedback": "stage kto"}
 
 
 def check_columns(dataset: Dataset, *, examples: Literal["pairwise", "feedback"]) -> None:
@@ -37,7 +37,7 @@ def check_columns(dataset: Dataset, *, examples: Literal["pairwise", "feedback"]
     if not missing:
         return
     source = ("rows with a 'kto_tag' column, tokenized with 'stage: kto'" if examples == "feedback"
-              else "a dataset with '\"ranking\": true' in dataset_info.json, tokenized with 'stage: rm' or 'dpo'")
+              else "a dataset with '\"ranking\": true' in dataset_info.json, tokenized with stage rm or dpo")
     raise ConfigError(f"{_TRAINED_BY[examples]} needs the tokenized columns {', '.join(missing)}, which this "
                       f"dataset lacks (it has {', '.join(dataset.column_names)}); train on {source}.")
 

@@ -1,6 +1,6 @@
 """What each pipeline stage computes and which inputs decide its key.
 
-One `*_key` function per stage (DESIGN.md §2) and one function that does the work into a given
+One `*_key` function per stage (docs/ARCHITECTURE.md, "Artifacts, keys and runs") and one function that does the work into a given
 folder. Both are plain Python: the Prefect tasks only wire them to artifacts and MLflow.
 """
 

@@ -1,4 +1,4 @@
-"""Pipeline YAML (DESIGN.md §3): a workspace, shared defaults and a DAG of stages.
+"""Pipeline YAML (docs/ARCHITECTURE.md, "Pipelines"): a workspace, shared defaults and a DAG of stages.
 
 ```yaml
 name: demo
@@ -39,7 +39,7 @@ from tuneline.core.config import (
     read_yaml,
     unsupported_for_training,
 )
-from tuneline.core.errors import ConfigError, nearest
+from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.stages.registry import DEFAULT_STAGE, STAGE_NAMES, build_stage_config, kinds_with, stage_kind
 from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, load_promote_function, settings_problems
 
@@ -303,21 +303,19 @@ def _dag_problems(stages: list[BaseStage | TrainingStage]) -> list[str]:
 def _link_kind_problems(stage: TrainingStage, key: str, target: BaseStage | TrainingStage) -> list[str]:
     """`reward_model` must name an rm stage; `from` and `ref_model` a policy (an rm output is no causal LM)."""
     is_reward = isinstance(target, TrainingStage) and not target.produces_policy
-    rewarders = " or ".join(kinds_with(output="reward_model"))
+    rewarders = listed(kinds_with(output="reward_model"))
     if key == "reward_model" and not is_reward:
         kind = target.kind if isinstance(target, TrainingStage) else BASE_KIND
         return [f"stage '{stage.name}' has 'reward_model: {target.name}', but stage '{target.name}' is a {kind} stage; "
                 f"'reward_model' must name an {rewarders} stage."]
     if key != "reward_model" and is_reward:
-        policies = ", ".join((BASE_KIND, *kinds_with(output="policy")))
+        policies = listed((BASE_KIND, *kinds_with(output="policy")))
         return [f"stage '{stage.name}' has '{key}: {target.name}', but stage '{target.name}' is an {target.kind} stage: a "
                 f"reward model is no policy (not a causal LM); name a {policies} stage instead."]
-    if key in REFERENCE_KEYS and key not in stage_kind(stage.kind).references:
+    if key == "ref_model" and key not in stage_kind(stage.kind).references:
         readers = kinds_with(reference=key)
-        listed = f"{', '.join(readers[:-1])} and {readers[-1]}" if len(readers) > 1 else readers[0]
-        return [f"stage '{stage.name}' has '{key}: {target.name}', but only {listed} stages use a "
-                f"{key.replace('_', ' ').replace('ref ', 'reference ')}; remove '{key}' or make the stage "
-                f"{', '.join(readers[:-1]) + ' or ' if len(readers) > 1 else ''}{readers[-1]}."]
+        return [f"stage '{stage.name}' has '{key}: {target.name}', but only {listed(readers, last='and')} stages use a "
+                f"reference model; remove '{key}' or make the stage {listed(readers)}."]
     return []
 
 
@@ -353,7 +351,7 @@ def _section_kind_problems(stages: list[BaseStage | TrainingStage], raw: Mapping
         for key in keys if isinstance(values, Mapping) else ():
             if values.get(key) in reward:
                 problems.append(f"'{section}.{key}: {values[key]}' names an rm stage, whose reward model is not a "
-                                f"causal LM; name a {', '.join(kinds_with(output='policy'))} stage.")
+                                f"causal LM; name a {listed(kinds_with(output='policy'))} stage.")
     return problems
 
 

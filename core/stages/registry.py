@@ -9,12 +9,13 @@ Adding a kind is one module under `core/stages/` and one entry in `KINDS`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import StageConfig, parse_overrides, read_stage_config, read_yaml
-from tuneline.core.errors import ConfigError, nearest
+from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.models.loading import method_problems
 from tuneline.core.stages.dpo import DPO
 from tuneline.core.stages.kind import StageKind
@@ -47,6 +48,8 @@ def kinds_with(*, output: str | None = None, reference: str | None = None) -> tu
 def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> StageConfig:
     """Split, type-check and cross-check a flat LLaMA-Factory mapping; all problems at once."""
     config, problems = read_stage_config(raw)
+    if config.finetuning.stage is None:
+        config = dataclasses.replace(config, finetuning=dataclasses.replace(config.finetuning, stage=DEFAULT_STAGE))
     if config.finetuning.stage not in KINDS:
         guess = nearest(config.finetuning.stage, KINDS)
         problems.append(f"'stage': got {config.finetuning.stage!r}; choose one of {', '.join(STAGE_NAMES)}"
@@ -74,7 +77,7 @@ def predict_problems(config: StageConfig, kind: StageKind) -> list[str]:
     if do_predict and not with_generate:
         problems.append("'do_predict: true' needs 'predict_with_generate: true' (answers are generated and scored); set it or remove do_predict.")
     if with_generate and not kind.predicts:
-        predicting = " or ".join(name for name, k in KINDS.items() if k.predicts)
+        predicting = listed(name for name, k in KINDS.items() if k.predicts)
         problems.append(f"'predict_with_generate: true' is for stage {predicting}, not '{kind.name}'; remove it.")
     if do_predict and with_generate and not (config.data.eval_dataset or config.data.val_size):
         problems.append("'do_predict: true' needs a predict set: name 'eval_dataset' or hold rows out with 'val_size'.")

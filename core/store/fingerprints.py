@@ -1,4 +1,4 @@
-"""Content fingerprints and stage keys (DESIGN.md §2).
+"""Content fingerprints and stage keys (docs/ARCHITECTURE.md, "Artifacts, keys and runs").
 
 A stage key hashes what decides a stage's output: its name, the config fields that change the
 output, its upstream keys, the fingerprints of its input files, the package version and a digest

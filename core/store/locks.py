@@ -30,3 +30,21 @@ def file_lock(path: str | Path, *, on_wait: Callable[[], None] | None = None) ->
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def lock_if_free(path: str | Path) -> Iterator[bool]:
+    """Hold the lock on `path` if no process holds it, without waiting: yields True while held,
+    False (and holds nothing) when another process has it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

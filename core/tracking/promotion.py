@@ -1,4 +1,4 @@
-"""Champion/challenger promotion (DESIGN.md §5): whether a newly registered version takes the champion
+"""Champion/challenger promotion (docs/ARCHITECTURE.md, "Tracking"): whether a newly registered version takes the champion
 alias, decided on one metric or by a user function. Pure: no MLflow here (`core/registry.py` reads
 and writes the registry through `core/tracking.py`).
 

@@ -1,4 +1,4 @@
-"""The one door from `core/` to MLflow (DESIGN.md §5).
+"""The one door from `core/` to MLflow (docs/ARCHITECTURE.md, "Tracking").
 
 Runs are addressed by id through `MlflowClient`, never through MLflow's global "active run", so a
 flow, its tasks and a training worker in another process can all log to the same run. The store

@@ -1,6 +1,6 @@
 """Several training processes: how many, how they are started, and the settings they share.
 
-LLaMA-Factory's launch contract (DESIGN.md §6): `FORCE_TORCHRUN=1 NPROC_PER_NODE=N tuneline train
+LLaMA-Factory's launch contract (docs/ARCHITECTURE.md, "Interfaces"): `FORCE_TORCHRUN=1 NPROC_PER_NODE=N tuneline train
 ...`, with `NNODES`, `NODE_RANK`, `MASTER_ADDR` and `MASTER_PORT` for several nodes, starts the
 worker through torchrun; more than one visible GPU does so too. DeepSpeed and FSDP are the
 trainer's own `deepspeed`, `fsdp` and `fsdp_config` arguments, so torchrun is the only launcher:

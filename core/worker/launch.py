@@ -1,4 +1,4 @@
-"""Start the training worker in child processes and stream their output (DESIGN.md §4).
+"""Start the training worker in child processes and stream their output (docs/ARCHITECTURE.md, "Training runs in a worker").
 
 One process by default; several through torchrun when the environment asks for them as it does
 for LLaMA-Factory (`FORCE_TORCHRUN=1 NPROC_PER_NODE=N`, see `distributed.py`).

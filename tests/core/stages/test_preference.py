@@ -137,7 +137,7 @@ def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
         assert row["kl_input_ids"][-len(example["KL_completion_ids"]):] == example["KL_completion_ids"]
         assert example["label"] is row["kto_tags"]
     sft_rows = Dataset.from_dict({"input_ids": [[1, 2]], "attention_mask": [[1, 1]], "labels": [[-100, 2]]})
-    with pytest.raises(ConfigError, match="stage 'kto' needs .*kl_input_ids"):
+    with pytest.raises(ConfigError, match="stage kto needs .*kl_input_ids"):
         kto_examples(sft_rows)
 
 

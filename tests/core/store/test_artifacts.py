@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -16,7 +17,7 @@ def test_artifact_appears_only_when_complete(tmp_path: Path):
         draft.metrics["m"] = 2.0
     artifact = find_artifact(tmp_path, "kind", "k1")
     assert artifact is not None
-    assert artifact.manifest["files"] == {"data.txt": 1}
+    assert artifact.manifest["files"] == {"data.txt": {"size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}}
     assert artifact.manifest["metrics"] == {"m": 2.0}
     assert not partial_path(tmp_path, "kind", "k1").exists()
 

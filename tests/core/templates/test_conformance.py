@@ -388,7 +388,7 @@ def test_batch_encoder_equals_row_by_row_encoding(tokenizers, pairing, template_
     rows = [{"prompt": list(case.messages[:-1]), "response": list(case.messages[-1:]), "system": case.system or "",
              "tools": json.dumps(list(case.tools), ensure_ascii=False) if case.tools else ""} for case in cases]
     for cutoff_len in (4096, 24):  # whole, and cut by the truncation rule
-        spec = EncodingSpec(stage="sft", template=template, cutoff_len=cutoff_len, train_on_prompt=False,
+        spec = EncodingSpec(examples="supervised", template=template, cutoff_len=cutoff_len, train_on_prompt=False,
                             mask_history=False, packing=False, neat_packing=False, predict=False, batch_size=4)
         batch, counters = encode_batch(rows, spec=spec, tokenizer=tokenizer)
         single = [encode_supervised_row(row, template=template, tokenizer=tokenizer, cutoff_len=cutoff_len) for row in rows]

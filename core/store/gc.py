@@ -1,0 +1,84 @@
+"""`tuneline gc`: the artifacts and drafts of a workspace that nothing needs, and removing them.
+
+Needed (kept): every artifact whose key `referenced` names (the caller gathers the keys of recent
+runs' stages and of registered model versions, `core.tracking.references`), and every draft
+(`.<key>.partial`) that a running process holds the lock of, or that a recent run references
+(a killed run resumes from it). Garbage: unreferenced artifacts, drafts whose artifact is finished
+or that nothing references and no process holds, folders set aside as damaged (`.<key>.damaged`),
+and artifact folders without a manifest (marked damaged by `tuneline verify`). Lock files stay:
+see `core.store.locks`.
+
+Removal takes each key's lock first (skipping what a process took meanwhile) and deletes an
+artifact's manifest before its files, so no reader ever sees half an artifact.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator, Set
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuneline.core.store.artifacts import MANIFEST, lock_path, read_manifest
+from tuneline.core.store.locks import lock_if_free
+
+_PARTIAL, _DAMAGED, _LOCK = ".partial", ".damaged", ".lock"
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """One folder `tuneline gc` would remove."""
+
+    path: Path
+    kind: str
+    key: str
+    size: int  # bytes, all files below
+    reason: str
+
+
+def folder_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def find_garbage(workspace: str | Path, *, referenced: Set[str]) -> list[Garbage]:
+    """What nothing needs, kind by kind, key by key (nothing is removed)."""
+    found = []
+    for kind_dir in sorted(p for p in (Path(workspace) / "artifacts").glob("*") if p.is_dir()):
+        for entry in sorted(p for p in kind_dir.iterdir() if p.is_dir()):
+            key, reason = _judge(entry, referenced=referenced)
+            if reason is not None and _lock_is_free(workspace, kind_dir.name, key):
+                found.append(Garbage(path=entry, kind=kind_dir.name, key=key, size=folder_size(entry), reason=reason))
+    return found
+
+
+def _judge(entry: Path, *, referenced: Set[str]) -> tuple[str, str | None]:
+    """The folder's key, and why it is garbage (None: it is kept)."""
+    name = entry.name
+    if name.startswith(".") and name.endswith(_PARTIAL):
+        key = name[1 : -len(_PARTIAL)]
+        if read_manifest(entry.with_name(key)) is not None:
+            return key, "draft superseded by its finished artifact"
+        return key, None if key in referenced else "draft that no recent run references"
+    if name.startswith(".") and name.endswith(_DAMAGED):
+        return name[1 : -len(_DAMAGED)], "damaged artifact, set aside"
+    if name.startswith("."):
+        return name, None  # nothing tuneline writes: left alone
+    if not (entry / MANIFEST).is_file():
+        return name, "artifact without a manifest (marked damaged, or never finished)"
+    return name, None if name in referenced else "artifact that no recent run or registered model references"
+
+
+def _lock_is_free(workspace: str | Path, kind: str, key: str) -> bool:
+    with lock_if_free(lock_path(workspace, kind, key)) as free:
+        return free
+
+
+def remove_garbage(workspace: str | Path, garbage: list[Garbage]) -> Iterator[Garbage]:
+    """Remove each folder under its key's lock; yield those removed (one a process took meanwhile stays)."""
+    for item in garbage:
+        with lock_if_free(lock_path(workspace, item.kind, item.key)) as free:
+            if not free or not item.path.exists():
+                continue
+            (item.path / MANIFEST).unlink(missing_ok=True)  # first: readers stop seeing it at once
+            shutil.rmtree(item.path)
+            yield item

@@ -1,0 +1,58 @@
+"""`tuneline verify`: re-hash every artifact of a workspace against its manifest.
+
+A damaged artifact is marked (`artifacts.mark_damaged`: its manifest gives way to `damage.json`,
+which lists what was found) rather than deleted: no run serves it from then on, the next run that
+needs its key sets it aside and recomputes it (tagging its MLflow run with the reason), and `tuneline
+gc` removes what nothing needs. Marking, not moving, keeps it where a person looking for the
+artifact of that key will find it, with the reason beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuneline.core.store.artifacts import MANIFEST, Artifact, artifact_lock, mark_damaged, read_manifest
+from tuneline.core.store.integrity import content_problems, recorded_files
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `verify_workspace` found for one artifact."""
+
+    path: Path
+    problems: list[str]
+    checked: bool  # False: its manifest has no file table to check against (written by an older tuneline)
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.problems)
+
+
+def finished_artifacts(workspace: str | Path) -> Iterator[Artifact]:
+    """Every artifact of the workspace that readers see (a folder with a manifest), by kind and key."""
+    for manifest_file in sorted((Path(workspace) / "artifacts").glob(f"*/*/{MANIFEST}")):
+        folder = manifest_file.parent
+        manifest = read_manifest(folder)
+        if manifest is not None and not folder.name.startswith("."):
+            yield Artifact(folder, manifest)
+
+
+def verify_artifact(artifact: Artifact) -> Verdict:
+    return Verdict(path=artifact.path, problems=content_problems(artifact.path, artifact.manifest, manifest_name=MANIFEST),
+                   checked=recorded_files(artifact.manifest) is not None)
+
+
+def verify_workspace(workspace: str | Path, *, mark: bool = True) -> list[Verdict]:
+    """Re-hash every artifact's files; with `mark`, mark the damaged ones so no run serves them
+    (under the key's lock, so no run sets it aside or rewrites it meanwhile)."""
+    verdicts = []
+    for artifact in finished_artifacts(workspace):
+        verdict = verify_artifact(artifact)
+        if verdict.damaged and mark:
+            with artifact_lock(workspace, artifact.path.parent.name, artifact.path.name):
+                if read_manifest(artifact.path) is not None:  # not set aside or replaced meanwhile
+                    mark_damaged(artifact, verdict.problems)
+        verdicts.append(verdict)
+    return verdicts

@@ -1,0 +1,67 @@
+"""`tuneline gc`'s choice: exactly the unreferenced artifacts and the stale drafts, never a draft in use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuneline.core.store.artifacts import artifact_lock, artifact_path, partial_path, set_aside, write_artifact
+from tuneline.core.store.gc import find_garbage, remove_garbage
+
+
+def finished(workspace: Path, kind: str, key: str) -> Path:
+    with write_artifact(workspace, kind, key, config={}) as draft:
+        (draft.path / "weights.bin").write_bytes(b"w" * 100)
+    return artifact_path(workspace, kind, key)
+
+
+def draft(workspace: Path, kind: str, key: str) -> Path:
+    path = partial_path(workspace, kind, key)
+    (path / "checkpoint-2").mkdir(parents=True)
+    (path / "checkpoint-2" / "adapter.bin").write_bytes(b"c" * 10)
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> dict[str, Path]:
+    paths = {
+        "kept": finished(tmp_path, "trained", "sft-kept"),
+        "old": finished(tmp_path, "trained", "sft-old"),
+        "old_tokens": finished(tmp_path, "tokenized", "tokenize-old"),
+        "superseded": draft(tmp_path, "trained", "sft-kept"),  # its artifact is finished
+        "stale": draft(tmp_path, "trained", "sft-stale"),  # no lock, no run references it
+        "resumable": draft(tmp_path, "trained", "sft-resumable"),  # a recent (killed) run references it
+        "in_use": draft(tmp_path, "trained", "sft-running"),  # a process holds its lock
+    }
+    paths["damaged"] = set_aside(finished(tmp_path, "trained", "sft-damaged"))
+    return paths
+
+
+REFERENCED = {"sft-kept", "sft-resumable", "sft-damaged"}
+GARBAGE = {"old", "old_tokens", "superseded", "stale", "damaged"}
+
+
+def test_gc_lists_exactly_the_unreferenced_artifacts_and_stale_drafts(tmp_path: Path, workspace: dict[str, Path]):
+    with artifact_lock(tmp_path, "trained", "sft-running"):
+        garbage = find_garbage(tmp_path, referenced=REFERENCED)
+    assert {item.path for item in garbage} == {workspace[name] for name in GARBAGE}
+    by_path = {item.path: item for item in garbage}
+    assert by_path[workspace["stale"]].size == 10
+    assert by_path[workspace["old"]].size == sum(f.stat().st_size for f in workspace["old"].iterdir())  # weights and manifest
+    assert by_path[workspace["superseded"]].reason == "draft superseded by its finished artifact"
+
+
+def test_gc_removes_them_and_keeps_the_rest(tmp_path: Path, workspace: dict[str, Path]):
+    with artifact_lock(tmp_path, "trained", "sft-running"):
+        removed = list(remove_garbage(tmp_path, find_garbage(tmp_path, referenced=REFERENCED)))
+    assert {item.path for item in removed} == {workspace[name] for name in GARBAGE}
+    assert {name for name, path in workspace.items() if path.exists()} == {"kept", "resumable", "in_use"}
+
+
+def test_gc_skips_what_a_process_locked_after_the_listing(tmp_path: Path, workspace: dict[str, Path]):
+    garbage = find_garbage(tmp_path, referenced=REFERENCED | {"sft-running"})
+    with artifact_lock(tmp_path, "trained", "sft-stale"):
+        removed = {item.path for item in remove_garbage(tmp_path, garbage)}
+    assert workspace["stale"] not in removed and workspace["stale"].is_dir()
+    assert workspace["old"] in removed
