@@ -91,7 +91,8 @@ def run_register(pipeline: Pipeline, state: ChainState, *, exported: StageResult
     if pipeline.evaluate:
         sources[f"'{pipeline.evaluate.stage}/evaluate' (evaluate section)"] = evaluation
     metrics, origin = candidate_metrics(sources)
-    lineage = lineage_tags(((item["name"], item["key"]) for item in state.report), state.fingerprints.all(), pipeline_source=pipeline.source)
+    lineage = lineage_tags(((item["name"], item["key"]) for item in state.report), state.fingerprints.all(),
+                           pipeline_source=pipeline.source)
     search_dir = str(Path(pipeline.source).resolve().parent) if pipeline.source else None
     registered = register(state.context, settings, exported=exported, lineage=lineage, metrics=metrics,
                           metric_origin=origin, search_dir=search_dir)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneline.core.config import StageConfig
-from tuneline.core.data.packing import pack_examples
+from tuneline.core.data.packing import pack_examples, pack_room
 from tuneline.core.data.processors import (
     check_supervised_options,
     check_supervised_row,
@@ -29,7 +29,7 @@ from tuneline.core.data.processors import (
     encode_unsupervised_row,
     supervised_example,
 )
-from tuneline.core.errors import ConfigError, TunelineError
+from tuneline.core.errors import TunelineError
 from tuneline.core.templates.encode import merge_starts, message_pieces
 from tuneline.core.templates.conversation import Template, encode_turns, pair_turns, turn_pieces
 
@@ -210,9 +210,7 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
     template = spec.template
     check_supervised_options(template, train_on_prompt=spec.train_on_prompt)
     packed = bool(spec.packing or spec.neat_packing)
-    if packed and spec.cutoff_len < 2:
-        raise ConfigError(f"packing needs cutoff_len of at least 2, got {spec.cutoff_len}")
-    budget = spec.cutoff_len - 1 if packed else spec.cutoff_len  # LLaMA-Factory's room in a pack
+    budget = pack_room(spec.cutoff_len) if packed else spec.cutoff_len
     counters: Counter = Counter()
     eos_id = tokenizer.eos_token_id
     examples: list[dict[str, list[int]] | None] = []

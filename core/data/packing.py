@@ -27,6 +27,14 @@ if TYPE_CHECKING:
 Example = Mapping[str, Sequence[int]]
 
 
+def pack_room(cutoff_len: int) -> int:
+    """The tokens a pack holds before its padding, `cutoff_len - 1`: LLaMA-Factory cuts `cutoff_len`
+    by one whenever packing is on, so every pack ends with at least one padding token."""
+    if cutoff_len < 2:
+        raise ConfigError(f"packing needs cutoff_len of at least 2, got {cutoff_len}")
+    return cutoff_len - 1
+
+
 def knapsack_groups(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Indices into `lengths`, grouped so that each group's lengths sum to at most `capacity`.
 
@@ -90,18 +98,17 @@ def pack_examples(
     batches. Padding is `pad_token_id` with label -100, position 0 and attention_mask 1 (0 with
     `neat_packing`).
     """
-    if cutoff_len < 2:
-        raise ConfigError(f"packing needs cutoff_len of at least 2, got {cutoff_len}")
-    too_long = [i for i, e in enumerate(examples) if e is not None and len(e["input_ids"]) >= cutoff_len]
+    room = pack_room(cutoff_len)
+    too_long = [i for i, e in enumerate(examples) if e is not None and len(e["input_ids"]) > room]
     if too_long:
         raise DataError(
-            f"examples {too_long[:5]} are longer than cutoff_len - 1 = {cutoff_len - 1} tokens, the room in a "
+            f"examples {too_long[:5]} are longer than cutoff_len - 1 = {room} tokens, the room in a "
             "pack; encode the rows with cutoff_len - 1 (encode_packed_supervised_rows does)"
         )
     packs = []
     for start in range(0, len(examples), batch_size):
         batch = [example for example in examples[start : start + batch_size] if example is not None]
-        for group in knapsack_groups([len(example["input_ids"]) for example in batch], cutoff_len - 1):
+        for group in knapsack_groups([len(example["input_ids"]) for example in batch], room):
             packed = [batch[index] for index in group]
             packs.append(_pack(packed, cutoff_len=cutoff_len, pad_token_id=pad_token_id, neat_packing=neat_packing))
     return packs
@@ -124,14 +131,13 @@ def encode_packed_supervised_rows(
     the configured length. Rows left with nothing to train give no example (see
     `encode_supervised_row`).
     """
-    if cutoff_len < 2:
-        raise ConfigError(f"packing needs cutoff_len of at least 2, got {cutoff_len}")
+    room = pack_room(cutoff_len)
     examples = [
         encode_supervised_row(
             row,
             template=template,
             tokenizer=tokenizer,
-            cutoff_len=cutoff_len - 1,
+            cutoff_len=room,
             train_on_prompt=train_on_prompt,
             mask_history=mask_history,
         )

@@ -192,37 +192,44 @@ def _csv_record(path: Path, index: int, line: int, header: list[str],
 
 
 def _read_parquet(path: Path, *, entry: str) -> Iterator[Record]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
-        yield from _batch_records(path, batches)
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(
-            f"{entry}: {path} is not a readable Parquet file ({e}). Write it again with "
-            "pyarrow, pandas or datasets' to_parquet."
-        ) from e
+    return _pyarrow_records(path, _parquet_batches(path), entry=entry, kind="Parquet",
+                            fix="Write it again with pyarrow, pandas or datasets' to_parquet.")
 
 
 def _read_arrow(path: Path, *, entry: str) -> Iterator[Record]:
     """An Arrow IPC stream (what `datasets` writes) or an Arrow IPC file."""
+    return _pyarrow_records(path, _arrow_batches(path), entry=entry, kind="Arrow",
+                            fix="Write it with datasets' save_to_disk or pyarrow.ipc.")
+
+
+def _parquet_batches(path: Path) -> Iterator[Any]:
+    import pyarrow.parquet as pq
+
+    yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
+
+
+def _arrow_batches(path: Path) -> Iterator[Any]:
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            source.seek(0)
+            file_reader = pa.ipc.open_file(source)
+            reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+        yield from reader
+
+
+def _pyarrow_records(path: Path, batches: Iterator[Any], *, entry: str, kind: str, fix: str) -> Iterator[Record]:
+    """The rows of pyarrow record batches, read lazily; pyarrow's and the OS's errors, opening the
+    file included, become a DataError naming the entry, the file, its `kind` and the `fix`."""
     import pyarrow as pa
 
     try:
-        with pa.memory_map(str(path)) as source:
-            try:
-                reader = pa.ipc.open_stream(source)
-            except pa.ArrowInvalid:
-                source.seek(0)
-                file_reader = pa.ipc.open_file(source)
-                reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
-            yield from _batch_records(path, reader)
+        yield from _batch_records(path, batches)
     except (pa.ArrowException, OSError) as e:
-        raise DataError(
-            f"{entry}: {path} is not a readable Arrow file ({e}). Write it with "
-            "datasets' save_to_disk or pyarrow.ipc."
-        ) from e
+        raise DataError(f"{entry}: {path} is not a readable {kind} file ({e}). {fix}") from e
 
 
 def _batch_records(path: Path, batches) -> Iterator[Record]:

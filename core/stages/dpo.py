@@ -14,17 +14,17 @@ It trains on pairs; `pref_loss` picks the objective as LLaMA-Factory does:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuneline.core.config import FinetuningConfig, ModelConfig, StageConfig
+from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
-from tuneline.core.stages.preference import preference_optimizer, preference_problems, raise_problems, with_reference
+from tuneline.core.stages.preference import preference_problems, raise_problems, with_reference
+from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from transformers import PreTrainedTokenizerBase, PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import PreTrainedTokenizerBase, Trainer
 
 REFERENCE_FREE = ("orpo", "simpo")
 
@@ -55,22 +55,12 @@ def dpo_loss_terms(finetuning: FinetuningConfig) -> tuple[list[str], list[float]
     return [main], [1.0]
 
 
-def build_dpo_trainer(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    train_dataset: Dataset,
-    eval_dataset: Dataset | None = None,
-    finetuning: FinetuningConfig,
-    args: TrainingArguments,
-    callbacks: Sequence[TrainerCallback] = (),
-    model_config: ModelConfig | None = None,
-) -> Trainer:
+def build_dpo_trainer(request: TrainerRequest) -> Trainer:
     """A TRL trainer for stage dpo and `pref_loss`, ready to train on tuneline's tokenized pairs."""
+    finetuning = request.finetuning
     raise_problems(dpo_problems(finetuning))
     if finetuning.pref_loss in REFERENCE_FREE:
-        return _reference_free_trainer(model, tokenizer, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                                       finetuning=finetuning, args=args, callbacks=callbacks)
+        return _reference_free_trainer(request)
     from trl import DPOConfig
 
     from tuneline.core.data.preference_columns import dpo_pairs
@@ -78,22 +68,12 @@ def build_dpo_trainer(
     from tuneline.core.training.trl_args import trl_config
 
     loss_types, loss_weights = dpo_loss_terms(finetuning)
-    config = trl_config(DPOConfig, args, beta=finetuning.pref_beta, loss_type=loss_types, loss_weights=loss_weights,
+    config = trl_config(DPOConfig, request.args, beta=finetuning.pref_beta, loss_type=loss_types, loss_weights=loss_weights,
                         label_smoothing=finetuning.dpo_label_smoothing, max_length=None)
-    return with_reference(TokenizedDPOTrainer, model, tokenizer, config=config, convert=dpo_pairs, train_dataset=train_dataset,
-                           eval_dataset=eval_dataset, finetuning=finetuning, callbacks=callbacks, model_config=model_config)
+    return with_reference(TokenizedDPOTrainer, request, config=config, convert=dpo_pairs)
 
 
-def _reference_free_trainer(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    train_dataset: Dataset,
-    eval_dataset: Dataset | None,
-    finetuning: FinetuningConfig,
-    args: TrainingArguments,
-    callbacks: Sequence[TrainerCallback],
-) -> Trainer:
+def _reference_free_trainer(request: TrainerRequest) -> Trainer:
     """ORPO or SimPO (through TRL's CPO trainer): the policy alone, no reference."""
     from trl.experimental.cpo import CPOConfig
     from trl.experimental.orpo import ORPOConfig
@@ -102,6 +82,7 @@ def _reference_free_trainer(
     from tuneline.core.stages.preference_trainers import TokenizedCPOTrainer, TokenizedORPOTrainer
     from tuneline.core.training.trl_args import trl_config
 
+    finetuning, args = request.finetuning, request.args
     # Their batches hold no `input_ids` (chosen and rejected are concatenated inside), so transformers
     # cannot count the tokens seen and would warn at every step.
     untracked = {"include_num_input_tokens_seen": "no"}
@@ -113,15 +94,7 @@ def _reference_free_trainer(
         config = trl_config(CPOConfig, args, loss_type="simpo", beta=finetuning.pref_beta,
                             cpo_alpha=finetuning.pref_ftx, simpo_gamma=finetuning.simpo_gamma,
                             label_smoothing=finetuning.dpo_label_smoothing, **untracked)
-    return trainer_class(
-        model=model,
-        args=config,
-        train_dataset=odds_ratio_pairs(train_dataset),
-        eval_dataset=odds_ratio_pairs(eval_dataset) if eval_dataset is not None else None,
-        processing_class=tokenizer,
-        callbacks=list(callbacks),
-        optimizers=(preference_optimizer(model, finetuning, config), None),
-    )
+    return trl_trainer(trainer_class, request, config=config, convert=odds_ratio_pairs)
 
 
 def preference_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
@@ -135,12 +108,6 @@ def preference_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, val
     return metrics
 
 
-def _dpo_trainer(request: TrainerRequest) -> Trainer:
-    return build_dpo_trainer(request.model, request.tokenizer, train_dataset=request.train_dataset,
-                             eval_dataset=request.eval_dataset, finetuning=request.finetuning, args=request.args,
-                             callbacks=request.callbacks, model_config=request.model_config)
-
-
 def _config_problems(config: StageConfig) -> list[str]:
     return dpo_problems(config.finetuning)
 
@@ -152,6 +119,6 @@ DPO = StageKind(
     references=frozenset({"ref_model"}),
     config_problems=_config_problems,
     load_model=load_policy,
-    build_trainer=_dpo_trainer,
+    build_trainer=build_dpo_trainer,
     held_out_metrics=preference_metrics,
 )

@@ -14,7 +14,7 @@ rollouts and updates do not fit a trainer).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from tuneline.core.config import FinetuningConfig, ModelConfig, StageConfig
@@ -49,11 +49,11 @@ class TrainerRequest:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     train_dataset: Dataset
-    eval_dataset: Dataset | None
     finetuning: FinetuningConfig
-    model_config: ModelConfig
     args: TrainingArguments
-    callbacks: Sequence[TrainerCallback]
+    eval_dataset: Dataset | None = None
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    callbacks: Sequence[TrainerCallback] = ()
 
 
 @dataclass(frozen=True)

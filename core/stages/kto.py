@@ -3,10 +3,9 @@ reference model (`kto_chosen_weight` and `kto_rejected_weight` weigh the two kin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tuneline.core.config import FinetuningConfig, ModelConfig, StageConfig
+from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
@@ -14,7 +13,7 @@ from tuneline.core.stages.preference import preference_problems, raise_problems,
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+    from transformers import PreTrainedTokenizerBase, Trainer
 
 
 def kto_problems(finetuning: FinetuningConfig) -> list[str]:
@@ -31,18 +30,9 @@ def kto_problems(finetuning: FinetuningConfig) -> list[str]:
     return problems
 
 
-def build_kto_trainer(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    train_dataset: Dataset,
-    eval_dataset: Dataset | None = None,
-    finetuning: FinetuningConfig,
-    args: TrainingArguments,
-    callbacks: Sequence[TrainerCallback] = (),
-    model_config: ModelConfig | None = None,
-) -> Trainer:
+def build_kto_trainer(request: TrainerRequest) -> Trainer:
     """TRL's KTOTrainer for stage kto, ready to train on tuneline's tokenized feedback rows."""
+    finetuning, args = request.finetuning, request.args
     raise_problems(kto_problems(finetuning))
     if args.per_device_train_batch_size < 2:
         raise ConfigError(f"'per_device_train_batch_size: {args.per_device_train_batch_size}' is too small for stage "
@@ -56,14 +46,7 @@ def build_kto_trainer(
     config = trl_config(KTOConfig, args, beta=finetuning.pref_beta, desirable_weight=finetuning.kto_chosen_weight,
                         undesirable_weight=finetuning.kto_rejected_weight, max_length=None,
                         train_sampling_strategy="sequential")  # TRL insists; the trainer shuffles (see its sampler)
-    return with_reference(TokenizedKTOTrainer, model, tokenizer, config=config, convert=kto_examples, train_dataset=train_dataset,
-                           eval_dataset=eval_dataset, finetuning=finetuning, callbacks=callbacks, model_config=model_config)
-
-
-def _kto_trainer(request: TrainerRequest) -> Trainer:
-    return build_kto_trainer(request.model, request.tokenizer, train_dataset=request.train_dataset,
-                             eval_dataset=request.eval_dataset, finetuning=request.finetuning, args=request.args,
-                             callbacks=request.callbacks, model_config=request.model_config)
+    return with_reference(TokenizedKTOTrainer, request, config=config, convert=kto_examples)
 
 
 def _config_problems(config: StageConfig) -> list[str]:
@@ -82,6 +65,6 @@ KTO = StageKind(
     references=frozenset({"ref_model"}),
     config_problems=_config_problems,
     load_model=load_policy,
-    build_trainer=_kto_trainer,
+    build_trainer=build_kto_trainer,
     held_out_metrics=_trainer_metrics,
 )

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
+from tuneline.core.stages.kind import TrainerRequest
+from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
-    from datasets import Dataset
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+    from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 REF_ADAPTER = "ref"  # the name TRL gives its frozen copy of a LoRA policy's adapter
 
@@ -81,21 +81,11 @@ def _frozen(model: PreTrainedModel) -> PreTrainedModel:
     return model.eval()
 
 
-def with_reference(trainer_class: Any, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, config: Any,
-                    convert: Any, train_dataset: Dataset, eval_dataset: Dataset | None, finetuning: FinetuningConfig,
-                    callbacks: Sequence[TrainerCallback], model_config: ModelConfig | None) -> Trainer:
+def with_reference(trainer_class: Any, request: TrainerRequest, *, config: Any, convert: Any) -> Trainer:
     """A TRL trainer that scores against a reference model (DPO, KTO), its data converted by `convert`."""
-    trainer = trainer_class(
-        model=model,
-        ref_model=reference_model(model, finetuning, model_config=model_config, vocab_size=len(tokenizer),
-                                  training=dtype_keys(config)),
-        args=config,
-        train_dataset=convert(train_dataset),
-        eval_dataset=convert(eval_dataset) if eval_dataset is not None else None,
-        processing_class=tokenizer,
-        callbacks=list(callbacks),
-        optimizers=(preference_optimizer(model, finetuning, config), None),
-    )
+    reference = reference_model(request.model, request.finetuning, model_config=request.model_config,
+                                vocab_size=len(request.tokenizer), training=dtype_keys(config))
+    trainer = trl_trainer(trainer_class, request, config=config, convert=convert, ref_model=reference)
     drop_unneeded_ref_adapter(trainer.model)
     return trainer
 
@@ -124,12 +114,6 @@ def _is_b_matrix(name: str, adapter: str) -> bool:
     parts = name.split(".")
     return any(part in ("lora_B", "lora_embedding_B") and parts[i + 1 : i + 2] == [adapter]
                for i, part in enumerate(parts))
-
-
-def preference_optimizer(model: PreTrainedModel, finetuning: FinetuningConfig, config: TrainingArguments) -> Any:
-    from tuneline.core.models.loading import loraplus_optimizer
-
-    return loraplus_optimizer(model, finetuning=finetuning, args=config)
 
 
 def dtype_keys(args: TrainingArguments) -> dict[str, Any]:

@@ -13,17 +13,18 @@ adapter (`modules_to_save`), so base plus adapter folder is the whole reward mod
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.kind import ModelRequest, StageKind, TrainerRequest
+from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
     from trl import RewardTrainer
 
 # Names transformers gives the head of a sequence-classification model.
@@ -89,16 +90,7 @@ def reward_lora_config(model: PreTrainedModel, finetuning: FinetuningConfig) -> 
                                modules_to_save=[*(base.modules_to_save or []), head])
 
 
-def build_reward_trainer(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    train_dataset: Dataset,
-    eval_dataset: Dataset | None = None,
-    finetuning: FinetuningConfig,
-    args: TrainingArguments,
-    callbacks: Sequence[TrainerCallback] = (),
-) -> RewardTrainer:
+def build_reward_trainer(request: TrainerRequest) -> RewardTrainer:
     """TRL's RewardTrainer, ready to train on tuneline's tokenized pairs (stage rm).
 
     Dropout stays as configured (LLaMA-Factory's reward trainer keeps it); sequences are not cut
@@ -107,25 +99,10 @@ def build_reward_trainer(
     from trl import RewardConfig, RewardTrainer
 
     from tuneline.core.data.preference_columns import reward_pairs
-    from tuneline.core.models.loading import loraplus_optimizer
     from tuneline.core.training.trl_args import trl_config
 
-    config = trl_config(RewardConfig, args, max_length=None, disable_dropout=False)
-    return RewardTrainer(
-        model=model,
-        args=config,
-        train_dataset=reward_pairs(train_dataset),
-        eval_dataset=reward_pairs(eval_dataset) if eval_dataset is not None else None,
-        processing_class=tokenizer,
-        callbacks=list(callbacks),
-        optimizers=(loraplus_optimizer(model, finetuning=finetuning, args=config), None),
-    )
-
-
-def _reward_trainer(request: TrainerRequest) -> RewardTrainer:
-    return build_reward_trainer(request.model, request.tokenizer, train_dataset=request.train_dataset,
-                                eval_dataset=request.eval_dataset, finetuning=request.finetuning, args=request.args,
-                                callbacks=request.callbacks)
+    config = trl_config(RewardConfig, request.args, max_length=None, disable_dropout=False)
+    return trl_trainer(RewardTrainer, request, config=config, convert=reward_pairs)
 
 
 def load_reward_base(request: ModelRequest) -> PreTrainedModel:
@@ -153,6 +130,6 @@ RM = StageKind(
     examples="pairwise",
     output="reward_model",
     load_model=load_reward_base,
-    build_trainer=_reward_trainer,
+    build_trainer=build_reward_trainer,
     held_out_metrics=reward_metrics,
 )

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneline.core.templates.spec import BOS, Template
+from tuneline.core.templates.spec import BOS, Template, headed_template
 
-USER = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
-ASSISTANT = "{content}<|im_end|>\n"
-SYSTEM = "<|im_start|>system\n{content}<|im_end|>\n"
-OPEN_REPLY = "<|im_start|>assistant\n"
-_TOOL_OBSERVATION = "<|im_start|>tool\n{content}<|im_end|>\n<|im_start|>assistant\n"
+_HEADER = "<|im_start|>{role}\n"
+_END = "<|im_end|>\n"
 _QWEN_OBSERVATION = "<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-_INTERN_SYSTEM = (
+INTERN_SYSTEM = (
     "You are an AI assistant whose name is InternLM (书生·浦语).\n"
     "- InternLM (书生·浦语) is a conversational language model that is developed by Shanghai AI Laboratory "
     "(上海人工智能实验室). It is designed to be helpful, honest, and harmless.\n"
     "- InternLM (书生·浦语) can understand and communicate fluently in the language "
     "chosen by the user such as English and 中文."
 )
+"""InternLM's default system prompt, also that of its older format (`intern` in vendor.py)."""
 _DBRX_SYSTEM = (
     "You are DBRX, created by Databricks. You were last updated in December 2023. "
     "You answer questions based on information available up to that point.\n"
@@ -38,10 +36,8 @@ _DBRX_SYSTEM = (
 
 
 def _chatml(name: str, **fields: Any) -> Template:
-    """A template with chatml's user/assistant/system slots and whatever else `fields` sets."""
-    slots = {"format_user": (USER,), "format_assistant": (ASSISTANT,), "format_system": (SYSTEM,),
-             "generation_prefix": OPEN_REPLY}
-    return Template(name=name, **{**slots, **fields})
+    """chatml's `<|im_start|>role\\n...<|im_end|>\\n` messages and whatever else `fields` sets."""
+    return headed_template(name, header=_HEADER, end=_END, **fields)
 
 
 def _qwen(name: str, **fields: Any) -> Template:
@@ -52,56 +48,37 @@ def _qwen(name: str, **fields: Any) -> Template:
 
 
 CHATML_TEMPLATES: tuple[Template, ...] = (
-    _chatml("chatml", format_observation=(_TOOL_OBSERVATION,), stop_words=("<|im_end|>", "<|im_start|>"),
-            replace_eos=True),
-    _chatml("chatml_de", format_observation=(_TOOL_OBSERVATION,), stop_words=("<|im_end|>", "<|im_start|>"),
-            replace_eos=True, default_system="Du bist ein freundlicher und hilfsbereiter KI-Assistent."),
+    _chatml("chatml", tool="tool", stop_words=("<|im_end|>", "<|im_start|>"), replace_eos=True),
+    _chatml("chatml_de", tool="tool", stop_words=("<|im_end|>", "<|im_start|>"), replace_eos=True,
+            default_system="Du bist ein freundlicher und hilfsbereiter KI-Assistent."),
     _qwen("qwen", default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
     _qwen("qwen3", reasoning=True),
     _qwen("qwen3_nothink"),
     _qwen("mimo", default_system="You are a helpful assistant.", reasoning=True),
     _chatml("yi", stop_words=("<|im_end|>",)),
-    _chatml("intern2", format_prefix=(BOS,), default_system=_INTERN_SYSTEM, stop_words=("<|im_end|>",)),
+    _chatml("intern2", format_prefix=(BOS,), default_system=INTERN_SYSTEM, stop_words=("<|im_end|>",)),
     _chatml("smollm", stop_words=("<|im_end|>",)),
     _chatml("smollm2", stop_words=("<|im_end|>",),
             default_system="You are a helpful AI assistant named SmolLM, trained by Hugging Face."),
-    _chatml("dbrx", format_observation=(_TOOL_OBSERVATION,), default_system=_DBRX_SYSTEM,
-            stop_words=("<|im_end|>",), replace_eos=True),
-    _chatml("cpm3", format_observation=(_TOOL_OBSERVATION,), format_prefix=(BOS,), stop_words=("<|im_end|>",)),
-    _chatml("cpm4", format_observation=(_TOOL_OBSERVATION,), format_prefix=(BOS,), stop_words=("<|im_end|>",)),
-    _chatml("opencoder", format_observation=(_TOOL_OBSERVATION,), stop_words=("<|im_end|>",),
+    _chatml("dbrx", tool="tool", default_system=_DBRX_SYSTEM, stop_words=("<|im_end|>",), replace_eos=True),
+    _chatml("cpm3", tool="tool", format_prefix=(BOS,), stop_words=("<|im_end|>",)),
+    _chatml("cpm4", tool="tool", format_prefix=(BOS,), stop_words=("<|im_end|>",)),
+    _chatml("opencoder", tool="tool", stop_words=("<|im_end|>",),
             default_system="You are OpenCoder, created by OpenCoder Team."),
-    _chatml("falcon_h1", format_observation=(_TOOL_OBSERVATION,), format_prefix=(BOS,),
-            stop_words=("<|im_end|>", "<|end_of_text|>")),
-    Template(
-        name="sailor",
-        format_user=("<|im_start|>question\n{content}<|im_end|>\n<|im_start|>answer\n",),
-        format_assistant=(ASSISTANT,),
-        format_system=(SYSTEM,),
+    _chatml("falcon_h1", tool="tool", format_prefix=(BOS,), stop_words=("<|im_end|>", "<|end_of_text|>")),
+    _chatml(
+        "sailor",
+        user="question",
+        assistant="answer",
         default_system=(
             "You are an AI assistant named Sailor created by Sea AI Lab. "
             "Your answer should be friendly, unbiased, faithful, informative and detailed."
         ),
         stop_words=("<|im_end|>",),
-        generation_prefix="<|im_start|>answer\n",
     ),
-    Template(
-        name="phi4",
-        format_user=("<|im_start|>user<|im_sep|>{content}<|im_end|><|im_start|>assistant<|im_sep|>",),
-        format_assistant=("{content}<|im_end|>",),
-        format_system=("<|im_start|>system<|im_sep|>{content}<|im_end|>",),
-        stop_words=("<|im_end|>",),
-        replace_eos=True,
-        generation_prefix="<|im_start|>assistant<|im_sep|>",
-    ),
-    Template(
-        name="moonlight",
-        format_user=("<|im_user|>user<|im_middle|>{content}<|im_end|><|im_assistant|>assistant<|im_middle|>",),
-        format_assistant=("{content}<|im_end|>",),
-        format_system=("<|im_system|>system<|im_middle|>{content}<|im_end|>",),
-        default_system="You are a helpful assistant provided by Moonshot-AI.",
-        stop_words=("<|im_end|>",),
-        replace_eos=True,
-        generation_prefix="<|im_assistant|>assistant<|im_middle|>",
-    ),
+    headed_template("phi4", header="<|im_start|>{role}<|im_sep|>", end="<|im_end|>", stop_words=("<|im_end|>",),
+                    replace_eos=True),
+    headed_template("moonlight", header="<|im_{role}|>{role}<|im_middle|>", end="<|im_end|>",
+                    default_system="You are a helpful assistant provided by Moonshot-AI.", stop_words=("<|im_end|>",),
+                    replace_eos=True),
 )

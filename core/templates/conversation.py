@@ -121,19 +121,6 @@ def stop_token_ids(template: Template, tokenizer: PreTrainedTokenizerBase) -> li
 # ---------------------------------------------------------------- encoding
 
 
-def _encode(
-    template: Template,
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[Message],
-    *,
-    system: str | None,
-    tools: str | None,
-    oneturn: bool = False,
-) -> list[list[int]]:
-    pieces = message_pieces(template, tokenizer, messages=messages, system=system, tools=tools, oneturn=oneturn)
-    return encode_pieces(tokenizer, pieces)
-
-
 def _conversation(prompt: list[Message], response: list[Message]) -> list[Message]:
     messages = [*prompt, *response]
     check_roles(messages)
@@ -153,11 +140,13 @@ def turn_pieces(
     response: list[Message],
     system: str | None,
     tools: str | None = None,
+    oneturn: bool = False,
 ) -> list[list[str | int]]:
     """The pieces of each message of `prompt + response` (see `message_pieces`), checked to be a
-    conversation that ends with the reply; `pair_turns` of their encoding is `encode_turns`."""
+    conversation that ends with the reply; `pair_turns` of their encoding is `encode_turns`.
+    `oneturn` writes them with LLaMA-Factory's one-turn rules, as `encode_oneturn` encodes them."""
     messages = _conversation(prompt, response)
-    return message_pieces(template, tokenizer, messages=messages, system=system, tools=tools)
+    return message_pieces(template, tokenizer, messages=messages, system=system, tools=tools, oneturn=oneturn)
 
 
 def pair_turns(encoded: list[list[int]]) -> list[tuple[list[int], list[int]]]:
@@ -191,8 +180,8 @@ def encode_oneturn(
 ) -> tuple[list[int], list[int]]:
     """(prompt_ids, response_ids): everything before the last reply is prompt (LLaMA-Factory's
     `encode_oneturn`, used for pairwise and KTO data; reasoning templates drop earlier thoughts)."""
-    messages = _conversation(prompt, response)
-    encoded = _encode(template, tokenizer, messages, system=system, tools=tools, oneturn=True)
+    pieces = turn_pieces(template, tokenizer, prompt=prompt, response=response, system=system, tools=tools, oneturn=True)
+    encoded = encode_pieces(tokenizer, pieces)
     return [token for ids in encoded[:-1] for token in ids], encoded[-1]
 
 
@@ -208,7 +197,8 @@ def encode_prompt(
     check_roles(prompt)
     if not ends_with_prompt(prompt):
         raise DataError(f"a generation prompt must end with a user message, got {len(prompt)} messages")
-    return [token for ids in _encode(template, tokenizer, prompt, system=system, tools=tools) for token in ids]
+    pieces = message_pieces(template, tokenizer, messages=prompt, system=system, tools=tools)
+    return [token for ids in encode_pieces(tokenizer, pieces) for token in ids]
 
 
 def render_text(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from tuneline.core.errors import ConfigError
 
@@ -33,6 +33,7 @@ class Token:
 BOS = Special.BOS
 EOS = Special.EOS
 CONTENT = "{content}"
+ROLE = "{role}"
 
 Piece = str | Special | Token
 Slot = tuple[Piece, ...]
@@ -105,6 +106,33 @@ class Template:
     @property
     def observation_slot(self) -> Slot:
         return self.format_user if self.format_observation is None else self.format_observation
+
+
+def headed_template(
+    name: str,
+    *,
+    header: str,
+    end: str,
+    user: str = "user",
+    assistant: str = "assistant",
+    system: str = "system",
+    tool: str | None = None,
+    **fields: Any,
+) -> Template:
+    """A template whose every message is `header` (its `{role}` named for the message), the text
+    and `end`, as these models' own Jinja templates write a turn. The user slot, and a tool result
+    (role `tool`; None: written as a user message), end with the assistant's header, which is also
+    `generation_prefix`. `fields` are the template's other fields, passed on to `Template`."""
+    reply = header.replace(ROLE, assistant)
+
+    def turn(role: str) -> str:
+        return header.replace(ROLE, role) + CONTENT + end
+
+    slots: dict[str, Any] = {"format_user": (turn(user) + reply,), "format_assistant": (CONTENT + end,),
+                             "format_system": (turn(system),), "generation_prefix": reply}
+    if tool is not None:
+        slots["format_observation"] = (turn(tool) + reply,)
+    return Template(name=name, **{**slots, **fields})
 
 
 def _has_content(slot: Slot) -> bool:

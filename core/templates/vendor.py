@@ -3,10 +3,9 @@ Mistral, Phi, Gemma, DeepSeek V3/R1, GLM, Baichuan 2, Cohere, Granite, Seed-OSS,
 
 from __future__ import annotations
 
-from tuneline.core.templates.spec import BOS, CONTENT, EOS, Template, Token
+from tuneline.core.templates.chatml import INTERN_SYSTEM
+from tuneline.core.templates.spec import BOS, CONTENT, EOS, Template, Token, headed_template
 
-_LLAMA3_REPLY = "<|start_header_id|>assistant<|end_header_id|>\n\n"
-_LLAMA4_REPLY = "<|header_start|>assistant<|header_end|>\n\n"
 _GEMMA_REPLY = "<start_of_turn>model\n"
 _GEMMA_USER = "<start_of_turn>user\n{content}<end_of_turn>\n" + _GEMMA_REPLY
 _GEMMA_OBSERVATION = "<start_of_turn>tool\n{content}<end_of_turn>\n" + _GEMMA_REPLY
@@ -17,13 +16,7 @@ _SEED_SYSTEM = (
     "and you only answer questions related to computer science. For politically sensitive questions, "
     "security and privacy issues, and other non-computer science questions, you will refuse to answer.\n\n"
 )
-_INTERN_SYSTEM = (
-    "You are an AI assistant whose name is InternLM (书生·浦语).\n"
-    "- InternLM (书生·浦语) is a conversational language model that is developed by Shanghai AI Laboratory "
-    "(上海人工智能实验室). It is designed to be helpful, honest, and harmless.\n"
-    "- InternLM (书生·浦语) can understand and communicate fluently in the language "
-    "chosen by the user such as English and 中文."
-)
+_GRANITE_HEADER = "<|start_of_role|>{role}<|end_of_role|>"
 
 
 def _gemma(name: str, *, stop_words: tuple[str, ...], replace_eos: bool, efficient_eos: bool) -> Template:
@@ -88,43 +81,15 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
         default_system="You are a helpful assistant. 你是一个乐于助人的助手。",
         system_in_user=True,
     ),
-    Template(
-        name="llama3",
-        format_user=("<|start_header_id|>user<|end_header_id|>\n\n{content}<|eot_id|>" + _LLAMA3_REPLY,),
-        format_assistant=("{content}<|eot_id|>",),
-        format_system=("<|start_header_id|>system<|end_header_id|>\n\n{content}<|eot_id|>",),
-        format_observation=("<|start_header_id|>ipython<|end_header_id|>\n\n{content}<|eot_id|>" + _LLAMA3_REPLY,),
-        format_prefix=(BOS,),
-        stop_words=("<|eot_id|>", "<|eom_id|>"),
-        replace_eos=True,
-        generation_prefix=_LLAMA3_REPLY,
-        tool_format="llama3",
-        pretrain_eos="<|end_of_text|>",
-    ),
-    Template(
-        name="llama4",
-        format_user=("<|header_start|>user<|header_end|>\n\n{content}<|eot|>" + _LLAMA4_REPLY,),
-        format_assistant=("{content}<|eot|>",),
-        format_system=("<|header_start|>system<|header_end|>\n\n{content}<|eot|>",),
-        format_observation=("<|header_start|>ipython<|header_end|>\n\n{content}<|eot|>" + _LLAMA4_REPLY,),
-        format_prefix=(BOS,),
-        stop_words=("<|eot|>", "<|eom|>"),
-        replace_eos=True,
-        generation_prefix=_LLAMA4_REPLY,
-        tool_format="llama3",
-    ),
+    headed_template("llama3", header="<|start_header_id|>{role}<|end_header_id|>\n\n", end="<|eot_id|>",
+                    tool="ipython", format_prefix=(BOS,), stop_words=("<|eot_id|>", "<|eom_id|>"), replace_eos=True,
+                    tool_format="llama3", pretrain_eos="<|end_of_text|>"),
+    headed_template("llama4", header="<|header_start|>{role}<|header_end|>\n\n", end="<|eot|>", tool="ipython",
+                    format_prefix=(BOS,), stop_words=("<|eot|>", "<|eom|>"), replace_eos=True, tool_format="llama3"),
     _mistral("mistral", space=" ", system="{content}\n\n", system_in_user=True),
     _mistral("ministral", space="", system="{content}\n\n", system_in_user=True),
     _mistral("mistral_small", space="", system="[SYSTEM_PROMPT]{content}[/SYSTEM_PROMPT]", system_in_user=False),
-    Template(
-        name="phi",
-        format_user=("<|user|>\n{content}<|end|>\n<|assistant|>\n",),
-        format_assistant=("{content}<|end|>\n",),
-        format_system=("<|system|>\n{content}<|end|>\n",),
-        stop_words=("<|end|>",),
-        replace_eos=True,
-        generation_prefix="<|assistant|>\n",
-    ),
+    headed_template("phi", header="<|{role}|>\n", end="<|end|>\n", stop_words=("<|end|>",), replace_eos=True),
     _gemma("gemma", stop_words=("<end_of_turn>",), replace_eos=True, efficient_eos=False),
     _gemma("gemma2", stop_words=("<eos>", "<end_of_turn>"), replace_eos=False, efficient_eos=True),
     _gemma("gemma3", stop_words=("<end_of_turn>",), replace_eos=True, efficient_eos=False),
@@ -176,7 +141,7 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
         format_assistant=("{content}<eoa>\n",),
         format_system=("<|System|>:{content}\n",),
         format_prefix=(BOS,),
-        default_system=_INTERN_SYSTEM,
+        default_system=INTERN_SYSTEM,
         stop_words=("<eoa>",),
         generation_prefix="<|Bot|>:",
     ),
@@ -190,25 +155,15 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
         format_prefix=(BOS,),
         generation_prefix="<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
     ),
-    Template(
-        name="granite3",
-        format_user=("<|start_of_role|>user<|end_of_role|>{content}<|end_of_text|>\n"
-                     "<|start_of_role|>assistant<|end_of_role|>",),
-        format_assistant=("{content}<|end_of_text|>\n",),
-        format_system=("<|start_of_role|>system<|end_of_role|>{content}<|end_of_text|>\n",),
-        generation_prefix="<|start_of_role|>assistant<|end_of_role|>",
-    ),
-    Template(
-        name="granite4",
-        format_user=("<|start_of_role|>user<|end_of_role|>{content}<|end_of_text|>\n"
-                     "<|start_of_role|>assistant<|end_of_role|>",),
-        format_assistant=("{content}<|end_of_text|>\n",),
-        format_system=("<|start_of_role|>system<|end_of_role|>{content}<|end_of_text|>\n",),
-        format_observation=("<|start_of_role|>tool<|end_of_role|>{content}<|end_of_text|>\n"
-                            "<|start_of_role|>assistant\n",),
+    headed_template("granite3", header=_GRANITE_HEADER, end="<|end_of_text|>\n"),
+    headed_template(
+        "granite4",
+        header=_GRANITE_HEADER,
+        end="<|end_of_text|>\n",
+        # a tool result opens the reply with "assistant\n", not the assistant's header, as LLaMA-Factory writes it
+        format_observation=("<|start_of_role|>tool<|end_of_role|>{content}<|end_of_text|>\n<|start_of_role|>assistant\n",),
         default_system="You are Granite, developed by IBM. You are a helpful AI assistant.",
         stop_words=("<|end_of_text|>",),
-        generation_prefix="<|start_of_role|>assistant<|end_of_role|>",
     ),
     Template(
         name="exaone",

@@ -129,7 +129,7 @@ def test_a_rerun_recomputes_damaged_artifacts_and_says_so(first_run):
     deleted = next(p for p in sorted((paths["sft/tokenize"] / "train").iterdir()) if p.suffix == ".arrow")
     deleted.unlink()
 
-    result = tuneline("run", "pipeline.yaml", "--workspace", "ws", cwd=first_run["root"])
+    result = tuneline("-v", "run", "pipeline.yaml", "--workspace", "ws", cwd=first_run["root"])  # -v: Prefect's log too
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(result.stdout)
     sft_reason = f"adapter_model.safetensors: 1000 bytes, manifest says {recorded}"
@@ -138,6 +138,8 @@ def test_a_rerun_recomputes_damaged_artifacts_and_says_so(first_run):
     assert f"sft/tokenize: cached artifact {paths['sft/tokenize']} is damaged ({tokenize_reason}); recomputing" in result.stdout
     status = {name: status for name, (status, _) in stage_rows(result.stdout).items()}
     assert status == {"base": "served from cache", "sft/tokenize": "computed", "sft": "computed"}
+    # Prefect shows the hit: the task run is named after the stage key and ends in a state named Cached
+    assert f"Task run '{paths['base'].name}' - Finished in state Cached(type=COMPLETED)" in result.stdout + result.stderr
     assert weights.stat().st_size == recorded and (paths["sft/tokenize"] / "train" / deleted.name).is_file()
 
     uri = f"sqlite:///{first_run['workspace'] / 'mlflow.db'}"

@@ -200,6 +200,25 @@ def test_chain_computes_every_stage_with_its_held_out_metrics(uninterrupted):
 
 
 @pytest.mark.slow
+def test_pipeline_stages_write_the_layout_tuneline_train_writes(uninterrupted):
+    """A trained artifact holds what `tuneline train` writes for its kind (tests/data/output_layout.json)
+    plus its manifest; a full-weight stage (pt here) holds the model's files where LoRA holds the adapter's."""
+    layout = json.loads((REPO / "tests/data/output_layout.json").read_text())["kinds"]
+    adapter, full_weights = {"README.md", "adapter_config.json", "adapter_model.safetensors"}, {"config.json", "model.safetensors",
+                                                                                               "generation_config.json"}
+    for name in ("pt", "sft", "rm", "dpo", "ppo"):
+        folder, recorded = Path(uninterrupted["rows"][name][1]), manifest(uninterrupted["rows"], name)
+        expected = set(layout[name]["files"]) | {"manifest.json"}
+        if recorded["config"]["finetuning_type"] == "full":
+            expected = (expected - adapter) | full_weights
+        if not any(metric.startswith("eval_") for metric in recorded["metrics"]):
+            expected.discard("eval_results.json")
+        assert {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} == expected, name
+        keys = {key for line in (folder / LOG_FILE).read_text().splitlines() for key in json.loads(line)}
+        assert {"current_steps", "total_steps", "loss", "lr", "epoch", "percentage"} <= keys <= set(layout[name]["log_keys"]), name
+
+
+@pytest.mark.slow
 def test_dpo_compares_with_the_merged_sft_model_it_starts_from(uninterrupted):
     rows = uninterrupted["rows"]
     dpo, merged = manifest(rows, "dpo"), manifest(rows, "sft/merge")

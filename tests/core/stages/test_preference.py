@@ -16,6 +16,7 @@ import torch
 
 from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
+from tuneline.core.stages.kind import TrainerRequest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DATA_DIR = REPO_ROOT / "data"
@@ -161,8 +162,8 @@ def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path:
     data, tokenizer = load(feedback)
     method = finetuning("kto", finetuning_type="lora")
     with pytest.raises(ConfigError, match="'per_device_train_batch_size: 1' is too small for stage kto"):
-        build_kto_trainer(policy(tiny_base, method, tokenizer), tokenizer, train_dataset=data["train"],
-                          finetuning=method, args=trainer_args(tmp_path, per_device_train_batch_size=1))
+        build_kto_trainer(TrainerRequest(model=policy(tiny_base, method, tokenizer), tokenizer=tokenizer, train_dataset=data["train"],
+                          finetuning=method, args=trainer_args(tmp_path, per_device_train_batch_size=1)))
 
 
 # --- reference models --------------------------------------------------------------------
@@ -182,7 +183,7 @@ def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pair
     model = policy(sft_model, method, tokenizer)
     base_weights = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
     args = trainer_args(tmp_path, learning_rate=1e-2, max_steps=3, per_device_train_batch_size=4)
-    trainer = build_dpo_trainer(model, tokenizer, train_dataset=data["train"], finetuning=method, args=args)
+    trainer = build_dpo_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=data["train"], finetuning=method, args=args))
     assert trainer.ref_model is None and isinstance(trainer.model, PeftModel)
     assert list(trainer.model.peft_config) == ["default"]
     assert sum(p.numel() for name, p in trainer.model.named_parameters() if "lora_" not in name) == base_weights
@@ -212,7 +213,7 @@ def test_full_tuning_reference_is_a_frozen_copy_of_the_start(sft_model: Path, pa
     model = policy(sft_model, method, tokenizer)
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
     args = trainer_args(tmp_path, learning_rate=1e-3, max_steps=2, per_device_train_batch_size=4)
-    trainer = build_dpo_trainer(model, tokenizer, train_dataset=data["train"], finetuning=method, args=args)
+    trainer = build_dpo_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=data["train"], finetuning=method, args=args))
     reference = trainer.accelerator.unwrap_model(trainer.ref_model)
     assert reference is not trainer.model and not any(p.requires_grad for p in reference.parameters())
     trainer.train()
@@ -256,8 +257,8 @@ def test_each_pref_loss_trains_a_few_steps(keys: dict, trainer_name: str, object
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="lora", lora_rank=4, **keys)
     args = trainer_args(tmp_path, learning_rate=1e-2, max_steps=3, per_device_train_batch_size=4, logging_steps=1)
-    trainer = build_dpo_trainer(policy(sft_model, method, tokenizer), tokenizer, train_dataset=data["train"],
-                                eval_dataset=data["validation"], finetuning=method, args=args)
+    trainer = build_dpo_trainer(TrainerRequest(model=policy(sft_model, method, tokenizer), tokenizer=tokenizer, train_dataset=data["train"],
+                                eval_dataset=data["validation"], finetuning=method, args=args))
     assert type(trainer).__name__ == trainer_name
     assert trainer.beta == method.pref_beta
     if trainer_name == "TokenizedDPOTrainer":
@@ -284,8 +285,8 @@ def test_dpo_raises_heldout_preference_accuracy(sft_model: Path, pairs: Path, tm
     method = finetuning(finetuning_type="full", pref_beta=0.1, pref_ftx=1.0)
     model = policy(sft_model, method, tokenizer)
     before = evaluate_preference(model, data["validation"], beta=method.pref_beta)
-    trainer = build_dpo_trainer(model, tokenizer, train_dataset=data["train"], finetuning=method,
-                                args=trainer_args(tmp_path, learning_rate=1e-3, max_steps=100))
+    trainer = build_dpo_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=data["train"], finetuning=method,
+                                args=trainer_args(tmp_path, learning_rate=1e-3, max_steps=100)))
     trainer.train()
     after = evaluate_preference(trainer.model, data["validation"], beta=method.pref_beta,
                                 reference=trainer.accelerator.unwrap_model(trainer.ref_model))
@@ -309,9 +310,9 @@ def test_kto_trains_and_its_loss_falls(sft_model: Path, feedback: Path, pairs: P
 
     data, tokenizer = load(feedback)
     method = finetuning("kto", finetuning_type="lora", lora_rank=8, kto_chosen_weight=1.0, kto_rejected_weight=1.2)
-    trainer = build_kto_trainer(policy(sft_model, method, tokenizer), tokenizer, train_dataset=data["train"],
+    trainer = build_kto_trainer(TrainerRequest(model=policy(sft_model, method, tokenizer), tokenizer=tokenizer, train_dataset=data["train"],
                                 eval_dataset=data["train"].select(range(64)), finetuning=method,
-                                args=trainer_args(tmp_path, learning_rate=5e-3, max_steps=60, logging_steps=1))
+                                args=trainer_args(tmp_path, learning_rate=5e-3, max_steps=60, logging_steps=1)))
     assert trainer.ref_model is None and list(trainer.model.peft_config) == ["default"]
     assert (trainer.desirable_weight, trainer.undesirable_weight) == (1.0, 1.2)
     before = trainer.evaluate()

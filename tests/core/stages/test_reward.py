@@ -9,6 +9,7 @@ import torch
 
 from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
+from tuneline.core.stages.kind import TrainerRequest
 from tuneline.core.models.loading import load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -99,9 +100,9 @@ def test_reward_trainer_refuses_data_without_pairs(tiny_base: Path, pairs: Path,
     _, tokenizer = load_pairs(pairs)
     sft_rows = Dataset.from_dict({"input_ids": [[1, 2]], "attention_mask": [[1, 1]], "labels": [[-100, 2]]})
     with pytest.raises(ConfigError, match="chosen_input_ids.*ranking"):
-        build_reward_trainer(load_model(tiny_base, head="score"), tokenizer, train_dataset=sft_rows,
+        build_reward_trainer(TrainerRequest(model=load_model(tiny_base, head="score"), tokenizer=tokenizer, train_dataset=sft_rows,
                              finetuning=finetuning(finetuning_type="full"),
-                             args=training_arguments(str(tmp_path), {"report_to": "none"}))
+                             args=training_arguments(str(tmp_path), {"report_to": "none"})))
 
 
 @pytest.mark.slow
@@ -122,8 +123,8 @@ def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, p
     model = prepare_reward_model(load_model(tiny_base, vocab_size=len(tokenizer), head="score"), method)
     args = training_arguments(str(tmp_path / "rm"), {"learning_rate": 1e-3, "max_steps": 60, "seed": 1, "report_to": "none",
                                                      "per_device_train_batch_size": 16, "lr_scheduler_type": "constant"})
-    trainer = build_reward_trainer(model, tokenizer, train_dataset=data["train"], eval_dataset=data["validation"],
-                                   finetuning=method, args=args)
+    trainer = build_reward_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=data["train"], eval_dataset=data["validation"],
+                                   finetuning=method, args=args))
     before = evaluate_reward_model(trainer.model, tokenizer, data["validation"])
     trainer.train()
     after = evaluate_reward_model(trainer.model, tokenizer, data["validation"])
