@@ -30,8 +30,10 @@ STAGE_NAMES = tuple(KINDS)
 DEFAULT_STAGE = SFT.name  # what `stage` means when a config leaves it out
 
 
-def stage_kind(name: str) -> StageKind:
-    """The kind called `name`, or a ConfigError listing the kinds there are."""
+def stage_kind(name: str | None) -> StageKind:
+    """The kind called `name` (None: the default kind, as for a config without `stage`), or a
+    ConfigError listing the kinds there are."""
+    name = DEFAULT_STAGE if name is None else name
     if name in KINDS:
         return KINDS[name]
     guess = nearest(name, KINDS)
