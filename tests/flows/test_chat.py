@@ -41,6 +41,7 @@ def trained(tiny_base: Path, tmp_path_factory) -> Path:
     return folder / "saves/sft"
 
 
+@pytest.mark.slow
 def test_train_with_do_predict_writes_generated_predictions(trained: Path):
     lines = [json.loads(line) for line in (trained / "generated_predictions.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(lines) == 4  # the rows that val_size held out
@@ -53,6 +54,7 @@ def test_train_with_do_predict_writes_generated_predictions(trained: Path):
     assert PREDICT_KEYS <= set(json.loads((trained / "all_results.json").read_text()))
 
 
+@pytest.mark.slow
 def test_trainer_log_carries_llamafactory_keys_and_throughput(trained: Path):
     records = [json.loads(line) for line in (trained / "trainer_log.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
@@ -63,6 +65,7 @@ def test_trainer_log_carries_llamafactory_keys_and_throughput(trained: Path):
     assert records[-1]["eval_loss"] > 0  # the held-out rows are evaluated too
 
 
+@pytest.mark.slow
 def test_chat_answers_piped_prompts_with_the_adapter(trained: Path):
     result = run_cli("chat", str(trained), "--max-new-tokens", "6", "--repetition-penalty", "3",
                      cwd=trained.parent, stdin="Hello\nWhat is 2 plus 2?\nexit\nnever read\n")
@@ -74,6 +77,7 @@ def test_chat_answers_piped_prompts_with_the_adapter(trained: Path):
     assert "User: What is 2 plus 2?" in out and "never read" not in out  # nothing is read after `exit`
 
 
+@pytest.mark.slow
 def test_chat_session_keeps_history_streams_and_clears(trained: Path):
     from tuneline.core.inference.chat import ChatSession, load_chat_model, resolve_source
     from tuneline.core.config import GeneratingConfig
@@ -99,6 +103,7 @@ def test_chat_on_a_missing_path_exits_2_with_a_clear_message(tmp_path: Path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_chat_paths_resolve_for_artifacts_and_workspaces(trained: Path, tmp_path: Path):
     import shutil
 

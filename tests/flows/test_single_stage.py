@@ -43,6 +43,7 @@ def trained(sft_yaml: Path) -> Path:
     return sft_yaml.parent / "saves/sft"
 
 
+@pytest.mark.slow
 def test_train_writes_llamafactory_output_layout(trained: Path):
     from safetensors.torch import load_file
 
@@ -84,6 +85,7 @@ def test_preprocess_writes_llamafactory_columns_with_masked_prompts(sft_yaml: Pa
     assert "<|im_start|>user" in tokenizer.decode(first["input_ids"])
 
 
+@pytest.mark.slow
 def test_export_merges_the_adapter_into_a_loadable_folder(trained: Path, sft_yaml: Path):
     import torch
     from peft import PeftModel

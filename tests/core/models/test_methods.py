@@ -113,6 +113,7 @@ LORA_VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(LORA_VARIANTS))
 def test_lora_variants_train_only_their_adapter(tiny_base: Path, batch, variant: str):
     model = prepared(tiny_base, FinetuningConfig(lora_rank=4, **LORA_VARIANTS[variant]))
@@ -126,6 +127,7 @@ def test_lora_variants_train_only_their_adapter(tiny_base: Path, batch, variant:
     assert any("lora_magnitude_vector" in name for name in adapter) == (variant == "dora")
 
 
+@pytest.mark.slow
 def test_pissa_keeps_the_function_at_start_and_its_saved_adapter_reloads(tiny_base: Path, batch, tmp_path: Path):
     from peft import PeftModel
 
@@ -143,6 +145,7 @@ def test_pissa_keeps_the_function_at_start_and_its_saved_adapter_reloads(tiny_ba
     (1, "mlp", "norm", lambda name: name.startswith("model.layers.1.mlp.") or name == "model.norm.weight"),
     (-1, "all", None, lambda name: name.startswith("model.layers.0.")),
 ])
+@pytest.mark.slow
 def test_freeze_trains_only_the_chosen_modules_of_the_chosen_layers(tiny_base: Path, batch, layers, modules, extra, expected):
     finetuning = FinetuningConfig(finetuning_type="freeze", freeze_trainable_layers=layers,
                                   freeze_trainable_modules=modules, freeze_extra_modules=extra)
@@ -155,6 +158,7 @@ def test_freeze_trains_only_the_chosen_modules_of_the_chosen_layers(tiny_base: P
     assert not any("input_layernorm" in name for name in chosen if name.startswith("model.layers.1."))
 
 
+@pytest.mark.slow
 def test_full_trains_every_parameter(tiny_base: Path, batch):
     model = prepared(tiny_base, FinetuningConfig(finetuning_type="full"))
     before = snapshot(model)
@@ -171,6 +175,7 @@ def dequantized(model) -> dict[str, torch.Tensor]:
     return {name: dequantize_4bit(m.weight.data, m.weight.quant_state) for name, m in layers.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [4, 8])
 def test_qlora_trains_the_adapter_and_leaves_the_quantized_base_untouched(tiny_base: Path, batch, bits: int):
     model = prepared(tiny_base, FinetuningConfig(lora_rank=4), ModelConfig(quantization_bit=bits))
@@ -183,6 +188,7 @@ def test_qlora_trains_the_adapter_and_leaves_the_quantized_base_untouched(tiny_b
     assert (len(base_weights) == 14) == (bits == 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [4, 8])
 def test_qlora_gradients_after_evaluation_and_generation_equal_those_before(tiny_base: Path, batch, bits: int):
     model = prepared(tiny_base, FinetuningConfig(lora_rank=4), ModelConfig(quantization_bit=bits))
@@ -198,6 +204,7 @@ def test_qlora_gradients_after_evaluation_and_generation_equal_those_before(tiny
     assert changed(before, model) == set()  # the quantized weights kept their training layout
 
 
+@pytest.mark.slow
 def test_loraplus_gives_b_matrices_the_larger_learning_rate(tiny_base: Path, batch, tmp_path: Path):
     from transformers import Seq2SeqTrainingArguments
 
@@ -216,6 +223,7 @@ def test_loraplus_gives_b_matrices_the_larger_learning_rate(tiny_base: Path, bat
     assert loraplus_optimizer(model, finetuning=FinetuningConfig(), args=args) is None
 
 
+@pytest.mark.slow
 def test_saved_adapter_is_continued_or_merged_under_a_new_one(tiny_base: Path, batch, tmp_path: Path):
     model = prepared(tiny_base, FinetuningConfig(lora_rank=4))
     train_steps(model, batch, steps=3)
@@ -302,6 +310,7 @@ def run_stage(tiny_base: Path, tokenized: Path, output: Path, finetuning: dict, 
     return run_training(job)
 
 
+@pytest.mark.slow
 def test_freeze_stage_saves_weights_that_differ_from_the_base_only_where_chosen(tiny_base: Path, tokenized: Path, batch,
                                                                               tmp_path: Path):
     from safetensors.torch import load_file
@@ -315,6 +324,7 @@ def test_freeze_stage_saves_weights_that_differ_from_the_base_only_where_chosen(
     assert batch_loss(load_model(tmp_path / "out"), batch) < batch_loss(load_model(tiny_base), batch)
 
 
+@pytest.mark.slow
 def test_lora_stage_with_loraplus_and_checkpointing_saves_an_adapter_that_lowers_the_loss(tiny_base: Path, tokenized: Path,
                                                                                          batch, tmp_path: Path):
     from peft import PeftModel

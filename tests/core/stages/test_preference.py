@@ -169,6 +169,7 @@ def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path:
 # --- reference models --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pairs: Path, tmp_path: Path) -> None:
     """No reference model object, no copy of the adapter; TRL's reference log-probabilities are
     those of the SFT model itself, before and after training moves the policy."""
@@ -205,6 +206,7 @@ def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pair
     assert torch.allclose(start, expected.chosen, atol=1e-3) and not torch.allclose(trained, expected.chosen, atol=1e-2)
 
 
+@pytest.mark.slow
 def test_full_tuning_reference_is_a_frozen_copy_of_the_start(sft_model: Path, pairs: Path, tmp_path: Path) -> None:
     from tuneline.core.stages.dpo import build_dpo_trainer
 
@@ -250,6 +252,7 @@ def test_a_continued_adapter_keeps_trls_copy_as_reference(tiny_base: Path) -> No
     ({"pref_loss": "simpo", "pref_ftx": 0.5, "simpo_gamma": 0.8}, "TokenizedCPOTrainer", ("simpo", 0.5, 0.8)),
     ({"pref_loss": "orpo", "pref_beta": 0.2}, "TokenizedORPOTrainer", None),
 ])
+@pytest.mark.slow
 def test_each_pref_loss_trains_a_few_steps(keys: dict, trainer_name: str, objective: tuple | None, sft_model: Path,
                                            pairs: Path, tmp_path: Path) -> None:
     from tuneline.core.stages.dpo import build_dpo_trainer

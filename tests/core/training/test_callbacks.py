@@ -104,6 +104,7 @@ def trained(tmp_path_factory) -> dict:
     return {"folder": folder, "uri": uri, "run_id": run_id, "stdout": stdout.getvalue(), "total_params": total}
 
 
+@pytest.mark.slow
 def test_trainer_log_has_llamafactory_keys_then_throughput(trained):
     lines = (trained["folder"] / "out" / "trainer_log.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
@@ -119,6 +120,7 @@ def test_trainer_log_has_llamafactory_keys_then_throughput(trained):
         assert record["mfu"] == pytest.approx(expected, rel=0.01)  # the logged rate is rounded
 
 
+@pytest.mark.slow
 def test_console_gets_one_compact_line_per_logging_step_instead_of_the_raw_dict(trained):
     out = trained["stdout"]
     assert "MFU is estimated against 0.5 TFLOP/s per device (TUNELINE_PEAK_TFLOPS=0.5)" in out
@@ -128,6 +130,7 @@ def test_console_gets_one_compact_line_per_logging_step_instead_of_the_raw_dict(
     assert "{'loss'" not in out  # the trainer's own printer is gone
 
 
+@pytest.mark.slow
 def test_throughput_is_mirrored_to_mlflow(trained):
     from mlflow import MlflowClient
 
@@ -137,6 +140,7 @@ def test_throughput_is_mirrored_to_mlflow(trained):
     assert [m.value for m in client.get_metric_history(trained["run_id"], "padding_ratio")] == [0.25, 0.25]
 
 
+@pytest.mark.slow
 def test_loss_curve_is_drawn_from_the_log(trained):
     from tuneline.core.training.callbacks import plot_loss
 

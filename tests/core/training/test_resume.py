@@ -147,6 +147,7 @@ def test_trim_log_keeps_each_step_up_to_the_checkpoint(tmp_path: Path):
     assert log.read_text() == ""
 
 
+@pytest.mark.slow
 def test_train_restarts_a_run_killed_before_its_first_checkpoint_but_refuses_other_files(small_sft):
     folder = small_sft.config.parent / "early"
     folder.mkdir()
