@@ -30,16 +30,13 @@ def kto_problems(finetuning: FinetuningConfig) -> list[str]:
     return problems
 
 
-_SMALL_BATCH = ("'per_device_train_batch_size: {batch}' is too small for stage kto, which estimates its KL term from "
-                "the other rows of a batch; set it to 2 or more.")
-
-
 def build_kto_trainer(request: TrainerRequest) -> Trainer:
     """TRL's KTOTrainer for stage kto, ready to train on tuneline's tokenized feedback rows."""
     finetuning, args = request.finetuning, request.args
     raise_problems(kto_problems(finetuning))
     if args.per_device_train_batch_size < 2:
-        raise ConfigError(_SMALL_BATCH.format(batch=args.per_device_train_batch_size))
+        raise ConfigError(f"'per_device_train_batch_size: {args.per_device_train_batch_size}' is too small for stage "
+                          "kto, which estimates its KL term from the other rows of a batch; set it to 2 or more.")
     from trl import KTOConfig
 
     from tuneline.core.data.preference_columns import kto_examples
@@ -53,11 +50,7 @@ def build_kto_trainer(request: TrainerRequest) -> Trainer:
 
 
 def _config_problems(config: StageConfig) -> list[str]:
-    problems = kto_problems(config.finetuning)
-    batch = config.training.get("per_device_train_batch_size", 8)
-    if isinstance(batch, int) and batch < 2:
-        problems.append(_SMALL_BATCH.format(batch=batch))
-    return problems
+    return kto_problems(config.finetuning)
 
 
 def _trainer_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
