@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fcntl
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 
@@ -17,33 +17,30 @@ from pathlib import Path
 def file_lock(path: str | Path, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created if missing); `on_wait` is called once when another
     process holds it and this one has to wait."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with _locked(path, wait=True, on_wait=on_wait):
+        yield
+
+
+def lock_if_free(path: str | Path) -> AbstractContextManager[bool]:
+    """Hold the lock on `path` if no process holds it, without waiting: yields True while held,
+    False (and holds nothing) when another process has it."""
+    return _locked(path, wait=False, on_wait=None)
 
 
 @contextmanager
-def lock_if_free(path: str | Path) -> Iterator[bool]:
-    """Hold the lock on `path` if no process holds it, without waiting: yields True while held,
-    False (and holds nothing) when another process has it."""
+def _locked(path: str | Path, *, wait: bool, on_wait: Callable[[], None] | None) -> Iterator[bool]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield False
-            return
+            if not wait:
+                yield False
+                return
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield True
         finally:

@@ -71,19 +71,9 @@ def ensure_experiment(uri: str, name: str, *, artifact_root: Path | None = None)
         return experiment.experiment_id
 
 
-def start_run(
-    uri: str,
-    experiment_id: str,
-    *,
-    name: str,
-    parent_run_id: str | None = None,
-    tags: Mapping[str, str] | None = None,
-) -> str:
-    all_tags = dict(tags or {})
-    if parent_run_id:
-        all_tags[PARENT_TAG] = parent_run_id
-    run = client(uri).create_run(experiment_id, run_name=name, tags=all_tags)
-    return run.info.run_id
+def _create_run(uri: str, experiment_id: str, name: str, parent_run_id: str | None, tags: Mapping[str, str] | None) -> str:
+    all_tags = {**(tags or {}), **({PARENT_TAG: parent_run_id} if parent_run_id else {})}
+    return client(uri).create_run(experiment_id, run_name=name, tags=all_tags).info.run_id
 
 
 def end_run(uri: str, run_id: str, *, failed: bool = False) -> None:
@@ -102,7 +92,7 @@ def tracked_run(
     """Open a run (a child of `parent_run_id` if given) and yield its id; it ends FINISHED when the
     block does, FAILED when the block raises (the exception goes on). A killed process leaves it
     RUNNING: `end_abandoned_run` ends it later."""
-    run_id = start_run(uri, experiment_id, name=name, parent_run_id=parent_run_id, tags=tags)
+    run_id = _create_run(uri, experiment_id, name, parent_run_id, tags)
     try:
         yield run_id
     except BaseException:

@@ -41,10 +41,9 @@ def test_redact_masks_secret_keys_and_uri_passwords_and_keeps_the_rest():
 def test_params_and_config_artifact_in_mlflow_hold_no_secret(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     experiment_id = tracking.ensure_experiment(uri, "redaction", artifact_root=tmp_path / "mlartifacts")
-    run_id = tracking.start_run(uri, experiment_id, name="stage")
-    tracking.log_params(uri, run_id, CONFIG)
-    tracking.log_dict(uri, run_id, CONFIG, "config.json")
-    tracking.end_run(uri, run_id)
+    with tracking.tracked_run(uri, experiment_id, name="stage") as run_id:
+        tracking.log_params(uri, run_id, CONFIG)
+        tracking.log_dict(uri, run_id, CONFIG, "config.json")
 
     client = tracking.client(uri)
     params = client.get_run(run_id).data.params

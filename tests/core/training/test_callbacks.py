@@ -87,19 +87,19 @@ def trained(tmp_path_factory) -> dict:
 
     folder = tmp_path_factory.mktemp("callbacks")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    run_id = tracking.start_run(uri, tracking.ensure_experiment(uri, "callbacks"), name="train")
-    rows = Dataset.from_list([{"input_ids": list(range(1, 9))}, {"input_ids": list(range(9, 17))},
-                              {"input_ids": [1, 2, 3, 4]}, {"input_ids": [5, 6, 7, 8]}])
-    args = TrainingArguments(output_dir=str(folder / "out"), per_device_train_batch_size=4, max_steps=2, logging_steps=1,
-                             learning_rate=1e-3, report_to=[], disable_tqdm=True, save_strategy="no", use_cpu=True)
-    model = tiny_llama()
-    callback = LogCallback(folder / "out", tracking_uri=uri, run_id=run_id)
-    trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=_batches, callbacks=[callback])
-    LogCallback.replace_printer(trainer)
-    stdout = io.StringIO()
-    with redirect_stdout(stdout), pytest.MonkeyPatch.context() as patch:
-        patch.setenv(PEAK_ENV, "0.5")
-        trainer.train()
+    with tracking.tracked_run(uri, tracking.ensure_experiment(uri, "callbacks"), name="train") as run_id:
+        rows = Dataset.from_list([{"input_ids": list(range(1, 9))}, {"input_ids": list(range(9, 17))},
+                                  {"input_ids": [1, 2, 3, 4]}, {"input_ids": [5, 6, 7, 8]}])
+        args = TrainingArguments(output_dir=str(folder / "out"), per_device_train_batch_size=4, max_steps=2, logging_steps=1,
+                                 learning_rate=1e-3, report_to=[], disable_tqdm=True, save_strategy="no", use_cpu=True)
+        model = tiny_llama()
+        callback = LogCallback(folder / "out", tracking_uri=uri, run_id=run_id)
+        trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=_batches, callbacks=[callback])
+        LogCallback.replace_printer(trainer)
+        stdout = io.StringIO()
+        with redirect_stdout(stdout), pytest.MonkeyPatch.context() as patch:
+            patch.setenv(PEAK_ENV, "0.5")
+            trainer.train()
     total = sum(p.numel() for p in model.parameters())
     return {"folder": folder, "uri": uri, "run_id": run_id, "stdout": stdout.getvalue(), "total_params": total}
 
