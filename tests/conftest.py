@@ -8,8 +8,12 @@ points). Without them the tests that need them are skipped, unless `TUNELINE_REQ
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,3 +129,103 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+# -- the output layout of each stage kind ---------------------------------------------------------
+
+# LLaMA-Factory's trainer_log.jsonl keys that every kind writes.
+STEP_KEYS = frozenset({"current_steps", "total_steps", "loss", "lr", "epoch", "percentage", "elapsed_time", "remaining_time"})
+ADAPTER_FILES = frozenset({"README.md", "adapter_config.json", "adapter_model.safetensors"})
+FULL_WEIGHT_FILES = frozenset({"config.json", "model.safetensors", "generation_config.json"})
+
+
+def assert_output_layout(folder: Path, kind: str, *, extra: frozenset[str] = frozenset(), full_weights: bool = False) -> None:
+    """`folder` holds exactly the files `tuneline train` writes for `kind` (tests/data/output_layout.json,
+    recorded from LoRA runs; checkpoints left aside), `extra` besides; full-weight runs hold the
+    model's files where LoRA runs hold the adapter's, and only runs with a validation split write
+    eval_results.json. Its log has LLaMA-Factory's step keys and no key the kind never wrote."""
+    import json
+
+    layout = json.loads((REPO_ROOT / "tests/data/output_layout.json").read_text())["kinds"][kind]
+    expected = set(layout["files"]) | extra
+    if full_weights:
+        expected = (expected - ADAPTER_FILES) | FULL_WEIGHT_FILES
+    results = json.loads((folder / "all_results.json").read_text())
+    if not any(name.startswith("eval_") for name in results):
+        expected.discard("eval_results.json")
+    found = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.relative_to(folder).parts[0].startswith("checkpoint-")}
+    assert found == expected, f"{kind}: missing {sorted(expected - found)}, unexpected {sorted(found - expected)}"
+    keys = {key for line in (folder / "trainer_log.jsonl").read_text().splitlines() for key in json.loads(line)}
+    assert STEP_KEYS <= keys <= set(layout["log_keys"]) | {"eval_loss"}, f"{kind}: log keys {sorted(keys)}"
+
+
+# -- one Prefect server for the session ---------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_process(command: list[str], env: dict[str, str], log: Path, *, cwd: Path = REPO_ROOT) -> subprocess.Popen:
+    """A background process in its own process group (so its children can be stopped with it)."""
+    return subprocess.Popen(command, env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_for_health(api: str, server: subprocess.Popen, log: Path, timeout: float = 90) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"Prefect server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def start_prefect_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """`prefect server start` on 127.0.0.1 at a free port with PREFECT_HOME `home`; the process and its API URL."""
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    server_env = {**env, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    server_env.pop("PREFECT_PROFILE", None)
+    server = start_process([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                            "--no-ui"], server_env, home / "server.log")
+    wait_for_health(api, server, home / "server.log")
+    return server, api
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory) -> Iterator[str]:
+    """One local Prefect server for every `tuneline run`/`demo` process of the session: without it
+    each process would start its own temporary server (about ten seconds each on two cores).
+    Processes started with `os.environ` reach it through PREFECT_API_URL; yields that URL."""
+    home = tmp_path_factory.mktemp("prefect_session")
+    server, api = start_prefect_server(home, dict(os.environ))
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = api
+    try:
+        yield api
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
+        stop_process(server)

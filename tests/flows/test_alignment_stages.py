@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import assert_output_layout
 
 
 def run_train(config: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -43,6 +44,7 @@ def test_llamafactory_alignment_example_trains_a_few_steps(shared_dir: Path, tin
     results = json.loads((saved / "all_results.json").read_text())
     batch = 2 if extra else raw["per_device_train_batch_size"]
     assert results["global_batch_size"] == batch * raw["gradient_accumulation_steps"]
+    assert_output_layout(saved, raw["stage"])
 
 
 def test_kto_with_a_batch_of_one_is_refused_clearly(shared_dir: Path, tiny_base: Path, tmp_path: Path):
@@ -78,6 +80,7 @@ def test_llamafactory_ppo_example_trains_a_few_steps_against_the_reward_example(
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     saved = tmp_path / "llama3_lora_ppo"
     assert (saved / "adapter_model.safetensors").is_file() and (saved / "value_head.safetensors").is_file()
+    assert_output_layout(saved, "ppo")
     log = [json.loads(line) for line in (saved / "trainer_log.jsonl").read_text().splitlines()]
     assert [record["current_steps"] for record in log] == [1, 2]
     assert all(record["reward"] == record["reward"] and record["loss"] == record["loss"] for record in log)

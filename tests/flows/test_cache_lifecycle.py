@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = {
@@ -38,7 +38,7 @@ STAGES = ["base", "sft/tokenize", "sft"]
 
 def tuneline(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PREFECT_HOME": str(cwd / "prefect_home"), "OMP_NUM_THREADS": "1"}
-    for name in ("PREFECT_API_URL", "PREFECT_PROFILE", "MLFLOW_TRACKING_URI"):
+    for name in ("PREFECT_PROFILE", "MLFLOW_TRACKING_URI"):  # the session's PREFECT_API_URL stays
         env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env=env)

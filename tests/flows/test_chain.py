@@ -21,10 +21,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import assert_output_layout
 
 from tuneline.core.training.checkpoints import RECORD_FILE, checkpoint_step, checkpoints, newest_complete
 from tuneline.core.worker.launch import JOB_FILE
 from tuneline.core.training.job import LOG_FILE
+
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = REPO / "data/chain_pipeline.yaml"
@@ -176,7 +178,7 @@ def check_rerun(output: str, killed: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict:
+def uninterrupted(tmp_path_factory, prefect_server) -> dict:
     folder = tmp_path_factory.mktemp("chain")
     chain = write_small_chain(folder / "chain.yaml")
     started = time.monotonic()
@@ -201,21 +203,11 @@ def test_chain_computes_every_stage_with_its_held_out_metrics(uninterrupted):
 
 @pytest.mark.slow
 def test_pipeline_stages_write_the_layout_tuneline_train_writes(uninterrupted):
-    """A trained artifact holds what `tuneline train` writes for its kind (tests/data/output_layout.json)
-    plus its manifest; a full-weight stage (pt here) holds the model's files where LoRA holds the adapter's."""
-    layout = json.loads((REPO / "tests/data/output_layout.json").read_text())["kinds"]
-    adapter, full_weights = {"README.md", "adapter_config.json", "adapter_model.safetensors"}, {"config.json", "model.safetensors",
-                                                                                               "generation_config.json"}
+    """A trained artifact holds what `tuneline train` writes for its kind, plus its manifest and job."""
     for name in ("pt", "sft", "rm", "dpo", "ppo"):
-        folder, recorded = Path(uninterrupted["rows"][name][1]), manifest(uninterrupted["rows"], name)
-        expected = set(layout[name]["files"]) | {"manifest.json"}
-        if recorded["config"]["finetuning_type"] == "full":
-            expected = (expected - adapter) | full_weights
-        if not any(metric.startswith("eval_") for metric in recorded["metrics"]):
-            expected.discard("eval_results.json")
-        assert {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} == expected, name
-        keys = {key for line in (folder / LOG_FILE).read_text().splitlines() for key in json.loads(line)}
-        assert {"current_steps", "total_steps", "loss", "lr", "epoch", "percentage"} <= keys <= set(layout[name]["log_keys"]), name
+        recorded = manifest(uninterrupted["rows"], name)
+        assert_output_layout(Path(uninterrupted["rows"][name][1]), name, extra=frozenset({"manifest.json"}),
+                             full_weights=recorded["config"]["finetuning_type"] == "full")
 
 
 @pytest.mark.slow

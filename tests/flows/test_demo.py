@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
 DEMO_STAGES = ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/merge", "rm/tokenize", "rm", "dpo/tokenize", "dpo",
                "ppo/tokenize", "ppo", "sft/evaluate", "dpo/merge", "dpo/export", "register"]
@@ -76,7 +76,8 @@ def test_mlflow_store_holds_the_story_of_the_run(first_run):
 
 def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_run):
     """The export is the DPO policy merged: it answers as base plus adapter, and better than the
-    pre-trained model the chain fine-tuned."""
+    pre-trained model the chain fine-tuned: a higher held-out answer F1, and a far lower negative
+    log-likelihood of the held-out reference answers."""
     import json
 
     import torch
@@ -114,13 +115,44 @@ def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_
     tuned_score = answer_score(decode(merged_ids), heldout)
     base_score = answer_score(decode(answers(base)), heldout)
     print(f"held-out answer F1: pre-trained {base_score:.3f}, exported DPO policy {tuned_score:.3f}")
-    assert tuned_score > base_score + 0.1
+    # F1 of greedy replies to 60 prompts is coarse: its gain over the pre-trained model measured 0.234 (the
+    # default seeds, 2 or 1 torch threads), 0.185 (the default seeds on AVX2 kernels instead of AVX-512),
+    # 0.289 and 0.083 (every stage seeded 7, or 1). `> base + 0.1` failed at 0.083; strictly better leaves
+    # 0.08, and the likelihood check below carries the size of the gain.
+    assert tuned_score > base_score
+
+    def answer_nll(model) -> float:
+        """Mean negative log-likelihood per reference-answer token, the prompt as the chat template renders it."""
+        total, tokens = 0.0, 0
+        for row in heldout:
+            prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, return_dict=False)
+            full = tokenizer.apply_chat_template(row["prompt"] + row["response"], return_dict=False)
+            assert full[:len(prompt)] == prompt
+            with torch.no_grad():
+                logps = torch.log_softmax(model(torch.tensor([full])).logits[0, :-1].float(), dim=-1)
+            targets = torch.tensor(full[1:])
+            total -= logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)[len(prompt) - 1:].sum().item()
+            tokens += len(full) - len(prompt)
+        return total / tokens
+
+    tuned_nll, base_nll = answer_nll(exported), answer_nll(base)
+    print(f"held-out answer NLL per token: pre-trained {base_nll:.3f}, exported DPO policy {tuned_nll:.3f}")
+    # Like with like on the same ~500 answer tokens: the export's NLL measured 0.43, 0.40, 0.44 and 0.42 of
+    # the pre-trained model's (default seeds on 2 or 1 threads; AVX2 kernels; seeds 7; seeds 1). 0.6 leaves 0.16.
+    assert tuned_nll < 0.6 * base_nll
 
 
 def test_alignment_stages_meet_their_accuracy_on_held_out_demo_data(first_run):
-    """RM accuracy on held-out pairs >= 0.8; DPO implicit-reward accuracy >= 0.8 with a likelihood
-    preference above the SFT model's; PPO's greedy replies to held-out prompts score higher with the
-    reward model than the SFT policy's."""
+    """RM accuracy on held-out pairs >= 0.8; DPO implicit-reward accuracy >= 0.75, its likelihood
+    margin (chosen over rejected) well above the SFT model's while it keeps SFT's likelihood accuracy
+    within a few pairs; PPO's greedy replies to held-out prompts score higher with the reward model
+    than the SFT policy's.
+
+    Spreads quoted below: the demo on the frozen code of c4e177d with the default seeds (2 and 1 torch
+    threads gave identical numbers), the same on AVX2 kernels instead of AVX-512
+    (ATEN_CPU_CAPABILITY=avx2, as on a CPU without AVX-512), every stage seeded 7 and every stage
+    seeded 1, and the numbers of the 2-core CI machine where the old assertions failed. 60 held-out
+    pairs, so one pair is 0.017."""
     import json
 
     paths = dict(re.findall(r"^  (rm|dpo|ppo)\s+computed\s+\S+ s\s+(\S+)", first_run["stdout"], flags=re.M))
@@ -134,10 +166,20 @@ def test_alignment_stages_meet_their_accuracy_on_held_out_demo_data(first_run):
     print(f"ppo: mean reward of greedy held-out replies SFT {ppo['eval_ppo_reward_before']:.3f} -> PPO "
           f"{ppo['eval_ppo_reward']:.3f} (KL from SFT {ppo['eval_ppo_kl']:.3f}; reply length "
           f"{ppo['eval_ppo_response_length_before']:.1f} -> {ppo['eval_ppo_response_length']:.1f} tokens)")
+    # measured 0.900-0.983 (0.933 on the CI machine); 0.8 leaves 0.10
     assert rm["eval_rm_accuracy"] >= 0.8
-    assert dpo["eval_pref_reward_accuracy"] >= 0.8
-    assert dpo["eval_pref_logp_accuracy"] > dpo["eval_pref_reference_logp_accuracy"]
-    assert dpo["eval_pref_logp_margin"] > dpo["eval_pref_reference_logp_margin"]
+    # measured 0.850 (CI machine) to 0.967; 0.75 leaves 0.10. A DPO that did nothing scores 0 (ties miss).
+    assert dpo["eval_pref_reward_accuracy"] >= 0.75
+    # SFT already ranks 90-95% of the pairs by likelihood and DPO moves that by a pair or two either way:
+    # measured +1, 0, -1, -2 pairs, and 0 (0.900 -> 0.900) on the CI machine, where the old strict `>` failed.
+    # Losing at most 4 pairs leaves 2; that DPO raised the likelihood preference is the margin check below.
+    pairs = dpo["eval_pref_pairs"]
+    assert round((dpo["eval_pref_reference_logp_accuracy"] - dpo["eval_pref_logp_accuracy"]) * pairs) <= 4
+    # mean log p(chosen) - log p(rejected) grew by 16.3, 17.7, 24.4 and 29.8 nats; 5 leaves 11 (unchanged if DPO did nothing)
+    assert dpo["eval_pref_logp_margin"] > dpo["eval_pref_reference_logp_margin"] + 5.0
+    # gain measured +0.162, +0.026 (AVX2), +0.039 (seeds 7), +0.908 (seeds 1), +0.027 on the CI machine: thin where
+    # PPO moves little, but there is no margin to give without dropping the claim (a larger PPO learning rate,
+    # tried, collapses replies to 2 tokens and fails the length check below), so it stays strict.
     assert ppo["eval_ppo_reward"] > ppo["eval_ppo_reward_before"]
     assert ppo["eval_ppo_response_length"] >= 0.5 * ppo["eval_ppo_response_length_before"]  # no collapse to empty replies
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import start_prefect_server, start_process, stop_process
 
 from tuneline.flows.report import NOTHING_CHANGED
 
@@ -32,67 +31,27 @@ SMALL = ["dataset_dir=data", "max_steps=2", "max_samples=16", "hidden_size=32", 
          "num_hidden_layers=2"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """A background process in its own process group (so its children can be stopped with it)."""
-    return subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def stop(process: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @pytest.fixture(scope="module")
 def prefect(tmp_path_factory):
     """Server and worker on a private PREFECT_HOME; yields the environment that reaches them."""
     home = tmp_path_factory.mktemp("prefect_home")
-    api = f"http://127.0.0.1:{free_port()}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1", "OMP_NUM_THREADS": "1"}
     env.pop("PREFECT_PROFILE", None)
     processes = []
     try:
-        port = api.rsplit(":", 1)[1].split("/")[0]
-        processes.append(start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", port,
-                                "--no-ui"], env, home / "server.log"))
-        wait_for_health(api, processes[0], home / "server.log")
+        server, api = start_prefect_server(home, env)
+        processes.append(server)
+        env["PREFECT_API_URL"] = api
         deployed = subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "deploy", "--pool", POOL], env=env,
                                   cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        processes.append(start([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "process"],
-                               env, home / "worker.log"))
+        processes.append(start_process([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "process"],
+                                       env, home / "worker.log"))
         yield {"env": env, "api": api, "home": home, "deploy_output": deployed.stdout}
     finally:
         for process in reversed(processes):
-            stop(process)
-
-
-def wait_for_health(api: str, server: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert server.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"Prefect server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
+            stop_process(process)
 
 
 def run_deployment(prefect: dict, workspace: Path) -> dict:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import assert_output_layout
 import yaml
 
 from tuneline.core.training.checkpoints import RECORD_FILE
@@ -80,6 +81,7 @@ def test_ppo_trains_logs_and_reports_reward_and_kl(uninterrupted: Path):
     for key in ("eval_ppo_reward_before", "eval_ppo_reward", "eval_ppo_kl", "eval_ppo_reward_gain"):
         assert results[key] == results[key]  # present, not NaN
     assert results["eval_ppo_prompts"] > 0
+    assert_output_layout(uninterrupted, "ppo")
     assert not list(uninterrupted.glob("checkpoint-*")) or all((c / RECORD_FILE).is_file()
                                                                 for c in uninterrupted.glob("checkpoint-*"))
     # the value head is saved beside the adapter, and the adapter loads as a plain causal-LM adapter

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 MODEL = "promo-demo"

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import assert_output_layout
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,7 @@ def test_train_writes_llamafactory_output_layout(trained: Path):
     for name in ("adapter_model.safetensors", "adapter_config.json", "trainer_state.json", "all_results.json",
                  "trainer_log.jsonl", "tokenizer_config.json", "training_loss.png"):
         assert (trained / name).is_file(), name
+    assert_output_layout(trained, "sft")
     log = [json.loads(line) for line in (trained / "trainer_log.jsonl").read_text().splitlines()]
     assert [r["current_steps"] for r in log] == [2, 4, 6, 8, 10, 12]
     assert all(r["total_steps"] == 12 and r["loss"] > 0 for r in log)

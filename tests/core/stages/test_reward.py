@@ -107,7 +107,7 @@ def test_reward_trainer_refuses_data_without_pairs(tiny_base: Path, pairs: Path,
 
 @pytest.mark.slow
 def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, pairs: Path, tmp_path: Path) -> None:
-    """LoRA reward model from the untrained tiny base: held-out pair accuracy rises to 0.8 or more,
+    """LoRA reward model from the untrained tiny base: held-out pair accuracy rises to 0.75 or more,
     and the saved adapter (score head inside) loads back scoring the same."""
     from safetensors import safe_open
     from transformers import set_seed
@@ -130,9 +130,12 @@ def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, p
     after = evaluate_reward_model(trainer.model, tokenizer, data["validation"])
     print(f"\nheld-out RM accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
           f"margin {before['margin']:.3f} -> {after['margin']:.3f} ({after['pairs']:.0f} pairs)")
-    assert after["accuracy"] >= 0.8 and after["accuracy"] > before["accuracy"]
-    assert after["margin"] > 1.0
-    assert trainer.evaluate()["eval_accuracy"] >= 0.8  # TRL's own metric agrees
+    # Spreads measured on the frozen code of c4e177d with these seeds (2 or 1 threads, AVX-512 or AVX2 kernels:
+    # 0.900, margin 4.18, TRL 0.906 each time) and with the base and training seeded 2-7 and 13 instead.
+    # Held-out accuracy 0.850-0.967 (60 pairs) from 0.200-0.733 before; 0.75 leaves 0.10.
+    assert after["accuracy"] >= 0.75 and after["accuracy"] > before["accuracy"]
+    assert after["margin"] > 1.0  # measured 4.18-4.79
+    assert trainer.evaluate()["eval_accuracy"] >= 0.75  # TRL's own metric agrees; measured 0.859-0.969, 0.75 leaves 0.11
 
     trainer.save_model(str(tmp_path / "rm"))
     tokenizer.save_pretrained(str(tmp_path / "rm"))
