@@ -34,7 +34,7 @@ def register(
 ) -> dict[str, Any]:
     """Reuse the version already registered for this export (same key), else register a new one; then
     compare it with the champion on the configured metric and point `champion` or `challenger` at it."""
-    uri, key, name = context.tracking_uri, exported.key, settings.model_name
+    key = exported.key
     rule = rule_from_settings(metric=settings.promote_metric, greater=settings.greater_is_better,
                               min_improvement=settings.min_improvement, function=settings.promote_function)
     check_metric(rule, metrics, metric_origin)

@@ -13,7 +13,7 @@ from tuneline.core.tracking import runs as tracking
 from tuneline.core.training.checkpoints import checkpoint_step, resume_point
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.pipeline.stage_runs import DEFAULT_CHECKPOINTING, train_job, with_checkpointing  # noqa: F401 (DEFAULT_CHECKPOINTING: imported from here too)
+from tuneline.core.pipeline.stage_runs import train_job, with_checkpointing
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, link_resumed_attempt, run_stage
 

@@ -55,7 +55,7 @@ def write_small_chain(path: Path) -> Path:
 
 
 def test_pipeline_stages_checkpoint_unless_told_otherwise():
-    from tuneline.tasks.train import DEFAULT_CHECKPOINTING, with_checkpointing
+    from tuneline.core.pipeline.stage_runs import DEFAULT_CHECKPOINTING, with_checkpointing
 
     assert with_checkpointing({"max_steps": 9}) == {**DEFAULT_CHECKPOINTING, "max_steps": 9}
     assert with_checkpointing({"save_total_limit": 5})["save_total_limit"] == 5
