@@ -15,12 +15,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tuneline.core.config import StageConfig
 from tuneline.core.data.packing import pack_examples, pack_room
 from tuneline.core.data.processors import (
+    RowEncoding,
     check_supervised_options,
     check_supervised_row,
     encode_feedback_rows,
@@ -31,7 +32,7 @@ from tuneline.core.data.processors import (
 )
 from tuneline.core.errors import TunelineError
 from tuneline.core.templates.encode import merge_starts, message_pieces
-from tuneline.core.templates.conversation import Template, encode_turns, pair_turns, turn_pieces
+from tuneline.core.templates.conversation import Conversation, Template, encode_turns, pair_turns, turn_pieces
 
 Batch = tuple[str, list[dict[str, Any]]]
 Encoded = tuple[list[dict[str, Any]], Counter]
@@ -42,10 +43,7 @@ class EncodingSpec:
     """What decides how rows become examples (picklable, sent once to each worker)."""
 
     examples: str  # the shape of the examples, one of ENCODERS (a stage kind's `examples`)
-    template: Template
-    cutoff_len: int
-    train_on_prompt: bool
-    mask_history: bool
+    encoding: RowEncoding  # the template, cutoff_len and which tokens train
     packing: bool | None
     neat_packing: bool
     predict: bool  # prompts for generation (do_predict without do_train)
@@ -56,10 +54,8 @@ class EncodingSpec:
         training = config.training
         return cls(
             examples=examples,
-            template=template,
-            cutoff_len=config.data.cutoff_len,
-            train_on_prompt=config.data.train_on_prompt,
-            mask_history=config.data.mask_history,
+            encoding=RowEncoding(template=template, cutoff_len=config.data.cutoff_len,
+                                 train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history),
             packing=config.data.packing,
             neat_packing=config.data.neat_packing,
             predict=bool(training.get("do_predict")) and not training.get("do_train", True),
@@ -91,7 +87,7 @@ def prepare_batch(rows: list[dict[str, Any]], *, spec: EncodingSpec, tokenizer) 
     if kind == "supervised":
         pieces = [_supervised_pieces(row, spec, tokenizer) for row in rows]
         texts = dict.fromkeys(piece for row in pieces if row for message in row for piece in message if isinstance(piece, str))
-        segments = _segmenter(spec.template, tokenizer)
+        segments = _segmenter(spec.encoding.template, tokenizer)
         split = {text: segments(text) for text in texts}
         return PreparedBatch(rows, list(dict.fromkeys(s for parts in split.values() for s in parts)), pieces, split)
     return PreparedBatch(rows, list(dict.fromkeys(_batch_texts(rows, spec, tokenizer))), None)
@@ -175,8 +171,7 @@ def _supervised_pieces(row: dict[str, Any], spec: EncodingSpec, tokenizer) -> li
     """The row's message pieces, or None for a row the checked path must report."""
     try:
         check_supervised_row(row)
-        return turn_pieces(spec.template, tokenizer, prompt=row["prompt"], response=row["response"],
-                           system=row.get("system") or None, tools=row.get("tools") or None)
+        return turn_pieces(spec.encoding.template, tokenizer, Conversation.from_row(row))
     except TunelineError:
         return None
 
@@ -188,8 +183,8 @@ def _batch_texts(rows: list[dict[str, Any]], spec: EncodingSpec, tokenizer) -> I
         for response in row["response"] or [None]:
             messages = [*row["prompt"], *([response] if response else [])]
             try:
-                pieces = message_pieces(spec.template, tokenizer, messages=messages, system=row.get("system") or None,
-                                        tools=row.get("tools") or None, oneturn=True)
+                pieces = message_pieces(spec.encoding.template, tokenizer, messages=messages,
+                                        system=row.get("system") or None, tools=row.get("tools") or None, oneturn=True)
             except TunelineError:
                 continue
             yield from (piece for message in pieces for piece in message if isinstance(piece, str))
@@ -197,7 +192,8 @@ def _batch_texts(rows: list[dict[str, Any]], spec: EncodingSpec, tokenizer) -> I
 
 def _encode_pretrain(rows, spec: EncodingSpec, tokenizer) -> Encoded:
     texts = [row["prompt"][0]["content"] for row in rows]
-    examples = encode_pretrain_texts(texts, tokenizer=tokenizer, template=spec.template, cutoff_len=spec.cutoff_len,
+    encoding = spec.encoding
+    examples = encode_pretrain_texts(texts, tokenizer=tokenizer, template=encoding.template, cutoff_len=encoding.cutoff_len,
                                      packing=spec.packing, batch_size=len(rows) or 1)
     counters: Counter = Counter()
     if spec.packing is False:
@@ -207,30 +203,28 @@ def _encode_pretrain(rows, spec: EncodingSpec, tokenizer) -> Encoded:
 
 def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], spec: EncodingSpec, tokenizer) -> Encoded:
     """Supervised examples (packed when asked), counting rows cut to fit and replies that lost tokens."""
-    template = spec.template
-    check_supervised_options(template, train_on_prompt=spec.train_on_prompt)
+    check_supervised_options(spec.encoding)
     packed = bool(spec.packing or spec.neat_packing)
-    budget = pack_room(spec.cutoff_len) if packed else spec.cutoff_len
+    cutoff_len = spec.encoding.cutoff_len
+    encoding = replace(spec.encoding, cutoff_len=pack_room(cutoff_len)) if packed else spec.encoding  # rows fit a pack
     counters: Counter = Counter()
     eos_id = tokenizer.eos_token_id
     examples: list[dict[str, list[int]] | None] = []
     for row, pieces in zip(prepared.rows, prepared.pieces or [None] * len(prepared.rows)):
         if pieces is None:  # the checked path raises the row's error
             check_supervised_row(row)
-            pairs = encode_turns(template, tokenizer, prompt=row["prompt"], response=row["response"],
-                                 system=row.get("system") or None, tools=row.get("tools") or None)
+            pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row))
         else:
             pairs = pair_turns(_pieces_ids(pieces, encoded, prepared.split))
-        example = supervised_example(pairs, template=template, eos_id=eos_id, cutoff_len=budget,
-                                     train_on_prompt=spec.train_on_prompt, mask_history=spec.mask_history)
+        example = supervised_example(pairs, encoding=encoding, eos_id=eos_id)
         # Truncation fills the budget, so only a full-length example can have been cut.
-        if example is not None and len(example["input_ids"]) >= budget:
-            _count_truncation(pairs, example, spec, counters)
+        if example is not None and len(example["input_ids"]) >= encoding.cutoff_len:
+            _count_truncation(pairs, example, encoding, counters)
         examples.append(example)
     counters["rows_dropped_no_trained_token"] += examples.count(None)
     if not packed:
         return [e for e in examples if e is not None], counters
-    packs = pack_examples(examples, cutoff_len=spec.cutoff_len, pad_token_id=tokenizer.pad_token_id,
+    packs = pack_examples(examples, cutoff_len=cutoff_len, pad_token_id=tokenizer.pad_token_id,
                           neat_packing=spec.neat_packing, batch_size=len(examples) or 1)
     for pack in packs:
         counters["padded_positions"] += len(pack["input_ids"])
@@ -281,32 +275,31 @@ def _segmenter(template: Template, tokenizer) -> Callable[[str], list[str]]:
     return segments
 
 
-def _count_truncation(pairs: list[tuple[list[int], list[int]]], example: dict[str, list[int]], spec: EncodingSpec,
+def _count_truncation(pairs: list[tuple[list[int], list[int]]], example: dict[str, list[int]], encoding: RowEncoding,
                       counters: Counter) -> None:
     """Count a row whose tokens were cut to fit cutoff_len, and one whose trained reply lost tokens."""
-    full = sum(len(source) + len(target) for source, target in pairs) + (1 if spec.template.efficient_eos else 0)
+    full = sum(len(source) + len(target) for source, target in pairs) + (1 if encoding.template.efficient_eos else 0)
     if len(example["input_ids"]) >= full:
         return
     counters["rows_truncated"] += 1
-    if spec.train_on_prompt:
+    if encoding.train_on_prompt:
         expected = full
     else:
-        expected = len(pairs[-1][1]) if spec.mask_history else sum(len(target) for _, target in pairs)
+        expected = len(pairs[-1][1]) if encoding.mask_history else sum(len(target) for _, target in pairs)
     if len(example["labels"]) - example["labels"].count(-100) < expected:
         counters["responses_cut"] += 1
 
 
 def _encode_pairwise(rows, spec: EncodingSpec, tokenizer) -> Encoded:
-    return _per_row(rows, lambda row: encode_pairwise_row(row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len))
+    return _per_row(rows, lambda row: encode_pairwise_row(row, tokenizer=tokenizer, encoding=spec.encoding))
 
 
 def _encode_unsupervised(rows, spec: EncodingSpec, tokenizer) -> Encoded:
-    return _per_row(rows, lambda row: encode_unsupervised_row(row, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len))
+    return _per_row(rows, lambda row: encode_unsupervised_row(row, tokenizer=tokenizer, encoding=spec.encoding))
 
 
 def _encode_feedback(rows, spec: EncodingSpec, tokenizer) -> Encoded:
-    encoded = encode_feedback_rows(rows, template=spec.template, tokenizer=tokenizer, cutoff_len=spec.cutoff_len,
-                                   batch_size=len(rows) or 1)
+    encoded = encode_feedback_rows(rows, tokenizer=tokenizer, encoding=spec.encoding, batch_size=len(rows) or 1)
     examples = [e for e in encoded if e is not None]
     return examples, Counter({"rows_dropped_no_trained_token": len(encoded) - len(examples)})
 

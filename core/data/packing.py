@@ -14,15 +14,14 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tuneline.core.data.processors import IGNORE_INDEX, PREPROCESSING_BATCH_SIZE, encode_supervised_row
+from tuneline.core.data.processors import IGNORE_INDEX, PREPROCESSING_BATCH_SIZE, RowEncoding, encode_supervised_row
 from tuneline.core.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-    from tuneline.core.templates.conversation import Template
 
 Example = Mapping[str, Sequence[int]]
 
@@ -117,12 +116,9 @@ def pack_examples(
 def encode_packed_supervised_rows(
     rows: Sequence[dict[str, Any]],
     *,
-    template: Template,
     tokenizer: PreTrainedTokenizerBase,
-    cutoff_len: int,
+    encoding: RowEncoding,
     neat_packing: bool,
-    train_on_prompt: bool = False,
-    mask_history: bool = False,
     batch_size: int = PREPROCESSING_BATCH_SIZE,
 ) -> list[dict[str, list[int]]]:
     """Encode supervised rows truncated to `cutoff_len - 1` and pack them into `cutoff_len` tokens.
@@ -131,22 +127,7 @@ def encode_packed_supervised_rows(
     the configured length. Rows left with nothing to train give no example (see
     `encode_supervised_row`).
     """
-    room = pack_room(cutoff_len)
-    examples = [
-        encode_supervised_row(
-            row,
-            template=template,
-            tokenizer=tokenizer,
-            cutoff_len=room,
-            train_on_prompt=train_on_prompt,
-            mask_history=mask_history,
-        )
-        for row in rows
-    ]
-    return pack_examples(
-        examples,
-        cutoff_len=cutoff_len,
-        pad_token_id=tokenizer.pad_token_id,
-        neat_packing=neat_packing,
-        batch_size=batch_size,
-    )
+    within_room = replace(encoding, cutoff_len=pack_room(encoding.cutoff_len))
+    examples = [encode_supervised_row(row, tokenizer=tokenizer, encoding=within_room) for row in rows]
+    return pack_examples(examples, cutoff_len=encoding.cutoff_len, pad_token_id=tokenizer.pad_token_id,
+                         neat_packing=neat_packing, batch_size=batch_size)

@@ -10,11 +10,12 @@ returned as None instead of being kept. SFT packing is in `tuneline.core.data.pa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.errors import ConfigError, DataError
-from tuneline.core.templates.conversation import Template, encode_oneturn, encode_turns
+from tuneline.core.templates.conversation import Conversation, Template, encode_oneturn, encode_turns
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -65,44 +66,40 @@ def _check_row(row: dict[str, Any], *, kind: str = "supervised") -> None:
         raise DataError(f"a feedback row needs {shape}, got kto_tag {row.get('kto_tag')!r}")
 
 
-def _source_labels(
-    source_ids: list[int], *, turn_idx: int, template: Template, eos_id: int, train_on_prompt: bool
-) -> list[int]:
-    if train_on_prompt:
+@dataclass(frozen=True)
+class RowEncoding:
+    """What the row encoders need besides the tokenizer: the template, the token budget of an
+    example, and which tokens train (supervised rows only)."""
+
+    template: Template
+    cutoff_len: int
+    train_on_prompt: bool = False  # prompt tokens train too
+    mask_history: bool = False  # only the last turn trains; the last turns keep the budget
+
+
+def _source_labels(source_ids: list[int], *, turn_idx: int, encoding: RowEncoding, eos_id: int) -> list[int]:
+    if encoding.train_on_prompt:
         return list(source_ids)
-    if template.efficient_eos and turn_idx != 0 and source_ids:
+    if encoding.template.efficient_eos and turn_idx != 0 and source_ids:
         # the eos that closes the previous reply is written at the start of this source
         return [eos_id] + [IGNORE_INDEX] * (len(source_ids) - 1)
     return [IGNORE_INDEX] * len(source_ids)
 
 
 def encode_supervised_row(
-    row: dict[str, Any],
-    *,
-    template: Template,
-    tokenizer: PreTrainedTokenizerBase,
-    cutoff_len: int,
-    train_on_prompt: bool = False,
-    mask_history: bool = False,
+    row: dict[str, Any], *, tokenizer: PreTrainedTokenizerBase, encoding: RowEncoding
 ) -> dict[str, list[int]] | None:
     """`input_ids`, `attention_mask` and `labels` of one conversation, or None if nothing is trained
     (see `supervised_example`)."""
-    check_supervised_options(template, train_on_prompt=train_on_prompt)
+    check_supervised_options(encoding)
     _check_row(row)
-    pairs = encode_turns(
-        template,
-        tokenizer,
-        prompt=row["prompt"],
-        response=row["response"],
-        system=row.get("system") or None,
-        tools=row.get("tools") or None,
-    )
-    return supervised_example(pairs, template=template, eos_id=tokenizer.eos_token_id, cutoff_len=cutoff_len,
-                              train_on_prompt=train_on_prompt, mask_history=mask_history)
+    pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row))
+    return supervised_example(pairs, encoding=encoding, eos_id=tokenizer.eos_token_id)
 
 
-def check_supervised_options(template: Template, *, train_on_prompt: bool) -> None:
-    if train_on_prompt and template.efficient_eos:
+def check_supervised_options(encoding: RowEncoding) -> None:
+    template = encoding.template
+    if encoding.train_on_prompt and template.efficient_eos:
         raise ConfigError(f"train_on_prompt cannot be used with template '{template.name}' (efficient_eos)")
 
 
@@ -112,13 +109,7 @@ def check_supervised_row(row: dict[str, Any]) -> None:
 
 
 def supervised_example(
-    pairs: list[tuple[list[int], list[int]]],
-    *,
-    template: Template,
-    eos_id: int,
-    cutoff_len: int,
-    train_on_prompt: bool = False,
-    mask_history: bool = False,
+    pairs: list[tuple[list[int], list[int]]], *, encoding: RowEncoding, eos_id: int
 ) -> dict[str, list[int]] | None:
     """The supervised example of a conversation's (source_ids, target_ids) turns, or None if
     nothing is trained.
@@ -127,9 +118,10 @@ def supervised_example(
     budget runs out are dropped. With `mask_history` turns are taken last-first and only the last
     one is trained.
     """
+    cutoff_len, mask_history, efficient_eos = encoding.cutoff_len, encoding.mask_history, encoding.template.efficient_eos
     if mask_history:
         pairs = pairs[::-1]  # the last turns have priority
-    total_length = 1 if template.efficient_eos else 0
+    total_length = 1 if efficient_eos else 0
     input_ids: list[int] = []
     labels: list[int] = []
     for turn_idx, (source_ids, target_ids) in enumerate(pairs):
@@ -138,9 +130,7 @@ def supervised_example(
         source_len, target_len = infer_seqlen(len(source_ids), len(target_ids), cutoff_len - total_length)
         source_ids, target_ids = source_ids[:source_len], target_ids[:target_len]
         total_length += source_len + target_len
-        source_labels = _source_labels(
-            source_ids, turn_idx=turn_idx, template=template, eos_id=eos_id, train_on_prompt=train_on_prompt
-        )
+        source_labels = _source_labels(source_ids, turn_idx=turn_idx, encoding=encoding, eos_id=eos_id)
         target_labels = [IGNORE_INDEX] * target_len if mask_history and turn_idx != 0 else list(target_ids)
         if mask_history:
             input_ids = source_ids + target_ids + input_ids
@@ -148,7 +138,7 @@ def supervised_example(
         else:
             input_ids += source_ids + target_ids
             labels += source_labels + target_labels
-    if template.efficient_eos:
+    if efficient_eos:
         input_ids.append(eos_id)
         labels.append(eos_id)
     if labels.count(IGNORE_INDEX) == len(labels):
@@ -156,22 +146,17 @@ def supervised_example(
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
 
 
-def _encode_oneturn(
-    row: dict[str, Any], reply: Message, *, template: Template, tokenizer: PreTrainedTokenizerBase
+def _encode_reply(
+    conversation: Conversation, reply: Message, *, tokenizer: PreTrainedTokenizerBase, encoding: RowEncoding
 ) -> tuple[list[int], list[int]]:
-    """(prompt_ids, reply_ids): everything before `reply` is prompt, earlier turns included.
+    """(prompt_ids, reply_ids) of the conversation's prompt answered by `reply`: everything before
+    `reply` is prompt, earlier turns included.
 
     This is LLaMA-Factory's `encode_oneturn` (reasoning templates drop the thoughts of earlier
     replies); with `efficient_eos` the eos is appended to the reply.
     """
-    prompt_ids, reply_ids = encode_oneturn(
-        template,
-        tokenizer,
-        prompt=row["prompt"],
-        response=[reply],
-        system=row.get("system") or None,
-        tools=row.get("tools") or None,
-    )
+    template = encoding.template
+    prompt_ids, reply_ids = encode_oneturn(template, tokenizer, replace(conversation, response=[reply]))
     reply_ids = list(reply_ids)
     if template.efficient_eos:
         reply_ids.append(tokenizer.eos_token_id)
@@ -188,7 +173,7 @@ def _prompt_reply_example(prompt_ids: list[int], reply_ids: list[int], *, prefix
 
 
 def encode_pairwise_row(
-    row: dict[str, Any], *, template: Template, tokenizer: PreTrainedTokenizerBase, cutoff_len: int
+    row: dict[str, Any], *, tokenizer: PreTrainedTokenizerBase, encoding: RowEncoding
 ) -> dict[str, list[int]] | None:
     """`chosen_*` and `rejected_*` input ids, attention masks and labels of one preference row.
 
@@ -197,10 +182,11 @@ def encode_pairwise_row(
     rejected share the prompt exactly. None if the cut leaves a reply with no token.
     """
     _check_row(row, kind="pairwise")
-    chosen, rejected = row["response"]
-    prompt_ids, chosen_ids = _encode_oneturn(row, chosen, template=template, tokenizer=tokenizer)
-    _, rejected_ids = _encode_oneturn(row, rejected, template=template, tokenizer=tokenizer)
-    source_len, target_len = infer_seqlen(len(prompt_ids), max(len(chosen_ids), len(rejected_ids)), cutoff_len)
+    conversation = Conversation.from_row(row)
+    chosen, rejected = conversation.response
+    prompt_ids, chosen_ids = _encode_reply(conversation, chosen, tokenizer=tokenizer, encoding=encoding)
+    _, rejected_ids = _encode_reply(conversation, rejected, tokenizer=tokenizer, encoding=encoding)
+    source_len, target_len = infer_seqlen(len(prompt_ids), max(len(chosen_ids), len(rejected_ids)), encoding.cutoff_len)
     prompt_ids, chosen_ids, rejected_ids = prompt_ids[:source_len], chosen_ids[:target_len], rejected_ids[:target_len]
     if not chosen_ids or not rejected_ids:
         return None
@@ -211,7 +197,7 @@ def encode_pairwise_row(
 
 
 def encode_unsupervised_row(
-    row: dict[str, Any], *, template: Template, tokenizer: PreTrainedTokenizerBase, cutoff_len: int
+    row: dict[str, Any], *, tokenizer: PreTrainedTokenizerBase, encoding: RowEncoding
 ) -> dict[str, list[int]]:
     """Prompt `input_ids` (ending with the generation prefix) and the reply as `labels`, for prediction.
 
@@ -220,21 +206,23 @@ def encode_unsupervised_row(
     Prompt and reply are cut together by `infer_seqlen`; the labels are not aligned to the inputs.
     """
     _check_prompt(row, kind="prediction")
-    response = row.get("response") or []
+    conversation = Conversation.from_row(row)
+    response = conversation.response
     reply = response[0] if len(response) == 1 else {"role": "assistant", "content": ""}
-    prompt_ids, reply_ids = _encode_oneturn(row, reply, template=template, tokenizer=tokenizer)
-    source_len, target_len = infer_seqlen(len(prompt_ids), len(reply_ids), cutoff_len)
+    prompt_ids, reply_ids = _encode_reply(conversation, reply, tokenizer=tokenizer, encoding=encoding)
+    source_len, target_len = infer_seqlen(len(prompt_ids), len(reply_ids), encoding.cutoff_len)
     return {"input_ids": prompt_ids[:source_len], "attention_mask": [1] * source_len, "labels": reply_ids[:target_len]}
 
 
 def _encode_feedback_row(
-    row: dict[str, Any], kl_reply: Message, *, template: Template, tokenizer: PreTrainedTokenizerBase, cutoff_len: int
+    row: dict[str, Any], kl_reply: Message, *, tokenizer: PreTrainedTokenizerBase, encoding: RowEncoding
 ) -> dict[str, Any] | None:
-    reply = row["response"][0]
+    conversation = Conversation.from_row(row)
+    reply = conversation.response[0]
     example: dict[str, Any] = {}
     for prefix, message in (("", reply), ("kl_", kl_reply)):
-        prompt_ids, reply_ids = _encode_oneturn(row, message, template=template, tokenizer=tokenizer)
-        source_len, target_len = infer_seqlen(len(prompt_ids), len(reply_ids), cutoff_len)
+        prompt_ids, reply_ids = _encode_reply(conversation, message, tokenizer=tokenizer, encoding=encoding)
+        source_len, target_len = infer_seqlen(len(prompt_ids), len(reply_ids), encoding.cutoff_len)
         if prefix == "" and target_len == 0:
             return None
         example.update(_prompt_reply_example(prompt_ids[:source_len], reply_ids[:target_len], prefix=prefix))
@@ -246,9 +234,8 @@ def _encode_feedback_row(
 def encode_feedback_rows(
     rows: Sequence[dict[str, Any]],
     *,
-    template: Template,
     tokenizer: PreTrainedTokenizerBase,
-    cutoff_len: int,
+    encoding: RowEncoding,
     batch_size: int = PREPROCESSING_BATCH_SIZE,
 ) -> list[dict[str, Any] | None]:
     """KTO examples, one per row in row order (None where the cut leaves the row's reply empty).
@@ -266,9 +253,7 @@ def encode_feedback_rows(
         batch = rows[start : start + batch_size]
         for i, row in enumerate(batch):
             kl_reply = batch[i - 1]["response"][0]  # i == 0 takes the batch's last row
-            encoded.append(
-                _encode_feedback_row(row, kl_reply, template=template, tokenizer=tokenizer, cutoff_len=cutoff_len)
-            )
+            encoded.append(_encode_feedback_row(row, kl_reply, tokenizer=tokenizer, encoding=encoding))
     return encoded
 
 

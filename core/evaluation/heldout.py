@@ -69,13 +69,13 @@ def greedy_answers(
     """Greedy completions of each row's prompt rendered with `template`."""
     import torch
 
-    from tuneline.core.templates.conversation import encode_prompt, stop_token_ids
+    from tuneline.core.templates.conversation import Conversation, encode_prompt, stop_token_ids
 
     stops = stop_token_ids(template, tokenizer)
     answers = []
     with torch.no_grad():
         for row in rows:
-            ids = encode_prompt(template, tokenizer, prompt=row["prompt"], system=row.get("system") or None)
+            ids = encode_prompt(template, tokenizer, Conversation(prompt=row["prompt"], system=row.get("system") or None))
             output = model.generate(
                 input_ids=torch.tensor([ids]),
                 attention_mask=torch.ones(1, len(ids), dtype=torch.long),

@@ -24,21 +24,30 @@ ADAPTER_SAFETENSORS = "adapter_model.safetensors"
 ADAPTER_PICKLE = "adapter_model.bin"
 
 
-def apply_lora(model: PreTrainedModel, finetuning: FinetuningConfig, *, model_config: ModelConfig) -> PeftModel:
-    """A trainable LoRA adapter on `model`: the last of `adapter_name_or_path` continued, or a new one."""
+def apply_lora(
+    model: PreTrainedModel, finetuning: FinetuningConfig, *, model_config: ModelConfig, head: str | None = None
+) -> PeftModel:
+    """A trainable LoRA adapter on `model`: the last of `adapter_name_or_path` continued, or a new one.
+
+    With `head` (a sequence classifier's scoring head) every adapter listed is merged into the base
+    (an SFT adapter, typically) and a new adapter starts, training the head in full.
+    """
     from peft import get_peft_model
 
     adapters = adapter_paths(model_config)
-    resume = bool(adapters) and not finetuning.create_new_adapter
+    resume = bool(adapters) and not finetuning.create_new_adapter and head is None
     for path in adapters[:-1] if resume else adapters:
         model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
     if resume:
         return load_adapter(model, adapters[-1], model_config=model_config, trainable=True)
-    return get_peft_model(model, lora_config(model, finetuning))
+    return get_peft_model(model, lora_config(model, finetuning, head=head))
 
 
-def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig) -> LoraConfig:
+def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None) -> LoraConfig:
     """peft's LoraConfig from the LoRA keys, target and extra module names checked against `model`.
+
+    With `head` it is a sequence classifier's adapter: the head is saved with the adapter
+    (`modules_to_save`), never adapted.
 
     PiSSA uses the exact SVD: peft recomputes the PiSSA residual of the base whenever the saved
     adapter is loaded (merge, export, continued training), and only an exact SVD gives the same
@@ -62,8 +71,11 @@ def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig) -> LoraCon
     unknown = [unknown_name_message("module", name, module_names) for name in extra if name not in module_names]
     if unknown:
         raise ConfigError([f"'additional_target': {message}" for message in unknown])
+    if head is not None:
+        targets = sorted(set(available if targets == "all-linear" else targets) - {head})
+        extra = [*extra, head]
     return LoraConfig(
-        task_type=TaskType.CAUSAL_LM,
+        task_type=TaskType.CAUSAL_LM if head is None else TaskType.SEQ_CLS,
         r=finetuning.lora_rank,
         lora_alpha=finetuning.lora_alpha or finetuning.lora_rank * 2,
         lora_dropout=finetuning.lora_dropout,

@@ -169,23 +169,30 @@ def apply_finetuning(
     *,
     model_config: ModelConfig | None = None,
     training: Mapping[str, Any] | None = None,
+    head: str | None = None,
 ) -> PreTrainedModel:
     """Make the chosen parameters trainable (LoRA, freeze or full) in float32; refuse a setup in
-    which nothing would train."""
+    which the method would train nothing.
+
+    `head` names a sequence classifier's scoring head, which trains in full whatever the method:
+    with LoRA it is saved inside a new adapter (see `apply_lora`), otherwise it is unfrozen.
+    """
     model_config = model_config or ModelConfig()
     problems = method_problems(model_config, finetuning)
     if problems:
         raise ConfigError(problems)
     prepare_checkpointing(model, training or {})
     methods = {
-        "lora": lambda: apply_lora(model, finetuning, model_config=model_config),
+        "lora": lambda: apply_lora(model, finetuning, model_config=model_config, head=head),
         "freeze": lambda: apply_freeze(model, finetuning),
         "full": lambda: apply_full(model, finetuning),
     }
     model = methods[finetuning.finetuning_type]()
-    upcast_trainable(model)
     if count_parameters(model)[0] == 0:
         raise ConfigError(_nothing_trainable_message(model, finetuning))
+    if head is not None and finetuning.finetuning_type != "lora":
+        model.get_submodule(head).requires_grad_(True)
+    upcast_trainable(model)
     return model
 
 

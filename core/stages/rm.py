@@ -12,18 +12,15 @@ adapter (`modules_to_save`), so base plus adapter folder is the whole reward mod
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tuneline.core.config import FinetuningConfig, ModelConfig
+from tuneline.core.config import FinetuningConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.kind import ModelRequest, StageKind, TrainerRequest
 from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
     from trl import RewardTrainer
 
@@ -39,55 +36,6 @@ def head_name(model: PreTrainedModel) -> str:
             return name
     raise ConfigError(f"{type(model).__name__} has no scoring head named {' or '.join(HEAD_NAMES)}; "
                       "stage rm needs a model family that transformers loads for sequence classification.")
-
-
-def prepare_reward_model(
-    model: PreTrainedModel,
-    finetuning: FinetuningConfig,
-    *,
-    model_config: ModelConfig | None = None,
-    training: Mapping[str, Any] | None = None,
-) -> PreTrainedModel:
-    """Make the chosen parameters trainable, the scoring head always among them.
-
-    LoRA: adapters named in `adapter_name_or_path` (an SFT adapter, typically) are merged into the
-    base first, then a new sequence-classification adapter trains with the head in full.
-    """
-    from peft import get_peft_model
-
-    from tuneline.core.models.adapters import adapter_paths, load_adapter
-    from tuneline.core.models.loading import apply_finetuning, method_problems, prepare_checkpointing, upcast_trainable
-
-    model_config = model_config or ModelConfig()
-    if finetuning.finetuning_type != "lora":
-        model = apply_finetuning(model, finetuning, model_config=model_config, training=training)
-        model.get_submodule(head_name(model)).requires_grad_(True)
-        upcast_trainable(model)
-        return model
-    problems = method_problems(model_config, finetuning)
-    if problems:
-        raise ConfigError(problems)
-    prepare_checkpointing(model, training or {})
-    for path in adapter_paths(model_config):
-        model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
-    model = get_peft_model(model, reward_lora_config(model, finetuning))
-    upcast_trainable(model)
-    return model
-
-
-def reward_lora_config(model: PreTrainedModel, finetuning: FinetuningConfig) -> LoraConfig:
-    """tuneline's LoRA settings for a sequence classifier: the head is saved with the adapter, not adapted."""
-    from peft import TaskType
-
-    from tuneline.core.models.adapters import linear_module_names, lora_config
-
-    base = lora_config(model, finetuning)
-    head = head_name(model)
-    targets = base.target_modules
-    if isinstance(targets, str):  # "all-linear": every linear layer of the backbone
-        targets = [name for name in linear_module_names(model) if name != head]
-    return dataclasses.replace(base, task_type=TaskType.SEQ_CLS, target_modules=sorted(set(targets) - {head}),
-                               modules_to_save=[*(base.modules_to_save or []), head])
 
 
 def build_reward_trainer(request: TrainerRequest) -> RewardTrainer:
@@ -106,12 +54,14 @@ def build_reward_trainer(request: TrainerRequest) -> RewardTrainer:
 
 
 def load_reward_base(request: ModelRequest) -> PreTrainedModel:
-    """The starting model with a one-output scoring head and the method applied."""
-    from tuneline.core.models.loading import load_model
+    """The starting model with a one-output scoring head and the method applied, the head trained in
+    full (with LoRA: merged adapters, a new adapter that saves the head)."""
+    from tuneline.core.models.loading import apply_finetuning, load_model
 
     model = load_model(request.model_path, model=request.model_config, vocab_size=len(request.tokenizer),
                        training=request.training, head="score")
-    return prepare_reward_model(model, request.finetuning, model_config=request.model_config, training=request.training)
+    return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
+                            head=head_name(model))
 
 
 def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,

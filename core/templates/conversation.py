@@ -3,15 +3,17 @@
 `message_pieces` writes each message out through its template slots as the pieces to encode:
 texts (encoded on their own with `add_special_tokens=False`, so BPE never merges across message
 boundaries) and token ids (bos/eos and token slots). `encode_turns`, `encode_oneturn` and
-`encode_prompt` encode those pieces, so a batch encoder built on `message_pieces` gives the same
-ids. `template: auto` renders with the tokenizer's own chat template instead (`template_auto`).
-The templates are in `template_registry`; `chat_template_jinja` exports one as a Jinja template and
-`check_template` compares one with the tokenizer's own.
+`encode_prompt` encode those pieces for a `Conversation`, so a batch encoder built on
+`message_pieces` gives the same ids. `template: auto` renders with the tokenizer's own chat
+template instead (`template_auto`). The templates are in `template_registry`; `chat_template_jinja`
+exports one as a Jinja template and `check_template` compares one with the tokenizer's own.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tuneline.core.errors import ConfigError, DataError, unknown_name_message
 from tuneline.core.templates.auto import auto_text, template_from_tokenizer
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BOS",
+    "Conversation",
     "EOS",
     "TEMPLATES",
     "Template",
@@ -121,32 +124,42 @@ def stop_token_ids(template: Template, tokenizer: PreTrainedTokenizerBase) -> li
 # ---------------------------------------------------------------- encoding
 
 
-def _conversation(prompt: list[Message], response: list[Message]) -> list[Message]:
-    messages = [*prompt, *response]
-    check_roles(messages)
-    if ends_with_prompt(messages) or not messages:
-        raise DataError(
-            f"expected the conversation to end with an assistant message, got {len(messages)} "
-            "messages (prompt ends with user, response holds exactly one assistant message)"
-        )
-    return messages
+@dataclass(frozen=True)
+class Conversation:
+    """What a template encodes: the prompt (ending with a user message), the reply messages, and
+    the system prompt and tool descriptions (None: the template's default system, no tools)."""
+
+    prompt: Sequence[Message]
+    response: Sequence[Message] = ()
+    system: str | None = None
+    tools: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Conversation:
+        """The conversation of a standard row; an empty system or tools counts as none."""
+        return cls(prompt=row["prompt"], response=row.get("response") or (), system=row.get("system") or None,
+                   tools=row.get("tools") or None)
+
+    def messages(self) -> list[Message]:
+        """`prompt + response`, checked to be a conversation that ends with the reply."""
+        messages = [*self.prompt, *self.response]
+        check_roles(messages)
+        if ends_with_prompt(messages) or not messages:
+            raise DataError(
+                f"expected the conversation to end with an assistant message, got {len(messages)} "
+                "messages (prompt ends with user, response holds exactly one assistant message)"
+            )
+        return messages
 
 
 def turn_pieces(
-    template: Template,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    prompt: list[Message],
-    response: list[Message],
-    system: str | None,
-    tools: str | None = None,
-    oneturn: bool = False,
+    template: Template, tokenizer: PreTrainedTokenizerBase, conversation: Conversation, *, oneturn: bool = False
 ) -> list[list[str | int]]:
-    """The pieces of each message of `prompt + response` (see `message_pieces`), checked to be a
-    conversation that ends with the reply; `pair_turns` of their encoding is `encode_turns`.
-    `oneturn` writes them with LLaMA-Factory's one-turn rules, as `encode_oneturn` encodes them."""
-    messages = _conversation(prompt, response)
-    return message_pieces(template, tokenizer, messages=messages, system=system, tools=tools, oneturn=oneturn)
+    """The pieces of each message of the conversation (see `message_pieces`); `pair_turns` of their
+    encoding is `encode_turns`. `oneturn` writes them with LLaMA-Factory's one-turn rules, as
+    `encode_oneturn` encodes them."""
+    return message_pieces(template, tokenizer, messages=conversation.messages(), system=conversation.system,
+                          tools=conversation.tools, oneturn=oneturn)
 
 
 def pair_turns(encoded: list[list[int]]) -> list[tuple[list[int], list[int]]]:
@@ -155,49 +168,30 @@ def pair_turns(encoded: list[list[int]]) -> list[tuple[list[int], list[int]]]:
 
 
 def encode_turns(
-    template: Template,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    prompt: list[Message],
-    response: list[Message],
-    system: str | None,
-    tools: str | None = None,
+    template: Template, tokenizer: PreTrainedTokenizerBase, conversation: Conversation
 ) -> list[tuple[list[int], list[int]]]:
-    """(source_ids, target_ids) for each turn of `prompt + response` (LLaMA-Factory's
+    """(source_ids, target_ids) for each turn of the conversation (LLaMA-Factory's
     `encode_multiturn`): the prefix and system text open the first source."""
-    pieces = turn_pieces(template, tokenizer, prompt=prompt, response=response, system=system, tools=tools)
-    return pair_turns(encode_pieces(tokenizer, pieces))
+    return pair_turns(encode_pieces(tokenizer, turn_pieces(template, tokenizer, conversation)))
 
 
 def encode_oneturn(
-    template: Template,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    prompt: list[Message],
-    response: list[Message],
-    system: str | None,
-    tools: str | None = None,
+    template: Template, tokenizer: PreTrainedTokenizerBase, conversation: Conversation
 ) -> tuple[list[int], list[int]]:
     """(prompt_ids, response_ids): everything before the last reply is prompt (LLaMA-Factory's
     `encode_oneturn`, used for pairwise and KTO data; reasoning templates drop earlier thoughts)."""
-    pieces = turn_pieces(template, tokenizer, prompt=prompt, response=response, system=system, tools=tools, oneturn=True)
-    encoded = encode_pieces(tokenizer, pieces)
+    encoded = encode_pieces(tokenizer, turn_pieces(template, tokenizer, conversation, oneturn=True))
     return [token for ids in encoded[:-1] for token in ids], encoded[-1]
 
 
-def encode_prompt(
-    template: Template,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    prompt: list[Message],
-    system: str | None,
-    tools: str | None = None,
-) -> list[int]:
-    """Ids of `prompt` (ending with a user message) plus the assistant's generation prefix."""
+def encode_prompt(template: Template, tokenizer: PreTrainedTokenizerBase, conversation: Conversation) -> list[int]:
+    """Ids of the conversation's prompt (ending with a user message) plus the assistant's generation
+    prefix; its response, if any, is not encoded."""
+    prompt = conversation.prompt
     check_roles(prompt)
     if not ends_with_prompt(prompt):
         raise DataError(f"a generation prompt must end with a user message, got {len(prompt)} messages")
-    pieces = message_pieces(template, tokenizer, messages=prompt, system=system, tools=tools)
+    pieces = message_pieces(template, tokenizer, messages=prompt, system=conversation.system, tools=conversation.tools)
     return [token for ids in encode_pieces(tokenizer, pieces) for token in ids]
 
 

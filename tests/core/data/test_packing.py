@@ -16,7 +16,7 @@ from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_p
 
 from tuneline.core.training.collators import PackedCollator, block_causal_mask, flatten_for_varlen, pad_packed_features
 from tuneline.core.data.packing import encode_packed_supervised_rows, knapsack_groups, pack_examples
-from tuneline.core.data.processors import IGNORE_INDEX, infer_seqlen
+from tuneline.core.data.processors import IGNORE_INDEX, RowEncoding, infer_seqlen
 from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.templates.conversation import fix_tokenizer, get_template
 
@@ -122,9 +122,8 @@ def test_rows_are_cut_to_cutoff_len_minus_one_then_packed(shared_dir):
         "system": "",
         "tools": "",
     }
-    (pack,) = encode_packed_supervised_rows(
-        [row], template=get_template("empty"), tokenizer=tokenizer, cutoff_len=51, neat_packing=True
-    )
+    encoding = RowEncoding(template=get_template("empty"), cutoff_len=51)
+    (pack,) = encode_packed_supervised_rows([row], tokenizer=tokenizer, encoding=encoding, neat_packing=True)
     # truncated to 50: infer_seqlen(60, 40, 50) = (30, 20); then one pad token up to 51
     assert infer_seqlen(60, 40, 50) == (30, 20)
     a, b = (tokenizer.encode(_words(x, n)) for x, n in (("a", 60), ("b", 40)))

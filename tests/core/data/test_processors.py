@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 
 from tuneline.core.data.processors import (
     IGNORE_INDEX,
+    RowEncoding,
     encode_feedback_rows,
     encode_pairwise_row,
     encode_pretrain_texts,
@@ -54,9 +55,8 @@ def _row(*turns: tuple[str, str], system: str = "") -> dict:
 
 
 def _encode(row: dict, tokenizer, *, template: str = "default", cutoff_len: int = 1024, **options):
-    return encode_supervised_row(
-        row, template=get_template(template), tokenizer=tokenizer, cutoff_len=cutoff_len, **options
-    )
+    return encode_supervised_row(row, tokenizer=tokenizer,
+                                 encoding=RowEncoding(template=get_template(template), cutoff_len=cutoff_len, **options))
 
 
 def _pretrain(texts: list[str], tokenizer, *, template: str, cutoff_len: int, **options) -> list[dict]:
@@ -132,12 +132,13 @@ def test_mask_history_trains_only_the_last_turn(gpt2):
 def test_efficient_eos_trains_the_turn_end_on_the_next_source(gpt2):
     template = dataclasses.replace(get_template("empty"), name="empty_eos", efficient_eos=True)
     row = _row((_words("a", 3), _words("b", 2)), (_words("c", 4), _words("d", 2)))
-    encoded = encode_supervised_row(row, template=template, tokenizer=gpt2, cutoff_len=1024)
+    encoded = encode_supervised_row(row, tokenizer=gpt2, encoding=RowEncoding(template=template, cutoff_len=1024))
     a, b, c, d = (_ids(gpt2, _words(x, n)) for x, n in (("a", 3), ("b", 2), ("c", 4), ("d", 2)))
     assert encoded["input_ids"] == a + b + c + d + [50256]
     assert encoded["labels"] == [M] * 3 + b + [50256, M, M, M] + d + [50256]
     with pytest.raises(ConfigError, match="train_on_prompt"):
-        encode_supervised_row(row, template=template, tokenizer=gpt2, cutoff_len=1024, train_on_prompt=True)
+        encode_supervised_row(row, tokenizer=gpt2, encoding=RowEncoding(template=template, cutoff_len=1024,
+                                                                        train_on_prompt=True))
 
 
 # ---------------------------------------------------------------- truncation (BEHAVIOUR.md §4)
@@ -259,7 +260,8 @@ def _pair(prompt: str, chosen: str, rejected: str, *, history: tuple[str, str] |
 
 
 def _pairwise(row: dict, tokenizer, *, template: str = "empty", cutoff_len: int = 1024):
-    return encode_pairwise_row(row, template=get_template(template), tokenizer=tokenizer, cutoff_len=cutoff_len)
+    return encode_pairwise_row(row, tokenizer=tokenizer, encoding=RowEncoding(template=get_template(template),
+                                                                             cutoff_len=cutoff_len))
 
 
 def test_pairwise_labels_mask_the_prompt(gpt2):
@@ -317,7 +319,8 @@ def test_pairwise_rows_need_two_replies(gpt2):
 
 
 def _unsupervised(row: dict, tokenizer, *, template: str = "default", cutoff_len: int = 1024):
-    return encode_unsupervised_row(row, template=get_template(template), tokenizer=tokenizer, cutoff_len=cutoff_len)
+    return encode_unsupervised_row(row, tokenizer=tokenizer, encoding=RowEncoding(template=get_template(template),
+                                                                                 cutoff_len=cutoff_len))
 
 
 def test_unsupervised_gives_the_prompt_and_the_reply_as_labels(gpt2):
@@ -350,8 +353,8 @@ def _feedback(prompt: str, reply: str, tag: bool) -> dict:
 
 
 def _kto(rows: list[dict], tokenizer, *, template: str = "empty", cutoff_len: int = 1024, **options):
-    template_value = get_template(template)
-    return encode_feedback_rows(rows, template=template_value, tokenizer=tokenizer, cutoff_len=cutoff_len, **options)
+    encoding = RowEncoding(template=get_template(template), cutoff_len=cutoff_len)
+    return encode_feedback_rows(rows, tokenizer=tokenizer, encoding=encoding, **options)
 
 
 KTO_ROWS = (("Hi", "Hello", True), ("Bye", "Ciao", False), ("Yes", "Sure", True))
@@ -410,7 +413,7 @@ def test_pairwise_with_a_reasoning_template_drops_earlier_thoughts(shared_dir):
         "response": [{"role": "assistant", "content": "d"}, {"role": "assistant", "content": "e"}],
         "system": "", "tools": "",
     }
-    example = encode_pairwise_row(row, template=template, tokenizer=tokenizer, cutoff_len=256)
+    example = encode_pairwise_row(row, tokenizer=tokenizer, encoding=RowEncoding(template=template, cutoff_len=256))
     chosen = tokenizer.decode(example["chosen_input_ids"])
     assert "secret" not in chosen and "assistant\nb<|im_end|>" in chosen
     trained = [t for t, label in zip(example["chosen_input_ids"], example["chosen_labels"]) if label != -100]

@@ -24,7 +24,7 @@ def test_sft_tokens_equal_the_per_row_encoder_and_counters_add_up(shared_dir: Pa
     from transformers import AutoTokenizer
 
     from tuneline.core.data.tokenization import read_rows
-    from tuneline.core.data.processors import encode_supervised_row
+    from tuneline.core.data.processors import RowEncoding, encode_supervised_row
     from tuneline.core.templates.conversation import fix_tokenizer, get_template
 
     config = _config(dataset="demo_alpaca,demo_sharegpt", max_samples=150, preprocessing_batch_size=64)
@@ -34,8 +34,9 @@ def test_sft_tokens_equal_the_per_row_encoder_and_counters_add_up(shared_dir: Pa
     tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/gpt2")
     template = get_template("default")
     fix_tokenizer(template, tokenizer)
-    expected = [encode_supervised_row(row, template=template, tokenizer=tokenizer, cutoff_len=64) for row in read_rows(
-        ["demo_alpaca", "demo_sharegpt"], config)]
+    encoding = RowEncoding(template=template, cutoff_len=64)
+    expected = [encode_supervised_row(row, tokenizer=tokenizer, encoding=encoding)
+                for row in read_rows(["demo_alpaca", "demo_sharegpt"], config)]
     assert [e["input_ids"] for e in expected] == train["input_ids"]
     assert [e["labels"] for e in expected] == train["labels"]
     assert counters["rows_in"] == counters["examples"] == 300

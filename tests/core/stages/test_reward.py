@@ -10,7 +10,7 @@ import torch
 from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.kind import TrainerRequest
-from tuneline.core.models.loading import load_model
+from tuneline.core.models.loading import apply_finetuning, load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -50,9 +50,7 @@ def load_pairs(path: Path):
 def test_lora_reward_model_adapts_the_backbone_and_saves_the_head(tiny_base: Path) -> None:
     from peft import PeftModelForSequenceClassification
 
-    from tuneline.core.stages.rm import prepare_reward_model
-
-    model = prepare_reward_model(load_model(tiny_base, head="score"), finetuning(finetuning_type="lora", lora_rank=4))
+    model = apply_finetuning(load_model(tiny_base, head="score"), finetuning(finetuning_type="lora", lora_rank=4), head="score")
     assert isinstance(model, PeftModelForSequenceClassification)
     lora = model.peft_config["default"]
     assert "score" in lora.modules_to_save and "score" not in lora.target_modules
@@ -63,15 +61,13 @@ def test_lora_reward_model_adapts_the_backbone_and_saves_the_head(tiny_base: Pat
 
 
 def test_freeze_and_full_tuning_train_the_head(tiny_base: Path) -> None:
-    from tuneline.core.stages.rm import prepare_reward_model
-
-    frozen = prepare_reward_model(load_model(tiny_base, head="score"),
-                                  finetuning(finetuning_type="freeze", freeze_trainable_layers=1))
+    frozen = apply_finetuning(load_model(tiny_base, head="score"),
+                              finetuning(finetuning_type="freeze", freeze_trainable_layers=1), head="score")
     trainable = {name for name, p in frozen.named_parameters() if p.requires_grad}
     assert "score.weight" in trainable
     assert any(name.startswith("model.layers.1.") for name in trainable)
     assert not any(name.startswith("model.layers.0.") for name in trainable)
-    full = prepare_reward_model(load_model(tiny_base, head="score"), finetuning(finetuning_type="full"))
+    full = apply_finetuning(load_model(tiny_base, head="score"), finetuning(finetuning_type="full"), head="score")
     assert all(p.requires_grad for p in full.parameters())
 
 
@@ -114,13 +110,13 @@ def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, p
 
     from tuneline.core.evaluation.reward import evaluate_reward_model, score
     from tuneline.core.models.loading import load_reward_model
-    from tuneline.core.stages.rm import build_reward_trainer, prepare_reward_model
+    from tuneline.core.stages.rm import build_reward_trainer
     from tuneline.core.training.arguments import training_arguments
 
     data, tokenizer = load_pairs(pairs)
     method = finetuning(finetuning_type="lora", lora_rank=8)
     set_seed(1)  # the new head and adapter start the same whatever ran before
-    model = prepare_reward_model(load_model(tiny_base, vocab_size=len(tokenizer), head="score"), method)
+    model = apply_finetuning(load_model(tiny_base, vocab_size=len(tokenizer), head="score"), method, head="score")
     args = training_arguments(str(tmp_path / "rm"), {"learning_rate": 1e-3, "max_steps": 60, "seed": 1, "report_to": "none",
                                                      "per_device_train_batch_size": 16, "lr_scheduler_type": "constant"})
     trainer = build_reward_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=data["train"], eval_dataset=data["validation"],

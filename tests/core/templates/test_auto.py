@@ -10,6 +10,7 @@ import pytest
 
 from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.templates.conversation import (
+    Conversation,
     check_template,
     chat_template_jinja,
     encode_turns,
@@ -31,7 +32,8 @@ CONVERSATION = [
 
 
 def _turns(template, tokenizer, messages, system=None, tools=None):
-    return encode_turns(template, tokenizer, prompt=messages[:-1], response=messages[-1:], system=system, tools=tools)
+    conversation = Conversation(prompt=messages[:-1], response=messages[-1:], system=system, tools=tools)
+    return encode_turns(template, tokenizer, conversation)
 
 
 # ---------------------------------------------------------------- building the auto template

@@ -14,6 +14,7 @@ from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.templates.spec import Template, Token
 from tuneline.core.templates.conversation import (
     TEMPLATES,
+    Conversation,
     chat_template_jinja,
     encode_oneturn,
     encode_prompt,
@@ -83,10 +84,10 @@ def test_template_problems_are_reported_together():
 def test_every_template_renders_and_exports_the_same_text(gpt2, template, system):
     text = render_text(template, gpt2, messages=CONVERSATION, system=system)
     assert all(m["content"] in text for m in CONVERSATION)
-    pairs = encode_turns(template, gpt2, prompt=CONVERSATION[:-1], response=CONVERSATION[-1:], system=system)
+    pairs = encode_turns(template, gpt2, Conversation(prompt=CONVERSATION[:-1], response=CONVERSATION[-1:], system=system))
     assert gpt2.decode(_ids(pairs)) == text  # byte-level BPE: the ids spell out exactly the text
     prompt_text = render_text(template, gpt2, messages=CONVERSATION[:-1], system=system)
-    assert gpt2.decode(encode_prompt(template, gpt2, prompt=CONVERSATION[:-1], system=system)) == prompt_text
+    assert gpt2.decode(encode_prompt(template, gpt2, Conversation(prompt=CONVERSATION[:-1], system=system))) == prompt_text
 
     jinja = chat_template_jinja(template, gpt2)
     chat = ([{"role": "system", "content": system}] if system else []) + CONVERSATION
@@ -129,7 +130,7 @@ def test_message_pieces_join_texts_only_where_an_added_token_starts_the_second(g
     assert (system, user) == (alpaca.default_system, "### Instruction:\nHi there\n\n### Response:\n")
     apart = gpt2.encode(system) + gpt2.encode(user)
     assert apart != gpt2.encode(system + user)
-    ((source, _),) = encode_turns(alpaca, gpt2, prompt=CONVERSATION[:1], response=CONVERSATION[1:2], system=None)
+    ((source, _),) = encode_turns(alpaca, gpt2, Conversation(prompt=CONVERSATION[:1], response=CONVERSATION[1:2]))
     assert source == apart
 
 
@@ -138,7 +139,8 @@ def test_encode_turns_encodes_exactly_the_message_pieces(qwen):
     pieces = message_pieces(template, qwen, messages=CONVERSATION, system="Be brief.")
     expected = [[t for p in message for t in (qwen.encode(p, add_special_tokens=False) if isinstance(p, str) else [p])]
                 for message in pieces]
-    pairs = encode_turns(template, qwen, prompt=CONVERSATION[:-1], response=CONVERSATION[-1:], system="Be brief.")
+    conversation = Conversation(prompt=CONVERSATION[:-1], response=CONVERSATION[-1:], system="Be brief.")
+    pairs = encode_turns(template, qwen, conversation)
     assert [ids for pair in pairs for ids in pair] == expected
 
 
@@ -209,7 +211,7 @@ def _texts(tokenizer, pairs) -> list[tuple[str, str]]:
 
 
 def test_reasoning_template_trains_an_empty_thought_and_keeps_real_ones(qwen):
-    pairs = encode_turns(get_template("qwen3"), qwen, prompt=THINKING[:-1], response=THINKING[-1:], system=None)
+    pairs = encode_turns(get_template("qwen3"), qwen, Conversation(prompt=THINKING[:-1], response=THINKING[-1:]))
     (_, first), (_, second) = _texts(qwen, pairs)
     assert first == "<think>\nadd\n</think>\n\n4<|im_end|>\n"
     assert second == THOUGHT + "6<|im_end|>\n"
@@ -218,31 +220,31 @@ def test_reasoning_template_trains_an_empty_thought_and_keeps_real_ones(qwen):
 
 def test_reasoning_template_without_thinking_drops_thoughts_into_the_prompt(qwen):
     template = dataclasses.replace(get_template("qwen3"), enable_thinking=False)
-    pairs = encode_turns(template, qwen, prompt=THINKING[:-1], response=THINKING[-1:], system=None)
+    pairs = encode_turns(template, qwen, Conversation(prompt=THINKING[:-1], response=THINKING[-1:]))
     texts = _texts(qwen, pairs)
     assert [target for _, target in texts] == ["4<|im_end|>\n", "6<|im_end|>\n"]
     assert all(source.endswith("<|im_start|>assistant\n" + THOUGHT) for source, _ in texts)
-    prompt = encode_prompt(template, qwen, prompt=THINKING[:-1], system=None)
+    prompt = encode_prompt(template, qwen, Conversation(prompt=THINKING[:-1]))
     assert qwen.decode(prompt).endswith("<|im_start|>user\n3+3?<|im_end|>\n<|im_start|>assistant\n" + THOUGHT)
 
 
 def test_reasoning_template_one_turn_drops_earlier_thoughts(qwen):
     template = get_template("qwen3")
-    prompt_ids, reply_ids = encode_oneturn(template, qwen, prompt=THINKING[:-1], response=THINKING[-1:], system=None)
+    prompt_ids, reply_ids = encode_oneturn(template, qwen, Conversation(prompt=THINKING[:-1], response=THINKING[-1:]))
     assert "<think>\nadd" not in qwen.decode(prompt_ids)
     assert qwen.decode(reply_ids) == THOUGHT + "6<|im_end|>\n"
-    generation = qwen.decode(encode_prompt(template, qwen, prompt=THINKING[:-1], system=None))
+    generation = qwen.decode(encode_prompt(template, qwen, Conversation(prompt=THINKING[:-1])))
     assert "<think>" not in generation and generation.endswith("<|im_start|>assistant\n")
 
 
 def test_tool_call_keeps_its_thought_in_front(qwen):
     call = {"role": "function", "content": "<think>\nlook it up\n</think>\n\n" + CALL["content"]}
-    pairs = encode_turns(get_template("qwen3"), qwen, prompt=[TOOL_TURNS[0]], response=[call], system=None)
+    pairs = encode_turns(get_template("qwen3"), qwen, Conversation(prompt=[TOOL_TURNS[0]], response=[call]))
     assert qwen.decode(pairs[0][1]).startswith("<think>\nlook it up\n</think>\n\n<tool_call>\n{\"name\"")
 
 
 def test_non_reasoning_variant_adds_no_thought(qwen):
-    pairs = encode_turns(get_template("qwen3_nothink"), qwen, prompt=THINKING[:-1], response=THINKING[-1:], system=None)
+    pairs = encode_turns(get_template("qwen3_nothink"), qwen, Conversation(prompt=THINKING[:-1], response=THINKING[-1:]))
     assert "<think>" not in qwen.decode(pairs[1][0] + pairs[1][1])
 
 

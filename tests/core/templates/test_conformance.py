@@ -21,7 +21,14 @@ from transformers import AutoTokenizer
 
 from tuneline.core.templates.auto import chat_messages
 from tuneline.core.templates.tools import parse_calls
-from tuneline.core.templates.conversation import encode_prompt, encode_turns, fix_tokenizer, get_template, render_text
+from tuneline.core.templates.conversation import (
+    Conversation,
+    encode_prompt,
+    encode_turns,
+    fix_tokenizer,
+    get_template,
+    render_text,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,8 +245,8 @@ def _pairs(template_name: str, tokenizer, case: Case):
     template = get_template(template_name, tokenizer=tokenizer)
     tools = json.dumps(list(case.tools), ensure_ascii=False) if case.tools else None
     messages = list(case.messages)
-    return encode_turns(template, tokenizer, prompt=messages[:-1], response=messages[-1:], system=case.system,
-                        tools=tools)
+    conversation = Conversation(prompt=messages[:-1], response=messages[-1:], system=case.system, tools=tools)
+    return encode_turns(template, tokenizer, conversation)
 
 
 def _ours(template_name: str, tokenizer, case: Case) -> list[int]:
@@ -275,8 +282,8 @@ def test_named_prompt_equals_official_generation_prompt(tokenizers, tokenizer_na
         case = PAIRINGS[1].view(case)[0]
     prompt = dataclasses.replace(case, messages=case.messages[:-1])
     template = get_template(template_name)
-    ours = encode_prompt(template, tokenizers(tokenizer_name, template_name), prompt=list(prompt.messages),
-                         system=prompt.system)
+    ours = encode_prompt(template, tokenizers(tokenizer_name, template_name),
+                         Conversation(prompt=list(prompt.messages), system=prompt.system))
     assert ours == _official(tokenizers(tokenizer_name), prompt, add_generation_prompt=True)
 
 
@@ -349,7 +356,8 @@ def test_auto_equals_official(tokenizers, tokenizer_name, case):
 def test_auto_prompt_equals_official_generation_prompt(tokenizers, tokenizer_name, case):
     tokenizer = tokenizers(tokenizer_name, "auto")
     prompt = list(case.messages[:-1])
-    ours = encode_prompt(get_template("auto", tokenizer=tokenizer), tokenizer, prompt=prompt, system=case.system)
+    template = get_template("auto", tokenizer=tokenizer)
+    ours = encode_prompt(template, tokenizer, Conversation(prompt=prompt, system=case.system))
     official_case = dataclasses.replace(case, messages=case.messages[:-1])
     assert ours == _official(tokenizers(tokenizer_name), official_case, add_generation_prompt=True)
 
@@ -379,7 +387,7 @@ def test_batch_encoder_equals_row_by_row_encoding(tokenizers, pairing, template_
     """Preprocessing encodes a batch's texts in one call, cut before the template's added tokens
     and shared between rows; its examples equal those of each row encoded on its own."""
     from tuneline.core.data.encoding import EncodingSpec, encode_batch
-    from tuneline.core.data.processors import encode_supervised_row
+    from tuneline.core.data.processors import RowEncoding, encode_supervised_row
 
     name = pairing.template if template_name == "named" else "auto"
     tokenizer = tokenizers(pairing.tokenizer, name)
@@ -388,10 +396,11 @@ def test_batch_encoder_equals_row_by_row_encoding(tokenizers, pairing, template_
     rows = [{"prompt": list(case.messages[:-1]), "response": list(case.messages[-1:]), "system": case.system or "",
              "tools": json.dumps(list(case.tools), ensure_ascii=False) if case.tools else ""} for case in cases]
     for cutoff_len in (4096, 24):  # whole, and cut by the truncation rule
-        spec = EncodingSpec(examples="supervised", template=template, cutoff_len=cutoff_len, train_on_prompt=False,
-                            mask_history=False, packing=False, neat_packing=False, predict=False, batch_size=4)
+        encoding = RowEncoding(template=template, cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
+        spec = EncodingSpec(examples="supervised", encoding=encoding, packing=False, neat_packing=False, predict=False,
+                            batch_size=4)
         batch, counters = encode_batch(rows, spec=spec, tokenizer=tokenizer)
-        single = [encode_supervised_row(row, template=template, tokenizer=tokenizer, cutoff_len=cutoff_len) for row in rows]
+        single = [encode_supervised_row(row, tokenizer=tokenizer, encoding=encoding) for row in rows]
         assert batch == [example for example in single if example is not None]
         assert counters["rows_in"] == len(rows)
         assert (counters["rows_truncated"] > 0) == (cutoff_len == 24)

@@ -12,6 +12,7 @@ from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.templates.conversation import (
     EOS,
     TEMPLATES,
+    Conversation,
     Template,
     chat_template_jinja,
     encode_prompt,
@@ -86,9 +87,8 @@ def _official_ids(tokenizer, conversation: list[dict], **kwargs) -> list[int]:
 
 
 def _pairs(template: Template, tokenizer, messages: list[dict], system: str | None, tools=None):
-    return encode_turns(
-        template, tokenizer, prompt=messages[:-1], response=messages[-1:], system=system, tools=tools
-    )
+    conversation = Conversation(prompt=messages[:-1], response=messages[-1:], system=system, tools=tools)
+    return encode_turns(template, tokenizer, conversation)
 
 
 def _turn_ids(template: Template, tokenizer, messages: list[dict], system: str | None, tools=None):
@@ -150,7 +150,7 @@ def test_turns_equal_official_chat_template(load, fixed, tokenizer_name, templat
 def test_prompt_equals_official_generation_prompt(load, fixed, tokenizer_name, template_name, system):
     prompt = CONVERSATIONS["three"][:-1]
     template, tokenizer = get_template(template_name), fixed(tokenizer_name, template_name)
-    ours = encode_prompt(template, tokenizer, prompt=prompt, system=system)
+    ours = encode_prompt(template, tokenizer, Conversation(prompt=prompt, system=system))
     official = _official_ids(load(tokenizer_name), _with_system(prompt, system), add_generation_prompt=True)
     assert ours == official
 
@@ -215,7 +215,7 @@ def test_mistral_folds_system_into_first_user_message(load, fixed):
     template, tokenizer = get_template("mistral"), fixed("mistral-v0.3", "mistral")
     official = load("mistral-v0.3")
     prompt = [_user("Hi! What is 2+2?")]
-    ours = encode_prompt(template, tokenizer, prompt=prompt, system=SYSTEM)
+    ours = encode_prompt(template, tokenizer, Conversation(prompt=prompt, system=SYSTEM))
     assert ours == _official_ids(official, _with_system(prompt, SYSTEM), add_generation_prompt=True)
     messages = CONVERSATIONS["multi"]
     folded = [_user(SYSTEM + "\n\n" + messages[0]["content"]), *messages[1:]]
@@ -306,7 +306,7 @@ def test_tools_refused_where_the_template_has_no_tool_format(fixed):
 def test_bad_role_order_is_reported(fixed, prompt, response, match):
     with pytest.raises(DataError, match=match):
         tokenizer = fixed("qwen2.5", "qwen")
-        encode_turns(get_template("qwen"), tokenizer, prompt=prompt, response=response, system=None)
+        encode_turns(get_template("qwen"), tokenizer, Conversation(prompt=prompt, response=response))
 
 
 # ---------------------------------------------------------------- tokenizer fixes and stop words
