@@ -51,6 +51,25 @@ QUIET_ENV = {
 }
 for _name, _value in QUIET_ENV.items():
     os.environ.setdefault(_name, _value)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two test workers share two cores: a second intra-op thread in each (and in every training
+    # process they start) only spin-waits for the other worker's. The demo's and the tests'
+    # numbers are the same on 1 and 2 threads (measured, see tests/flows/test_demo.py).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The modules that run pipelines end to end first, then the other modules that train, then the
+    rest, each module's tests kept together and in order: with `--dist loadfile` a worker takes the
+    next module when it is free, so the longest ones must not be left for last."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> int:
+        if item.path not in slow_modules:
+            return 2
+        return 0 if item.path.parent.name == "flows" else 1
+
+    items.sort(key=rank)  # stable: collection order within each rank
 
 
 @pytest.fixture(scope="session")

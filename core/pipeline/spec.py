@@ -203,12 +203,12 @@ def _build_stage(
     if kind == BASE_KIND:
         shared = {k: v for k, v in everywhere.items() if k in BASE_KEYS or k == "dataset_dir"}
         return _build_base(name, {**entry, **shared, **per_stage.get(name, {})}, defaults, problems)
-    shared = {k: v for k, v in everywhere.items() if k not in BASE_KEYS}
+    shared = {k: v for k, v in everywhere.items() if k not in BASE_ONLY_KEYS}
     values = {**entry, **shared, **per_stage.get(name, {})}
     if kind not in STAGE_NAMES:
         problems.append(f"stage '{name}': 'stage: {kind}' is not supported; choose one of {', '.join((BASE_KIND, *STAGE_NAMES))}.")
         return None
-    flat = {**{k: v for k, v in defaults.items() if k not in BASE_KEYS}, **{k: v for k, v in values.items() if k not in ("name", "from")}}
+    flat = {**{k: v for k, v in defaults.items() if k not in BASE_ONLY_KEYS}, **{k: v for k, v in values.items() if k not in ("name", "from")}}
     try:
         config = build_stage_config(flat)
     except ConfigError as e:
@@ -227,6 +227,8 @@ def stage_references(config: StageConfig) -> dict[str, str]:
 
 
 BASE_KEYS = frozenset(f.name for f in dataclasses.fields(BaseModelConfig)) | {"corpus"}
+# `seed` is also a training key: set in defaults or as `seed=N`, it seeds the training stages too
+BASE_ONLY_KEYS = BASE_KEYS - {"seed"}
 
 
 def _build_base(name: str, values: Mapping[str, Any], defaults: Mapping[str, Any], problems: list[str]) -> BaseStage | None:

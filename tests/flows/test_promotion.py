@@ -150,12 +150,14 @@ def test_each_version_carries_its_lineage(story):
         assert tags["tuneline.git_commit"] == story["commit"]
 
 
-def test_champion_loads_through_mlflow_and_answers_a_demo_prompt(story):
+def test_champion_loads_through_mlflow_and_answers_a_demo_prompt(story, monkeypatch):
     import mlflow
     from transformers import AutoTokenizer
 
-    mlflow.set_tracking_uri(story["uri"])
-    mlflow.set_registry_uri(story["uri"])
+    # through the environment, undone after the test: mlflow.set_tracking_uri would also set
+    # MLFLOW_TRACKING_URI for good, and every later store of the process would be this one
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", story["uri"])
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", story["uri"])
     question = json.loads((REPO_DATA / "demo_heldout.json").read_text())[0]
     messages = [{"role": "user", "content": question.get("instruction") or question["messages"][0]["content"]}]
     chat = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")

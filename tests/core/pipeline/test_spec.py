@@ -54,6 +54,19 @@ def test_bare_overrides_win_over_values_written_in_a_stage():
     assert pipeline.stage("base").build.hidden_size == 32
 
 
+def test_seed_in_defaults_or_overrides_seeds_the_training_stages_too():
+    raw = _pipeline(
+        [{"name": "base", "stage": "build_base", "corpus": "c", "seed": 3},
+         {"name": "a", "stage": "sft", "from": "base"}],
+        defaults={"seed": 5},
+    )
+    pipeline = build_pipeline(raw, overrides={})
+    assert pipeline.stage("a").config.training["seed"] == 5
+    assert pipeline.stage("base").build.seed == 3
+    overridden = build_pipeline(raw, overrides={"seed": 11})
+    assert overridden.stage("a").config.training["seed"] == 11 and overridden.stage("base").build.seed == 11
+
+
 def _chain(*extra):
     """A policy chain (base -> sft) plus `extra` stages; pure config, nothing is built."""
     return _pipeline([
