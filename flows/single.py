@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX
-from tuneline.core.config import StageConfig, cache_root, unsupported_for_training
+from tuneline.core.config import StageConfig, cache_root
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
@@ -32,7 +32,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset", "output_dir"), source=config_path)
-    problems = unsupported_for_training(config) + check_parallel_settings(config.training)
+    problems = check_parallel_settings(config.training)
     if problems:
         raise ConfigError(problems, source=config_path)
     plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too

@@ -88,8 +88,11 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | 
 
 def generation_kwargs(generating: GeneratingConfig, tokenizer: PreTrainedTokenizerBase,
                       model: PreTrainedModel | None = None) -> dict[str, Any]:
-    """`generate` keyword arguments; the sampling knobs only when sampling."""
+    """`generate` keyword arguments; the sampling knobs only when sampling. As in LLaMA-Factory,
+    `max_new_tokens` bounds the answer when positive, else `max_length` bounds prompt plus answer."""
     values = asdict(generating)
+    values.pop("skip_special_tokens")  # a decoding setting, not generate's
+    values.pop("max_length" if generating.max_new_tokens > 0 else "max_new_tokens")
     if not generating.do_sample:
         for key in ("temperature", "top_p", "top_k"):
             values.pop(key)
@@ -136,7 +139,7 @@ def do_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, predi
     answers = generate_answers(model, tokenizer, [prompt for prompt, _ in examples], generating=generating, batch_size=batch_size)
     seconds = time.monotonic() - started
     prompts = tokenizer.batch_decode([prompt for prompt, _ in examples], skip_special_tokens=False)
-    predicted = tokenizer.batch_decode(answers, skip_special_tokens=True)
+    predicted = tokenizer.batch_decode(answers, skip_special_tokens=generating.skip_special_tokens)
     labels = tokenizer.batch_decode([label for _, label in examples], skip_special_tokens=True)
     path = Path(output_dir) / PREDICTIONS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -132,12 +132,12 @@ class ChatSession:
 
         self.history.append({"role": "user", "content": message})
         prompt = self._prompt_ids()
-        streamer = WriterStreamer(self.tokenizer, write)
+        streamer = WriterStreamer(self.tokenizer, write, skip_special_tokens=self.generating.skip_special_tokens)
         with torch.no_grad():
             output = self.model.generate(input_ids=torch.tensor([prompt], device=self.model.device),
                                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=self.model.device),
                                          streamer=streamer, **generation_kwargs(self.generating, self.tokenizer, self.model))
-        answer = self.tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip()
+        answer = self.tokenizer.decode(output[0, len(prompt):], skip_special_tokens=self.generating.skip_special_tokens).strip()
         self.history.append({"role": "assistant", "content": answer})
         return answer
 
@@ -156,8 +156,8 @@ class ChatSession:
 class WriterStreamer(TextStreamer):
     """`TextStreamer` that hands each finished piece of text to a callable instead of printing it."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, write: Callable[[str], None]) -> None:
-        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, write: Callable[[str], None], *, skip_special_tokens: bool) -> None:
+        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=skip_special_tokens)
         self.write = write
 
     def on_finalized_text(self, text: str, stream_end: bool = False) -> None:

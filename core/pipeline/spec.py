@@ -37,7 +37,6 @@ from tuneline.core.config import (
     coerce_fields,
     parse_overrides,
     read_yaml,
-    unsupported_for_training,
 )
 from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.stages.registry import DEFAULT_STAGE, STAGE_NAMES, build_stage_config, kinds_with, stage_kind
@@ -214,7 +213,6 @@ def _build_stage(
     except ConfigError as e:
         problems.extend(f"stage '{name}': {p}" for p in e.problems)
         return None
-    problems.extend(f"stage '{name}': {p}" for p in unsupported_for_training(config) if "stage '" not in p)
     parent = values.get("from")
     return TrainingStage(name=name, parent=None if parent is None else str(parent), config=config,
                          references=stage_references(config))

@@ -23,7 +23,7 @@ def test_all_problems_are_reported_at_once():
     assert len(problems) == 3
     assert any("lora_rank" in p for p in problems)
     assert any("cutoff_len" in p and "number" in p for p in problems)
-    assert any("finetuning_type" in p and "lora, freeze, full" in p for p in problems)
+    assert any("finetuning_type" in p and "lora, oft, freeze, full" in p for p in problems)
 
 
 def test_values_are_coerced_to_the_field_types():
@@ -60,7 +60,7 @@ def test_llamafactory_sft_example_loads_unchanged(shared_dir: Path):
 def test_shipped_demo_pipeline_loads():
     from tuneline.core.pipeline.spec import TrainingStage, load_pipeline
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     pipeline = load_pipeline(root / "data/demo_pipeline.yaml", [f"dataset_dir={root / 'data'}"])
     assert [s.name for s in pipeline.stages] == ["base", "pt", "sft", "rm", "dpo", "ppo"]
     sft = pipeline.stage("sft")
@@ -68,8 +68,8 @@ def test_shipped_demo_pipeline_loads():
     assert pipeline.root("sft").name == "base"
 
 
-def test_llamafactory_lora_examples_parse_or_name_each_unsupported_key(shared_dir: Path):
-    from tuneline.core.config import LLAMAFACTORY_UNSUPPORTED
+def test_llamafactory_lora_examples_parse_or_name_each_key_that_cannot_run(shared_dir: Path):
+    from tuneline.core.config.llamafactory import REFUSED_KEYS
 
     examples = sorted((shared_dir / "llamafactory/examples/train_lora").glob("*.yaml"))
     assert len(examples) >= 10
@@ -81,27 +81,24 @@ def test_llamafactory_lora_examples_parse_or_name_each_unsupported_key(shared_di
             build_stage_config(raw, source=str(path))
             parsed.append(path.stem)
         except ConfigError as e:
-            unsupported = [k for k in raw if k in LLAMAFACTORY_UNSUPPORTED]
-            assert unsupported, f"{path.name}: {e}"
-            assert len(e.problems) == len(unsupported)
-            assert all(f"'{key}'" in str(e) for key in unsupported)
+            assert "unknown key" not in str(e), f"{path.name}: {e}"
+            asking = [k for k in raw if k in REFUSED_KEYS and raw[k] != REFUSED_KEYS[k].defaults[k]]
+            assert asking and all(f"'{k}: " in str(e) for k in asking), f"{path.name}: {e}"
     assert {"llama3_lora_sft", "llama3_lora_dpo", "llama3_lora_kto", "llama3_lora_ppo", "llama3_lora_reward",
             "llama3_lora_pretrain", "llama3_preprocess"} <= set(parsed)
 
 
-def test_parsed_stages_that_cannot_train_yet_are_named():
-    from tuneline.core.config import unsupported_for_training
-
-    config = build_stage_config({"stage": "sft", "export_quantization_bit": 4})
-    problems = unsupported_for_training(config)
-    assert len(problems) == 1 and "export_quantization_bit" in problems[0]
+def test_keys_this_version_reads_but_cannot_run_are_named_when_asked_for():
+    with pytest.raises(ConfigError) as error:
+        build_stage_config({"stage": "sft", "export_quantization_bit": 4})
+    assert len(error.value.problems) == 1 and "export_quantization_bit" in error.value.problems[0]
     for stage in ("pt", "sft", "rm", "dpo", "kto"):
-        assert unsupported_for_training(build_stage_config({"stage": stage})) == []
-    assert unsupported_for_training(build_stage_config({"stage": "ppo", "reward_model": "saves/rm"})) == []
-    assert unsupported_for_training(build_stage_config({"stage": "sft"})) == []
+        build_stage_config({"stage": stage})
+    build_stage_config({"stage": "ppo", "reward_model": "saves/rm"})
     for methods in ({"finetuning_type": "freeze"}, {"quantization_bit": 4, "loraplus_lr_ratio": 16, "adapter_name_or_path": "saves/lora"},
-                    {"pissa_init": True, "adapter_name_or_path": "saves/lora", "create_new_adapter": True}):
-        assert unsupported_for_training(build_stage_config({"stage": "sft", **methods})) == []
+                    {"pissa_init": True, "adapter_name_or_path": "saves/lora", "create_new_adapter": True},
+                    {"use_galore": False, "galore_rank": 16, "use_swanlab": False}):  # at LLaMA-Factory's defaults
+        build_stage_config({"stage": "sft", **methods})
 
 
 def test_methods_that_cannot_train_together_fail_when_the_config_is_read():

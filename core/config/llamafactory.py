@@ -1,0 +1,147 @@
+"""LLaMA-Factory's keys that a stage does not run, each named with the reason, never "unknown key".
+
+Three kinds, each a small table of frozen values:
+- `REFUSED`: features tuneline does not offer, with what to use instead. These keys are not
+  fields of any config; set to LLaMA-Factory's default they ask for nothing and pass.
+- `NEEDS_CUDA`: kernels and precisions that only run on a CUDA GPU; on a machine without one,
+  asking for them is an error that says so (never silently ignored).
+- `PENDING`: keys that are fields of the config, with LLaMA-Factory's name and default, whose
+  feature this version does not implement yet; asking for it is an error naming the key.
+
+A key "asks for" its feature when its value differs from the field's (or the table's) default,
+or, for keys listed with `values`, when it takes one of those values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuneline.core.config.stage import GROUPS, StageConfig
+
+NO_VALUES: Mapping[str, tuple[Any, ...]] = {}
+
+
+@dataclass(frozen=True)
+class Refused:
+    what: str
+    instead: str
+    defaults: Mapping[str, Any]  # each key with LLaMA-Factory's default
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A feature asked for by `keys` (away from their defaults) or by `values` (key -> values that ask)."""
+
+    what: str
+    keys: tuple[str, ...] = ()
+    values: Mapping[str, tuple[Any, ...]] = field(default_factory=lambda: NO_VALUES)
+
+
+REFUSED: tuple[Refused, ...] = (
+    Refused("SwanLab experiment tracking", "tuneline records every stage in MLflow (parameters, metrics, artifacts)",
+            {"use_swanlab": False, "swanlab_project": "llamafactory", "swanlab_workspace": None, "swanlab_run_name": None,
+             "swanlab_mode": "cloud", "swanlab_api_key": None, "swanlab_logdir": None, "swanlab_lark_webhook_url": None,
+             "swanlab_lark_secret": None}),
+    Refused("KTransformers' CPU offloading of mixture-of-experts layers",
+            "train with LoRA or QLoRA on a machine whose GPUs hold the model",
+            {"use_kt": False, "kt_weight_path": None, "kt_expert_checkpoint_path": None, "kt_use_lora_experts": None,
+             "kt_lora_expert_num": None, "kt_lora_expert_intermediate_size": None, "kt_optimize_rule": None,
+             "cpu_infer": None, "chunk_size": None}),
+    Refused("training on a Ray cluster", "run the pipeline on Prefect workers; a stage uses several GPUs through torchrun "
+            "(`nproc_per_node`)", {"ray_num_workers": 1, "ray_init_kwargs": None, "ray_run_name": None,
+                                    "ray_storage_path": None, "placement_strategy": None, "resources_per_worker": None}),
+    Refused("Megatron-Core training (MCoreAdapter)", "use DeepSpeed or FSDP through accelerate for models too large for one GPU",
+            {"use_mca": False}),
+    Refused("HyperParallel training", "use DeepSpeed or FSDP through accelerate", {"use_hyper_parallel": False,
+                                                                                 "hyper_parallel_args": None}),
+    Refused("the rendezvous address as YAML keys", "set MASTER_ADDR and MASTER_PORT in the environment of `tuneline "
+            "train`, which torchrun reads", {"master_addr": None, "master_port": None}),
+    Refused("benchmark evaluation (llamafactory-cli eval)", "evaluate held-out data with the pipeline's `evaluate` section",
+            {"task": None, "task_dir": "evaluation", "lang": "en", "n_shot": 5, "save_dir": None, "batch_size": 4}),
+)
+
+NEEDS_CUDA: tuple[Unavailable, ...] = (
+    Unavailable("Unsloth's kernels", keys=("use_unsloth", "use_unsloth_gc")),
+    Unavailable("Liger's Triton kernels (liger-kernel)", keys=("enable_liger_kernel",)),
+    Unavailable("LLaMA-Factory's v1 kernels", keys=("use_v1_kernels",)),
+    Unavailable("FP8 training", keys=("fp8", "fp8_enable_fsdp_float8_all_gather")),
+    Unavailable("bfloat16 weights on a GPU that supports them", keys=("pure_bf16",)),
+    Unavailable("a vLLM or SGLang engine", values={"infer_backend": ("vllm", "sglang")}),
+)
+
+PENDING: tuple[Unavailable, ...] = (
+    *NEEDS_CUDA,  # where CUDA is present, these are not implemented yet either
+    Unavailable("added tokens", keys=("add_tokens", "add_special_tokens", "new_special_tokens_config", "init_special_tokens")),
+    Unavailable("splitting special tokens", keys=("split_special_tokens",)),
+    Unavailable("model loading options", keys=("adapter_folder", "low_cpu_mem_usage", "rope_scaling", "train_from_scratch",
+                                                "print_param_status", "moe_aux_loss_coef", "quantization_device_map",
+                                                "offload_folder")),
+    Unavailable("precision and checkpointing options", keys=("upcast_layernorm", "upcast_lmhead_output",
+                                                              "disable_gradient_checkpointing", "use_reentrant_gc")),
+    Unavailable("LongLoRA's shifted sparse attention", keys=("shift_attn",)),
+    Unavailable("Mixture-of-Depths", keys=("mixture_of_depths",)),
+    Unavailable("hub tokens", keys=("hf_hub_token", "ms_hub_token", "om_hub_token")),
+    Unavailable("inference options", keys=("infer_dtype", "use_kv_cache")),
+    Unavailable("template options", keys=("default_system", "tool_format", "enable_thinking", "preserve_thinking")),
+    Unavailable("data options", keys=("buffer_size", "eval_num_beams", "ignore_pad_token_for_loss", "eval_on_each_dataset")),
+    Unavailable("OFT", keys=("oft_rank", "oft_block_size", "oft_target", "module_dropout"), values={"finetuning_type": ("oft",)}),
+    Unavailable("PiSSA options", keys=("pissa_iter", "pissa_convert")),
+    Unavailable("LoRA+ embedding learning rate", keys=("loraplus_lr_embedding",)),
+    Unavailable("LLaMA Pro", keys=("use_llama_pro",)),
+    Unavailable("SFT loss variants", keys=("use_dft_loss", "use_asft_loss", "asft_alpha", "use_eaft_loss", "eaft_alpha")),
+    Unavailable("preference loss variants", keys=("pref_bco_weight", "ld_alpha")),
+    Unavailable("quantized reference and reward models", keys=("ref_model_quantization_bit", "reward_model_quantization_bit")),
+    Unavailable("training loop options", keys=("compute_accuracy", "disable_shuffling", "early_stopping_steps",
+                                                "include_effective_tokens_per_second")),
+    Unavailable("GaLore", keys=("use_galore", "galore_target", "galore_rank", "galore_update_interval", "galore_scale",
+                                "galore_proj_type", "galore_layerwise")),
+    Unavailable("APOLLO", keys=("use_apollo", "apollo_target", "apollo_rank", "apollo_update_interval", "apollo_scale",
+                                "apollo_proj", "apollo_proj_type", "apollo_scale_type", "apollo_layerwise", "apollo_scale_front")),
+    Unavailable("BAdam", keys=("use_badam", "badam_mode", "badam_start_block", "badam_switch_mode", "badam_switch_interval",
+                               "badam_update_ratio", "badam_mask_mode", "badam_verbose")),
+    Unavailable("Adam-mini", keys=("use_adam_mini",)),
+    Unavailable("Muon", keys=("use_muon",)),
+    Unavailable("pushing the export to a hub", keys=("export_hub_model_id",)),
+    Unavailable("GPTQ quantization of the export", keys=("export_quantization_bit",)),
+    Unavailable("the torch profiler", keys=("enable_torch_profiler", "profiler_output_dir", "profiler_wait_steps",
+                                            "profiler_warmup_steps", "profiler_active_steps", "profiler_repeat",
+                                            "profiler_record_shapes", "profiler_profile_memory", "profiler_with_stack",
+                                            "profile_modules")),
+)
+
+REFUSED_KEYS: Mapping[str, Refused] = {key: refused for refused in REFUSED for key in refused.defaults}
+
+
+def refusal_problems(raw: Mapping[str, Any]) -> list[str]:
+    """One line for each refused key of `raw` that asks for its feature."""
+    return [f"'{key}: {value}' asks for {REFUSED_KEYS[key].what}, which tuneline does not offer; {REFUSED_KEYS[key].instead}. "
+            "Remove the key."
+            for key, value in raw.items() if key in REFUSED_KEYS and value != REFUSED_KEYS[key].defaults[key]]
+
+
+def unavailable_problems(config: StageConfig, *, has_cuda: Callable[[], bool]) -> list[str]:
+    """One line for each key of `config` that asks for a feature this machine or this
+    version cannot run; `has_cuda()` is called only when a CUDA-only key asks."""
+    flat, defaults = config.flat(), _field_defaults(config)
+    cuda_asked = [(key, table.what) for table in NEEDS_CUDA for key in _asking(table, flat, defaults)]
+    problems = []
+    if cuda_asked and not has_cuda():
+        problems.extend(f"'{key}: {flat[key]}' needs {what}, which run only on a CUDA GPU, and this machine has none; "
+                        "remove the key, or run the stage on a CUDA machine." for key, what in cuda_asked)
+    cuda_keys = {key for key, _ in cuda_asked}
+    problems.extend(f"'{key}: {flat[key]}' ({table.what}) is a LLaMA-Factory key that this version of tuneline reads but does "
+                    f"not implement yet; remove it (its default is {defaults[key]!r})."
+                    for table in PENDING for key in _asking(table, flat, defaults) if key not in cuda_keys)
+    return problems
+
+
+def _asking(table: Unavailable, flat: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    moved = [key for key in table.keys if flat[key] != defaults[key]]
+    return moved + [key for key, values in table.values.items() if flat[key] in values]
+
+
+def _field_defaults(config: StageConfig) -> dict[str, Any]:
+    return {f.name: f.default for name in GROUPS for f in dataclasses.fields(getattr(config, name))}

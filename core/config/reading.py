@@ -1,0 +1,150 @@
+"""A stage YAML, a flat mapping as LLaMA-Factory writes it, read into a `StageConfig`.
+
+Its keys are split into one frozen dataclass per concern; the rest must be arguments of
+`transformers.Seq2SeqTrainingArguments`, which keep their own names and meaning. Every problem is
+collected and raised at once, with the nearest valid key for typos; LLaMA-Factory's keys that
+cannot run here are named with the reason (`llamafactory.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuneline.core.config.coercion import coerce_all, coerce_fields
+from tuneline.core.config.llamafactory import REFUSED_KEYS, refusal_problems, unavailable_problems
+from tuneline.core.config.rules import conflicts
+from tuneline.core.config.stage import GROUPS, StageConfig
+from tuneline.core.errors import ConfigError, nearest
+
+# Trainer keys that LLaMA-Factory YAMLs carry but that only steer its own launcher.
+_IGNORED_TRAINING_KEYS = frozenset({"ddp_timeout"})
+# Trainer keys that transformers 5 renamed: old name -> new name (same meaning).
+_RENAMED_TRAINING_KEYS = {"warmup_ratio": "warmup_steps", "logging_dir": None}
+
+
+_SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+@cache
+def training_fields() -> dict[str, Any]:
+    """Init fields of `Seq2SeqTrainingArguments`, each mapped to the simple type it takes (bool,
+    int, float, str) or `Any` when it takes something richer (enums, unions, lists).
+
+    Importing transformers' trainer module costs seconds, too much for a command that only checks a
+    config or finds every stage cached, so the table is kept per transformers version in the cache.
+    """
+    from importlib import metadata
+
+    cache_file = cache_root() / f"trainer-arguments-{metadata.version('transformers')}.json"
+    try:
+        kinds = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        kinds = _read_training_fields()
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(kinds), encoding="utf-8")
+        os.replace(tmp, cache_file)
+    return {name: _SIMPLE_TYPES.get(kind, Any) for name, kind in kinds.items()}
+
+
+def _read_training_fields() -> dict[str, str]:
+    from transformers import Seq2SeqTrainingArguments
+
+    hints = typing.get_type_hints(Seq2SeqTrainingArguments)
+    kinds = {}
+    for f in dataclasses.fields(Seq2SeqTrainingArguments):
+        if not f.init:
+            continue
+        options = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
+        simple = [name for name, kind in _SIMPLE_TYPES.items() if options == [kind]]
+        kinds[f.name] = simple[0] if simple else "any"
+    return kinds
+
+
+def cache_root() -> Path:
+    """Where tuneline keeps caches that outlive a workspace (`$TUNELINE_CACHE`, default ~/.cache/tuneline)."""
+    return Path(os.environ.get("TUNELINE_CACHE") or Path.home() / ".cache" / "tuneline")
+
+
+def valid_keys() -> set[str]:
+    """Every key a stage YAML may hold: the config fields, the trainer's arguments and the refused keys."""
+    keys = {f.name for group in GROUPS.values() for f in dataclasses.fields(group)}
+    return keys | set(training_fields()) | set(REFUSED_KEYS)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from `path`, or a ConfigError naming the file and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"the file {path} does not exist; pass the path of a YAML config.")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from e
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path} must hold a mapping of keys to values, not a {type(loaded).__name__}.")
+    return loaded
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` strings from the command line; values are read as YAML scalars."""
+    overrides: dict[str, Any] = {}
+    problems = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"override '{pair}' is not of the form key=value (for example learning_rate=1e-4).")
+            continue
+        overrides[key.strip()] = yaml.safe_load(value) if value.strip() else None
+    if problems:
+        raise ConfigError(problems)
+    return overrides
+
+
+def read_stage_config(raw: Mapping[str, Any]) -> tuple[StageConfig, list[str]]:
+    """Split, type-check and cross-check a flat LLaMA-Factory mapping: the config and every problem found.
+
+    The checks of a stage kind come on top (`core.stages.registry.build_stage_config` adds them and
+    raises one ConfigError with all problems); this layer knows no kind.
+    """
+    problems: list[str] = refusal_problems(raw)
+    grouped: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+    training: dict[str, Any] = {}
+    group_of = {f.name: name for name, group in GROUPS.items() for f in dataclasses.fields(group)}
+    for key, value in raw.items():
+        if key in group_of:
+            grouped[group_of[key]][key] = value
+        elif key in REFUSED_KEYS or key in _IGNORED_TRAINING_KEYS or (key in _RENAMED_TRAINING_KEYS and not _RENAMED_TRAINING_KEYS[key]):
+            continue
+        elif key in _RENAMED_TRAINING_KEYS:
+            if _RENAMED_TRAINING_KEYS[key] in raw:
+                problems.append(f"'{key}' and '{_RENAMED_TRAINING_KEYS[key]}' both set; keep one.")
+            training[_RENAMED_TRAINING_KEYS[key]] = value
+        elif key in training_fields():
+            training[key] = value
+        else:
+            guess = nearest(key, valid_keys())
+            hint = f"; did you mean '{guess}'?" if guess else " (neither a tuneline/LLaMA-Factory key nor a transformers trainer argument)."
+            problems.append(f"unknown key '{key}'{hint}")
+    built = {name: group(**coerce_fields(group, grouped[name], problems)) for name, group in GROUPS.items()}
+    config = StageConfig(training=coerce_all(training, training_fields(), problems), **built)
+    problems.extend(conflicts(config))
+    problems.extend(unavailable_problems(config, has_cuda=_has_cuda))
+    return config, problems
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
