@@ -7,6 +7,10 @@ from tuneline.core.config.stage import StageConfig
 
 
 def conflicts(config: StageConfig) -> list[str]:
+    return [*_value_problems(config), *data_problems(config), *method_problems(config), *media_problems(config)]
+
+
+def _value_problems(config: StageConfig) -> list[str]:
     problems = []
     ft, data = config.finetuning, config.data
     if ft.finetuning_type == "lora" and ft.lora_rank <= 0:
@@ -33,3 +37,65 @@ def conflicts(config: StageConfig) -> list[str]:
         if len(probs) != len(names):
             problems.append(f"'interleave_probs' has {len(probs)} values for {len(names)} datasets; give one per dataset.")
     return problems
+
+
+def data_problems(config: StageConfig) -> list[str]:
+    """LLaMA-Factory's rules on which datasets and how they are read."""
+    data, training = config.data, config.training
+    problems = []
+    if data.val_size and not data.dataset:
+        problems.append(f"'val_size: {data.val_size}' holds rows out of 'dataset', which is not set; name the dataset or "
+                        "remove val_size.")
+    if data.val_size and data.eval_dataset:
+        problems.append(f"'val_size: {data.val_size}' and 'eval_dataset: {data.eval_dataset}' both choose the evaluation rows; "
+                        "keep one.")
+    if data.interleave_probs and data.eval_dataset and data.mix_strategy != "concat":
+        probs, names = data.interleave_probs.split(","), data.eval_dataset.split(",")
+        if len(probs) != len(names):
+            problems.append(f"'interleave_probs' has {len(probs)} values for the {len(names)} datasets of 'eval_dataset'; "
+                            "give one per dataset.")
+    if data.streaming:
+        if training.get("max_steps", -1) in (None, -1) or training.get("max_steps", -1) <= 0:
+            problems.append("'streaming: true' reads a dataset of unknown length, so training needs 'max_steps'; set it.")
+        if 0 < data.val_size < 1:
+            problems.append(f"'streaming: true' takes a row count for 'val_size', not the share {data.val_size}; "
+                            "give a whole number of rows.")
+        if data.max_samples is not None:
+            problems.append(f"'max_samples: {data.max_samples}' cannot cut a streamed dataset ('streaming: true'); "
+                            "remove one of the two.")
+    evaluates = [key for key in ("do_eval", "do_predict", "predict_with_generate") if training.get(key)]
+    if evaluates and not data.eval_dataset and not data.val_size:
+        keys = " and ".join(f"'{key}: true'" for key in evaluates)
+        problems.append(f"{keys} need evaluation rows: name 'eval_dataset' or hold rows out of the training data with "
+                        "'val_size'.")
+    return problems
+
+
+def method_problems(config: StageConfig) -> list[str]:
+    """LLaMA-Factory's rules on methods and precision that hold whatever the stage."""
+    model, ft = config.model, config.finetuning
+    problems = []
+    if ft.finetuning_type != "lora":
+        problems.extend(f"'{key}: true' is a LoRA option and 'finetuning_type' is '{ft.finetuning_type}'; set "
+                        f"'finetuning_type: lora' or remove {key}."
+                        for key in ("use_rslora", "use_dora", "pissa_init") if getattr(ft, key))
+    if model.quantization_bit is not None and model.resize_vocab:
+        problems.append(f"'resize_vocab: true' cannot resize the embeddings of a quantized model ('quantization_bit: "
+                        f"{model.quantization_bit}'); remove one of the two.")
+    if config.runtime.fp8 and model.quantization_bit is not None:
+        problems.append(f"'fp8: true' cannot train a quantized model ('quantization_bit: {model.quantization_bit}'); "
+                        "remove one of the two.")
+    for key in ("ref_model_quantization_bit", "reward_model_quantization_bit"):
+        if getattr(ft, key) not in (None, 4, 8):
+            problems.append(f"'{key}' must be 4 or 8, got {getattr(ft, key)}.")
+    if config.export.export_quantization_bit is not None and not config.export.export_quantization_dataset:
+        problems.append(f"'export_quantization_bit: {config.export.export_quantization_bit}' needs calibration data in "
+                        "'export_quantization_dataset'; set it.")
+    return problems
+
+
+def media_problems(config: StageConfig) -> list[str]:
+    media = config.media
+    return [f"'{kind}_max_pixels: {high}' is smaller than '{kind}_min_pixels: {low}'; raise the maximum or lower the minimum."
+            for kind, high, low in (("image", media.image_max_pixels, media.image_min_pixels),
+                                    ("video", media.video_max_pixels, media.video_min_pixels)) if high < low]

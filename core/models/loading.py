@@ -216,7 +216,7 @@ def method_problems(model: ModelConfig, finetuning: FinetuningConfig) -> list[st
                         "(merging into quantized weights loses precision); merge them into the base first.")
     if bits is not None and adapters and finetuning.create_new_adapter:
         problems.append("'create_new_adapter: true' merges the adapter into the base, which a quantized base cannot take; "
-                        "remove create_new_adapter to continue the adapter, or remove quantization_bit.")
+                        "remove create_new_adapter to continue the adapter, or remove 'quantization_bit'.")
     ratio = finetuning.loraplus_lr_ratio
     if ratio is not None and (not lora or ratio <= 0):
         problems.append(f"'loraplus_lr_ratio: {ratio}' needs 'finetuning_type: lora' and a positive ratio "

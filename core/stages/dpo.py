@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
-from tuneline.core.stages.preference import preference_problems, raise_problems, with_reference
+from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
 from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
@@ -32,12 +32,13 @@ REFERENCE_FREE = ("orpo", "simpo")
 def dpo_problems(finetuning: FinetuningConfig) -> list[str]:
     """Preference settings that stage dpo could not train with, or would ignore, one line each."""
     ft = finetuning
-    problems = preference_problems(ft)
+    problems = preference_problems(ft) + pissa_problems(ft, uses_reference=ft.pref_loss not in REFERENCE_FREE)
     if ft.pref_loss == "kto_pair":
         problems.append("'pref_loss: kto_pair' is no longer offered by TRL; train 'stage: kto' on rows with a kto_tag, "
                         "or choose pref_loss sigmoid, hinge, ipo, orpo or simpo.")
     if ft.dpo_label_smoothing and ft.pref_loss not in ("sigmoid", "simpo"):
-        problems.append(f"'dpo_label_smoothing' applies to pref_loss sigmoid or simpo, not '{ft.pref_loss}'; remove it.")
+        problems.append(f"'dpo_label_smoothing' applies to 'pref_loss: sigmoid' or 'simpo', not 'pref_loss: {ft.pref_loss}'; "
+                        "remove it.")
     if ft.pref_loss == "orpo" and ft.pref_ftx:
         problems.append("'pref_ftx' does not apply to 'pref_loss: orpo', whose loss already holds the SFT term; "
                         "remove it.")

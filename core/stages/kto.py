@@ -9,7 +9,7 @@ from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
-from tuneline.core.stages.preference import preference_problems, raise_problems, with_reference
+from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def kto_problems(finetuning: FinetuningConfig) -> list[str]:
     """Preference settings that stage kto could not train with, or would ignore, one line each."""
     ft = finetuning
-    problems = preference_problems(ft)
+    problems = preference_problems(ft) + pissa_problems(ft, uses_reference=True)
     if ft.pref_ftx:
         problems.append("'pref_ftx' is not supported with 'stage: kto' (TRL's KTO trainer has no SFT term); remove it.")
     if ft.dpo_label_smoothing:

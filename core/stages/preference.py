@@ -36,6 +36,15 @@ def preference_problems(finetuning: FinetuningConfig) -> list[str]:
     return problems
 
 
+def pissa_problems(finetuning: FinetuningConfig, *, uses_reference: bool) -> list[str]:
+    """PiSSA rewrites the base weights, so a reference model taken from the same base would differ from
+    the policy's start (LLaMA-Factory refuses it for kto, ppo and dpo with a reference)."""
+    if finetuning.pissa_init and uses_reference:
+        return [f"'pissa_init: true' cannot train stage '{finetuning.stage}' against a reference model (PiSSA rewrites the "
+                "base the reference is read from); remove pissa_init."]
+    return []
+
+
 def raise_problems(problems: list[str]) -> None:
     """For builders called as a library: the problems the config check would have reported."""
     if problems:

@@ -60,6 +60,7 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
         kind = KINDS[config.finetuning.stage]
         problems.extend(method_problems(config.model, config.finetuning))
         problems.extend(predict_problems(config, kind))
+        problems.extend(stage_option_problems(config, kind))
         problems.extend(kind.config_problems(config))
     if problems:
         raise ConfigError(problems, source=source)
@@ -86,6 +87,20 @@ def predict_problems(config: StageConfig, kind: StageKind) -> list[str]:
     if do_predict and with_generate and config.data.train_on_prompt:
         problems.append("'do_predict: true' finds where each prompt ends from the label mask, which 'train_on_prompt: true' "
                         "removes; remove one of the two.")
+    return problems
+
+
+def stage_option_problems(config: StageConfig, kind: StageKind) -> list[str]:
+    """LLaMA-Factory's rules on keys that only some stage kinds take."""
+    data = config.data
+    problems = []
+    if kind.examples != "supervised":
+        problems.extend(f"'{key}: true' shapes the labels of supervised conversations, which stage '{kind.name}' does not "
+                        "train on; remove it." for key in ("train_on_prompt", "mask_history", "neat_packing")
+                        if getattr(data, key))
+    if config.training.get("load_best_model_at_end") and (kind.train_loop is not None or kind.output == "reward_model"):
+        problems.append(f"'load_best_model_at_end: true' is not supported by stage '{kind.name}' (LLaMA-Factory refuses it "
+                        "for rm and ppo too); remove it.")
     return problems
 
 

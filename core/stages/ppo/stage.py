@@ -28,6 +28,15 @@ def ppo_problems(config: StageConfig) -> list[str]:
                         f"{finetuning.ppo_buffer_size}.")
     if finetuning.ppo_target <= 0:
         problems.append(f"'ppo_target' must be positive, got {finetuning.ppo_target}.")
+    if finetuning.reward_model_type == "lora" and finetuning.finetuning_type != "lora":
+        problems.append(f"'reward_model_type: lora' needs 'finetuning_type: lora' (the reward adapter rides on the policy's "
+                        f"base), not '{finetuning.finetuning_type}'; set 'reward_model_type: full' or train with LoRA.")
+    if finetuning.pissa_init:
+        problems.append("'pissa_init: true' cannot train stage 'ppo' against its reference (PiSSA rewrites the base the "
+                        "reference is read from); remove pissa_init.")
+    if not config.training.get("do_train", True):
+        problems.append("'do_train: false' leaves stage ppo nothing to do (it cannot only evaluate); evaluate with an sft "
+                        "stage's config instead.")
     return problems
 
 

@@ -146,7 +146,7 @@ def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
     ({"pref_loss": "kto_pair"}, "'pref_loss: kto_pair' is no longer offered"),
     ({"pref_loss": "orpo", "pref_ftx": 0.5}, "'pref_ftx' does not apply to 'pref_loss: orpo'"),
     ({"pref_loss": "simpo", "ref_model": "some/model"}, "needs no reference model"),
-    ({"pref_loss": "hinge", "dpo_label_smoothing": 0.1}, "'dpo_label_smoothing' applies to pref_loss sigmoid or simpo"),
+    ({"pref_loss": "hinge", "dpo_label_smoothing": 0.1}, "'dpo_label_smoothing' applies to 'pref_loss: sigmoid' or 'simpo'"),
     ({"dpo_label_smoothing": 0.5}, "must be in [0, 0.5)"),
     ({"stage": "kto", "pref_ftx": 0.1}, "'pref_ftx' is not supported with 'stage: kto'"),
 ])
