@@ -3,6 +3,7 @@ together. The checks of one stage kind live in its module (core/stages/)."""
 
 from __future__ import annotations
 
+from tuneline.core.config.method import FinetuningConfig
 from tuneline.core.config.stage import StageConfig
 
 
@@ -13,6 +14,14 @@ def conflicts(config: StageConfig) -> list[str]:
         problems.append(f"'lora_rank' must be positive, got {ft.lora_rank}.")
     if not 0 <= ft.lora_dropout < 1:
         problems.append(f"'lora_dropout' must be in [0, 1), got {ft.lora_dropout}.")
+    if ft.finetuning_type == "oft":
+        problems.extend(_oft_problems(ft))
+    if ft.use_llama_pro and ft.finetuning_type == "full":
+        problems.append("'use_llama_pro: true' trains only the blocks added by expansion, which 'finetuning_type: full' "
+                        "cannot do; use 'finetuning_type: freeze' (or lora, oft).")
+    if ft.use_llama_pro and ft.freeze_trainable_layers <= 0:
+        problems.append(f"'use_llama_pro: true' reads 'freeze_trainable_layers' as the number of blocks the model was "
+                        f"expanded by, which must be positive, got {ft.freeze_trainable_layers}.")
     if data.cutoff_len <= 0:
         problems.append(f"'cutoff_len' must be positive, got {data.cutoff_len}.")
     if data.val_size < 0:
@@ -32,4 +41,18 @@ def conflicts(config: StageConfig) -> list[str]:
         probs, names = data.interleave_probs.split(","), data.dataset.split(",")
         if len(probs) != len(names):
             problems.append(f"'interleave_probs' has {len(probs)} values for {len(names)} datasets; give one per dataset.")
+    return problems
+
+
+def _oft_problems(ft: FinetuningConfig) -> list[str]:
+    """OFT's shape is given by the number of blocks or by their size, exactly one of the two (peft's rule)."""
+    problems = []
+    if ft.oft_rank < 0 or ft.oft_block_size < 0:
+        problems.append(f"'oft_rank' and 'oft_block_size' cannot be negative, got {ft.oft_rank} and {ft.oft_block_size}.")
+    elif (ft.oft_rank == 0) == (ft.oft_block_size == 0):
+        problems.append(f"OFT takes either 'oft_rank' (blocks per layer) or 'oft_block_size' (features per block), not "
+                        f"both, got {ft.oft_rank} and {ft.oft_block_size}; set one of them to 0 (the default is "
+                        "oft_rank 0 with oft_block_size 32).")
+    if not 0 <= ft.module_dropout < 1:
+        problems.append(f"'module_dropout' must be in [0, 1), got {ft.module_dropout}.")
     return problems
