@@ -75,8 +75,8 @@ def expanded_layer_modules(model: PreTrainedModel, targets: list[str], *, expand
     layers = set(expanded_layer_ids(expanded_blocks, count))
     chosen = []
     for name, _ in model.named_modules():
-        index, module = parameter_place(name + ".weight", prefix)
-        if index in layers and name.rsplit(".", 1)[-1] in targets:
+        inner = name.removeprefix(prefix + ".")
+        if inner != name and int(inner.split(".")[0]) in layers and name.rsplit(".", 1)[-1] in targets:
             chosen.append(name)
     return chosen
 
