@@ -17,6 +17,7 @@ from tuneline.core.models.adapters import (ADAPTER_CONFIG, adapter_paths, apply_
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.freeze import apply_freeze, apply_full
+from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
 from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config, quantized_device_map
 
 if TYPE_CHECKING:
@@ -184,6 +185,8 @@ def apply_finetuning(
     if problems:
         raise ConfigError(problems)
     prepare_checkpointing(model, training or {})
+    if model_config.shift_attn:
+        use_shifted_sparse_attention(model)
     methods = {
         "lora": lambda: apply_adapter(model, finetuning, model_config=model_config, head=head),
         "oft": lambda: apply_adapter(model, finetuning, model_config=model_config, head=head),
@@ -221,6 +224,9 @@ def method_problems(model: ModelConfig, finetuning: FinetuningConfig) -> list[st
     if bits is not None and adapters and finetuning.create_new_adapter:
         problems.append("'create_new_adapter: true' merges the adapter into the base, which a quantized base cannot take; "
                         "remove create_new_adapter to continue the adapter, or remove quantization_bit.")
+    if model.shift_attn and model.flash_attn == "fa2":
+        problems.append("'shift_attn: true' runs its groups through PyTorch's SDPA, not FlashAttention-2; "
+                        "remove 'flash_attn: fa2' or shift_attn.")
     ratio = finetuning.loraplus_lr_ratio
     if ratio is not None and (not lora or ratio <= 0):
         problems.append(f"'loraplus_lr_ratio: {ratio}' needs 'finetuning_type: lora' and a positive ratio "
