@@ -1,5 +1,7 @@
 """LLaMA Pro's block expansion: new decoder layers that start as the identity, trained alone.
 
+    python -m tuneline.core.models.expansion MODEL_DIR OUT_DIR --num-expand N
+
 The model's layers fall into `num_expand` equal groups; after each group's last layer goes a copy of
 it whose attention output projection and MLP down projection are zero, so the copy adds nothing to
 the residual stream and the expanded model computes what the original did (Wu et al. 2024, LLaMA
@@ -76,3 +78,23 @@ def _renumber(layer, index: int) -> None:
     for module in layer.modules():
         if hasattr(module, "layer_idx"):
             module.layer_idx = index
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Expand a model by identity blocks for LLaMA Pro training.")
+    parser.add_argument("model_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--num-expand", type=int, required=True, help="blocks to add: a divisor of the model's layers")
+    args = parser.parse_args(argv)
+    try:
+        result = expand_blocks(args.model_dir, args.out_dir, num_expand=args.num_expand)
+    except ConfigError as e:
+        parser.exit(2, f"error: {e}\n")
+    print(f"wrote {args.out_dir}: {result['layers']} layers, {result['added']} added; train it with 'use_llama_pro: true' "
+          f"and 'freeze_trainable_layers: {result['added']}'")
+
+
+if __name__ == "__main__":
+    main()

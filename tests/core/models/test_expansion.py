@@ -90,3 +90,14 @@ def test_llama_pro_settings_that_cannot_train_are_config_errors(expanded: Path):
                                                                 freeze_trainable_layers=3), model_config=ModelConfig())
     with pytest.raises(ConfigError, match=r"'num_expand: 3' must be a positive divisor of the model's 4 layers"):
         expand_blocks(expanded, expanded.parent / "never", num_expand=3)
+
+
+def test_the_command_expands_or_exits_2_naming_the_problem(tiny_base: Path, tmp_path: Path, capsys):
+    from tuneline.core.models.expansion import main
+
+    main([str(tiny_base), str(tmp_path / "one"), "--num-expand", "1"])
+    assert "3 layers, 1 added" in capsys.readouterr().out
+    assert load_model(tmp_path / "one").config.num_hidden_layers == 3
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tiny_base), str(tmp_path / "never"), "--num-expand", "4"])
+    assert exit_.value.code == 2 and "'num_expand: 4' must be a positive divisor" in capsys.readouterr().err
