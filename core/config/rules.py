@@ -55,4 +55,7 @@ def _oft_problems(ft: FinetuningConfig) -> list[str]:
                         "oft_rank 0 with oft_block_size 32).")
     if not 0 <= ft.module_dropout < 1:
         problems.append(f"'module_dropout' must be in [0, 1), got {ft.module_dropout}.")
+    if ft.lora_target != "all":  # LLaMA-Factory 0.9.5 hands lora_target to OFT; silently ignoring it would differ
+        problems.append(f"'lora_target: {ft.lora_target}' does not choose OFT's modules here, 'oft_target' does "
+                        "(LLaMA-Factory 0.9.5 reads lora_target for OFT); move the value to oft_target.")
     return problems

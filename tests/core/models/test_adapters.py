@@ -95,6 +95,8 @@ def test_oft_keys_are_checked_when_the_config_is_read():
     message = str(error.value)
     assert "'oft_rank' (blocks per layer) or 'oft_block_size'" in message and "got 4 and 32" in message
     assert "'module_dropout' must be in [0, 1), got 1.5" in message
+    with pytest.raises(ConfigError, match=r"'lora_target: q_proj' does not choose OFT's modules here, 'oft_target' does"):
+        build_stage_config({"stage": "sft", "finetuning_type": "oft", "lora_target": "q_proj"})
     assert build_stage_config({"stage": "sft", "finetuning_type": "oft", "oft_block_size": 16}).finetuning.oft_block_size == 16
 
 
