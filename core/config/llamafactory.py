@@ -1,12 +1,14 @@
 """LLaMA-Factory's keys that a stage does not run, each named with the reason, never "unknown key".
 
-Three kinds, each a small table of frozen values:
+Four kinds, each a small table of frozen values:
 - `REFUSED`: features tuneline does not offer, with what to use instead. These keys are not
   fields of any config; set to LLaMA-Factory's default they ask for nothing and pass.
 - `NEEDS_CUDA`: kernels and precisions that only run on a CUDA GPU; on a machine without one,
   asking for them is an error that says so (never silently ignored).
 - `PENDING`: keys that are fields of the config, with LLaMA-Factory's name and default, whose
   feature this version does not implement yet; asking for it is an error naming the key.
+- `BROKEN_UPSTREAM`: keys whose feature LLaMA-Factory delegates to a package that cannot run with
+  the transformers tuneline runs on; asking for it is an error naming the package and why.
 
 A key "asks for" its feature when its value differs from the field's (or the table's) default,
 or, for keys listed with `values`, when it takes one of those values.
@@ -81,16 +83,12 @@ PENDING: tuple[Unavailable, ...] = (
                                                 "offload_folder")),
     Unavailable("precision and checkpointing options", keys=("upcast_layernorm", "upcast_lmhead_output",
                                                               "disable_gradient_checkpointing", "use_reentrant_gc")),
-    Unavailable("LongLoRA's shifted sparse attention", keys=("shift_attn",)),
-    Unavailable("Mixture-of-Depths", keys=("mixture_of_depths",)),
     Unavailable("hub tokens", keys=("hf_hub_token", "ms_hub_token", "om_hub_token")),
     Unavailable("inference options", keys=("infer_dtype", "use_kv_cache")),
     Unavailable("template options", keys=("default_system", "tool_format", "enable_thinking", "preserve_thinking")),
     Unavailable("data options", keys=("buffer_size", "eval_num_beams", "ignore_pad_token_for_loss", "eval_on_each_dataset")),
-    Unavailable("OFT", keys=("oft_rank", "oft_block_size", "oft_target", "module_dropout"), values={"finetuning_type": ("oft",)}),
     Unavailable("PiSSA options", keys=("pissa_iter", "pissa_convert")),
     Unavailable("LoRA+ embedding learning rate", keys=("loraplus_lr_embedding",)),
-    Unavailable("LLaMA Pro", keys=("use_llama_pro",)),
     Unavailable("SFT loss variants", keys=("use_dft_loss", "use_asft_loss", "asft_alpha", "use_eaft_loss", "eaft_alpha")),
     Unavailable("preference loss variants", keys=("pref_bco_weight", "ld_alpha")),
     Unavailable("quantized reference and reward models", keys=("ref_model_quantization_bit", "reward_model_quantization_bit")),
@@ -110,6 +108,16 @@ PENDING: tuple[Unavailable, ...] = (
                                             "profiler_warmup_steps", "profiler_active_steps", "profiler_repeat",
                                             "profiler_record_shapes", "profiler_profile_memory", "profiler_with_stack",
                                             "profile_modules")),
+)
+
+BROKEN_UPSTREAM: tuple[tuple[Unavailable, str], ...] = (
+    (Unavailable("Mixture-of-Depths", keys=("mixture_of_depths",)),
+     "LLaMA-Factory runs it through the mixture-of-depth package (`from MoD import apply_mod_to_hf`, "
+     "AutoMoDModelForCausalLM; 1.2.0 of June 2024 is its latest release), which was written for transformers 4: "
+     "`import MoD` fails on transformers 5 (it imports TRANSFORMERS_CACHE, which transformers 5 removed), and its "
+     "routing layer expects decoder layers that return tuples and compute their own rotary embeddings from the "
+     "routed tokens' position_ids, where transformers 5's layers return a tensor and take the embeddings of every "
+     "token precomputed"),
 )
 
 REFUSED_KEYS: Mapping[str, Refused] = {key: refused for refused in REFUSED for key in refused.defaults}
@@ -135,6 +143,8 @@ def unavailable_problems(config: StageConfig, *, has_cuda: Callable[[], bool]) -
     problems.extend(f"'{key}: {flat[key]}' ({table.what}) is a LLaMA-Factory key that this version of tuneline reads but does "
                     f"not implement yet; remove it (its default is {defaults[key]!r})."
                     for table in PENDING for key in _asking(table, flat, defaults) if key not in cuda_keys)
+    problems.extend(f"'{key}: {flat[key]}' asks for {table.what}, which cannot run with this version of transformers: "
+                    f"{why}; remove the key." for table, why in BROKEN_UPSTREAM for key in _asking(table, flat, defaults))
     return problems
 
 

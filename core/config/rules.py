@@ -3,6 +3,7 @@ together. The checks of one stage kind live in its module (core/stages/)."""
 
 from __future__ import annotations
 
+from tuneline.core.config.method import FinetuningConfig
 from tuneline.core.config.stage import StageConfig
 
 
@@ -17,6 +18,14 @@ def _value_problems(config: StageConfig) -> list[str]:
         problems.append(f"'lora_rank' must be positive, got {ft.lora_rank}.")
     if not 0 <= ft.lora_dropout < 1:
         problems.append(f"'lora_dropout' must be in [0, 1), got {ft.lora_dropout}.")
+    if ft.finetuning_type == "oft":
+        problems.extend(_oft_problems(ft))
+    if ft.use_llama_pro and ft.finetuning_type == "full":
+        problems.append("'use_llama_pro: true' trains only the blocks added by expansion, which 'finetuning_type: full' "
+                        "cannot do; use 'finetuning_type: freeze' (or lora, oft).")
+    if ft.use_llama_pro and ft.freeze_trainable_layers <= 0:
+        problems.append(f"'use_llama_pro: true' reads 'freeze_trainable_layers' as the number of blocks the model was "
+                        f"expanded by, which must be positive, got {ft.freeze_trainable_layers}.")
     if data.cutoff_len <= 0:
         problems.append(f"'cutoff_len' must be positive, got {data.cutoff_len}.")
     if data.val_size < 0:
@@ -99,3 +108,20 @@ def media_problems(config: StageConfig) -> list[str]:
     return [f"'{kind}_max_pixels: {high}' is smaller than '{kind}_min_pixels: {low}'; raise the maximum or lower the minimum."
             for kind, high, low in (("image", media.image_max_pixels, media.image_min_pixels),
                                     ("video", media.video_max_pixels, media.video_min_pixels)) if high < low]
+
+
+def _oft_problems(ft: FinetuningConfig) -> list[str]:
+    """OFT's shape is given by the number of blocks or by their size, exactly one of the two (peft's rule)."""
+    problems = []
+    if ft.oft_rank < 0 or ft.oft_block_size < 0:
+        problems.append(f"'oft_rank' and 'oft_block_size' cannot be negative, got {ft.oft_rank} and {ft.oft_block_size}.")
+    elif (ft.oft_rank == 0) == (ft.oft_block_size == 0):
+        problems.append(f"OFT takes either 'oft_rank' (blocks per layer) or 'oft_block_size' (features per block), not "
+                        f"both, got {ft.oft_rank} and {ft.oft_block_size}; set one of them to 0 (the default is "
+                        "oft_rank 0 with oft_block_size 32).")
+    if not 0 <= ft.module_dropout < 1:
+        problems.append(f"'module_dropout' must be in [0, 1), got {ft.module_dropout}.")
+    if ft.lora_target != "all":  # LLaMA-Factory 0.9.5 hands lora_target to OFT; silently ignoring it would differ
+        problems.append(f"'lora_target: {ft.lora_target}' does not choose OFT's modules here, 'oft_target' does "
+                        "(LLaMA-Factory 0.9.5 reads lora_target for OFT); move the value to oft_target.")
+    return problems

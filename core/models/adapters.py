@@ -1,7 +1,9 @@
-"""LoRA adapters with LLaMA-Factory's keys, and the LoRA+ optimizer.
+"""LoRA and OFT adapters with LLaMA-Factory's keys, and the LoRA+ optimizer.
 
-A new adapter is LoRA, rsLoRA (`use_rslora`), DoRA (`use_dora`) or PiSSA-initialised
-(`pissa_init`). `adapter_name_or_path` continues the last adapter it lists and merges the ones
+A new adapter is LoRA, rsLoRA (`use_rslora`), DoRA (`use_dora`), PiSSA-initialised
+(`pissa_init`), or OFT (`finetuning_type: oft`: orthogonal block rotations of each targeted layer's
+input, peft's OFT). Both are saved, loaded and merged the same way. With `use_llama_pro` the
+adapter goes only on the layers that block expansion added (see `core/models/expansion.py`). `adapter_name_or_path` continues the last adapter it lists and merges the ones
 before it into the base; with `create_new_adapter` all of them are merged and a fresh adapter
 starts on top, as LLaMA-Factory does.
 """
@@ -13,10 +15,11 @@ from typing import TYPE_CHECKING
 
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError, unknown_name_message
+from tuneline.core.models.freeze import expanded_layer_modules
 
 if TYPE_CHECKING:
     import torch
-    from peft import LoraConfig, PeftModel
+    from peft import LoraConfig, OFTConfig, PeftModel
     from transformers import PreTrainedModel, TrainingArguments
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -24,10 +27,10 @@ ADAPTER_SAFETENSORS = "adapter_model.safetensors"
 ADAPTER_PICKLE = "adapter_model.bin"
 
 
-def apply_lora(
+def apply_adapter(
     model: PreTrainedModel, finetuning: FinetuningConfig, *, model_config: ModelConfig, head: str | None = None
 ) -> PeftModel:
-    """A trainable LoRA adapter on `model`: the last of `adapter_name_or_path` continued, or a new one.
+    """A trainable LoRA or OFT adapter on `model`: the last of `adapter_name_or_path` continued, or a new one.
 
     With `head` (a sequence classifier's scoring head) every adapter listed is merged into the base
     (an SFT adapter, typically) and a new adapter starts, training the head in full.
@@ -40,7 +43,8 @@ def apply_lora(
         model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
     if resume:
         return load_adapter(model, adapters[-1], model_config=model_config, trainable=True)
-    return get_peft_model(model, lora_config(model, finetuning, head=head))
+    new_config = oft_config if finetuning.finetuning_type == "oft" else lora_config
+    return get_peft_model(model, new_config(model, finetuning, head=head))
 
 
 def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None) -> LoraConfig:
@@ -55,25 +59,7 @@ def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: s
     """
     from peft import LoraConfig, TaskType
 
-    available = linear_module_names(model)
-    if finetuning.lora_target == "all":
-        targets: str | list[str] = "all-linear"
-    else:
-        targets = _names(finetuning.lora_target)
-        missing = [t for t in targets if t not in available]
-        if missing:
-            raise ConfigError(
-                f"'lora_target' names {', '.join(missing)}, which the model does not have as linear layers; "
-                f"modules available: {', '.join(available)} (or 'all')."
-            )
-    extra = _names(finetuning.additional_target)
-    module_names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
-    unknown = [unknown_name_message("module", name, module_names) for name in extra if name not in module_names]
-    if unknown:
-        raise ConfigError([f"'additional_target': {message}" for message in unknown])
-    if head is not None:
-        targets = sorted(set(available if targets == "all-linear" else targets) - {head})
-        extra = [*extra, head]
+    targets, extra = _targets(model, finetuning, key="lora_target", value=finetuning.lora_target, head=head)
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM if head is None else TaskType.SEQ_CLS,
         r=finetuning.lora_rank,
@@ -85,6 +71,61 @@ def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: s
         use_dora=finetuning.use_dora,
         init_lora_weights="pissa" if finetuning.pissa_init else True,
     )
+
+
+def oft_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None) -> OFTConfig:
+    """peft's OFTConfig from the OFT keys: `oft_rank` blocks per layer, or (oft_rank 0, LLaMA-Factory's
+    default) blocks of `oft_block_size` features, their number derived from each layer's width."""
+    from peft import OFTConfig, TaskType
+
+    targets, extra = _targets(model, finetuning, key="oft_target", value=finetuning.oft_target, head=head)
+    short_names = set(linear_module_names(model)) if targets == "all-linear" else {t.rsplit(".", 1)[-1] for t in targets}
+    widths = sorted({module.in_features for name, module in _linear_modules(model) if name.rsplit(".", 1)[-1] in short_names})
+    size, blocks = finetuning.oft_block_size, finetuning.oft_rank
+    uneven = [width for width in widths if width % (size or blocks)]
+    if uneven:
+        key, value = ("oft_block_size", size) if size else ("oft_rank", blocks)
+        raise ConfigError(f"'{key}: {value}' does not divide the input width of every targeted layer ({', '.join(map(str, uneven))} "
+                          f"of {', '.join(map(str, widths))}); choose a {key} that divides them all.")
+    return OFTConfig(
+        task_type=TaskType.CAUSAL_LM if head is None else TaskType.SEQ_CLS,
+        r=blocks,
+        oft_block_size=size,
+        module_dropout=finetuning.module_dropout,
+        target_modules=targets,
+        modules_to_save=extra or None,
+    )
+
+
+def _targets(
+    model: PreTrainedModel, finetuning: FinetuningConfig, *, key: str, value: str, head: str | None
+) -> tuple[str | list[str], list[str]]:
+    """The adapter's target modules (`value` of `key`, checked against the model) and the modules
+    saved with it in full (`additional_target`, and a scoring head). With `use_llama_pro` the
+    targets are the qualified names of those modules in the expanded layers only."""
+    available = linear_module_names(model)
+    if value == "all":
+        targets: str | list[str] = "all-linear"
+    else:
+        targets = _names(value)
+        missing = [t for t in targets if t not in available]
+        if missing:
+            raise ConfigError(
+                f"'{key}' names {', '.join(missing)}, which the model does not have as linear layers; "
+                f"modules available: {', '.join(available)} (or 'all')."
+            )
+    extra = _names(finetuning.additional_target)
+    module_names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
+    unknown = [unknown_name_message("module", name, module_names) for name in extra if name not in module_names]
+    if unknown:
+        raise ConfigError([f"'additional_target': {message}" for message in unknown])
+    if head is not None:
+        targets = sorted(set(available if targets == "all-linear" else targets) - {head})
+        extra = [*extra, head]
+    if finetuning.use_llama_pro:
+        targets = expanded_layer_modules(model, available if targets == "all-linear" else targets,
+                                         expanded_blocks=finetuning.freeze_trainable_layers)
+    return targets, extra
 
 
 def adapter_paths(model_config: ModelConfig) -> list[str]:
@@ -150,13 +191,17 @@ def loraplus_optimizer(
 def linear_module_names(model: PreTrainedModel) -> list[str]:
     """Distinct short names of the linear layers (what `lora_target` may name), lm_head excluded;
     on a model already wrapped by peft, the names of the wrapped layers."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in _linear_modules(model)}
+    return sorted(names - {"lm_head"})
+
+
+def _linear_modules(model: PreTrainedModel) -> list[tuple[str, torch.nn.Linear]]:
+    """The model's own linear layers by qualified name, seen through peft's wrappers."""
     import torch
 
-    names = set()
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and ".lora_" not in name and ".modules_to_save." not in name:
-            names.add(name.replace(".base_layer", "").replace(".original_module", "").rsplit(".", 1)[-1])
-    return sorted(names - {"lm_head"})
+    return [(name.replace(".base_layer", "").replace(".original_module", ""), module)
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and ".lora_" not in name and ".modules_to_save." not in name]
 
 
 def _names(value: str | None) -> list[str]:

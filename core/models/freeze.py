@@ -4,6 +4,10 @@ Freeze trains the last `freeze_trainable_layers` decoder layers (the first ones 
 within them only `freeze_trainable_modules` ('all', or names such as mlp, self_attn), plus the
 `freeze_extra_modules` outside the layers (embed_tokens, norm, lm_head). Names match whole module
 names, so 'norm' is the final norm and never a layer's input_layernorm.
+
+With `use_llama_pro` the trainable layers are instead the blocks that `expand_blocks` added: the
+model's layers fall into `freeze_trainable_layers` equal groups, and the last layer of each trains
+(LLaMA-Factory's rule, which is where the expansion puts its copies).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ def apply_freeze(model: PreTrainedModel, finetuning: FinetuningConfig) -> PreTra
                 *_unknown("freeze_extra_modules", extras, outer, allow_all=False)]
     if problems:
         raise ConfigError(problems)
-    layers = set(trainable_layer_ids(finetuning.freeze_trainable_layers, count))
+    n = finetuning.freeze_trainable_layers
+    layers = set(expanded_layer_ids(n, count) if finetuning.use_llama_pro else trainable_layer_ids(n, count))
     every_module = "all" in modules
     model.requires_grad_(False)
     for name, parameter in model.named_parameters(remove_duplicate=False):
@@ -51,6 +56,29 @@ def trainable_layer_ids(trainable_layers: int, count: int) -> range:
     if trainable_layers > 0:
         return range(max(0, count - trainable_layers), count)
     return range(min(-trainable_layers, count))
+
+
+def expanded_layer_ids(expanded_blocks: int, count: int) -> range:
+    """LLaMA Pro: the last layer of each of `expanded_blocks` equal groups of the `count` layers."""
+    if expanded_blocks <= 0 or count % expanded_blocks:
+        raise ConfigError(f"'use_llama_pro: true' trains the blocks added by expansion, one at the end of each of "
+                          f"'freeze_trainable_layers: {expanded_blocks}' equal groups, and the model's {count} layers do "
+                          "not split that way; set freeze_trainable_layers to the number of blocks the model was expanded "
+                          f"by (a divisor of {count}).")
+    stride = count // expanded_blocks
+    return range(stride - 1, count, stride)
+
+
+def expanded_layer_modules(model: PreTrainedModel, targets: list[str], *, expanded_blocks: int) -> list[str]:
+    """LLaMA Pro with an adapter: qualified names of the `targets` modules inside the expanded layers."""
+    prefix, count = decoder_layers(model)
+    layers = set(expanded_layer_ids(expanded_blocks, count))
+    chosen = []
+    for name, _ in model.named_modules():
+        inner = name.removeprefix(prefix + ".")
+        if inner != name and int(inner.split(".")[0]) in layers and name.rsplit(".", 1)[-1] in targets:
+            chosen.append(name)
+    return chosen
 
 
 def decoder_layers(model: PreTrainedModel) -> tuple[str, int]:

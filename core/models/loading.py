@@ -12,10 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from tuneline.core.models.adapters import ADAPTER_CONFIG, adapter_paths, apply_lora, load_adapter, linear_module_names, loraplus_optimizer, pickle_weights_message
+from tuneline.core.models.adapters import (ADAPTER_CONFIG, adapter_paths, apply_adapter, linear_module_names, load_adapter,
+                                           loraplus_optimizer, pickle_weights_message)
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.freeze import apply_freeze, apply_full
+from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
 from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config, quantized_device_map
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ Head = Literal["causal_lm", "score"]
 # LLaMA-Factory's `flash_attn` values and the attention implementation transformers calls them.
 ATTENTION = {"auto": None, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+ADAPTER_TYPES = ("lora", "oft")  # the finetuning types that train (and save) a peft adapter
 
 
 def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> PreTrainedTokenizerBase:
@@ -171,26 +174,29 @@ def apply_finetuning(
     training: Mapping[str, Any] | None = None,
     head: str | None = None,
 ) -> PreTrainedModel:
-    """Make the chosen parameters trainable (LoRA, freeze or full) in float32; refuse a setup in
+    """Make the chosen parameters trainable (LoRA, OFT, freeze or full) in float32; refuse a setup in
     which the method would train nothing.
 
     `head` names a sequence classifier's scoring head, which trains in full whatever the method:
-    with LoRA it is saved inside a new adapter (see `apply_lora`), otherwise it is unfrozen.
+    with an adapter it is saved inside a new adapter (see `apply_adapter`), otherwise it is unfrozen.
     """
     model_config = model_config or ModelConfig()
     problems = method_problems(model_config, finetuning)
     if problems:
         raise ConfigError(problems)
     prepare_checkpointing(model, training or {})
+    if model_config.shift_attn:
+        use_shifted_sparse_attention(model)
     methods = {
-        "lora": lambda: apply_lora(model, finetuning, model_config=model_config, head=head),
+        "lora": lambda: apply_adapter(model, finetuning, model_config=model_config, head=head),
+        "oft": lambda: apply_adapter(model, finetuning, model_config=model_config, head=head),
         "freeze": lambda: apply_freeze(model, finetuning),
         "full": lambda: apply_full(model, finetuning),
     }
     model = methods[finetuning.finetuning_type]()
     if count_parameters(model)[0] == 0:
         raise ConfigError(_nothing_trainable_message(model, finetuning))
-    if head is not None and finetuning.finetuning_type != "lora":
+    if head is not None and finetuning.finetuning_type not in ADAPTER_TYPES:
         model.get_submodule(head).requires_grad_(True)
     upcast_trainable(model)
     return model
@@ -200,6 +206,7 @@ def method_problems(model: ModelConfig, finetuning: FinetuningConfig) -> list[st
     """Settings that cannot train together (LLaMA-Factory refuses the same), one line each."""
     problems = []
     lora = finetuning.finetuning_type == "lora"
+    adapter = finetuning.finetuning_type in ADAPTER_TYPES
     bits = model.quantization_bit
     adapters = adapter_paths(model)
     if bits is not None and not lora:
@@ -208,8 +215,8 @@ def method_problems(model: ModelConfig, finetuning: FinetuningConfig) -> list[st
     if bits is not None and lora and finetuning.pissa_init:
         problems.append("'pissa_init: true' needs the full-precision base (PiSSA rewrites it from its singular vectors), "
                         f"so it cannot start from 'quantization_bit: {bits}'; remove one of the two.")
-    if adapters and not lora:
-        problems.append(f"'adapter_name_or_path' is only for 'finetuning_type: lora', not '{finetuning.finetuning_type}'; "
+    if adapters and not adapter:
+        problems.append(f"'adapter_name_or_path' is only for 'finetuning_type: lora' or 'oft', not '{finetuning.finetuning_type}'; "
                         "merge the adapter into the base with `tuneline export` and train that model.")
     if bits is not None and len(adapters) > 1:
         problems.append(f"'adapter_name_or_path' lists {len(adapters)} adapters, but a quantized base takes one "
@@ -217,6 +224,9 @@ def method_problems(model: ModelConfig, finetuning: FinetuningConfig) -> list[st
     if bits is not None and adapters and finetuning.create_new_adapter:
         problems.append("'create_new_adapter: true' merges the adapter into the base, which a quantized base cannot take; "
                         "remove create_new_adapter to continue the adapter, or remove 'quantization_bit'.")
+    if model.shift_attn and model.flash_attn == "fa2":
+        problems.append("'shift_attn: true' runs its groups through PyTorch's SDPA, not FlashAttention-2; "
+                        "remove 'flash_attn: fa2' or shift_attn.")
     ratio = finetuning.loraplus_lr_ratio
     if ratio is not None and (not lora or ratio <= 0):
         problems.append(f"'loraplus_lr_ratio: {ratio}' needs 'finetuning_type: lora' and a positive ratio "

@@ -100,10 +100,11 @@ def with_reference(trainer_class: Any, request: TrainerRequest, *, config: Any, 
 
 
 def drop_unneeded_ref_adapter(model: PreTrainedModel) -> bool:
-    """Remove TRL's frozen copy of a LoRA policy's adapter when it equals the adapter switched off.
+    """Remove TRL's frozen copy of a LoRA or OFT policy's adapter when it equals the adapter switched off.
 
-    TRL computes the reference of a LoRA policy with a copy of its starting adapter. A new adapter
-    changes nothing yet (its B matrices are zero), so switching it off gives the same reference,
+    TRL computes the reference of an adapter policy with a copy of its starting adapter. A new adapter
+    changes nothing yet (LoRA's B matrices are zero, OFT's rotations are the identity: their
+    skew-symmetric parameters are zero), so switching it off gives the same reference,
     which TRL does when there is no copy; dropping it keeps it out of memory and out of every saved
     adapter folder (as `ref/`). A continued adapter keeps its copy. True when the copy was removed.
     """
@@ -112,16 +113,17 @@ def drop_unneeded_ref_adapter(model: PreTrainedModel) -> bool:
     if not isinstance(model, PeftModel) or REF_ADAPTER not in model.peft_config:
         return False
     starts_at_zero = all(not parameter.any() for name, parameter in model.named_parameters()
-                         if _is_b_matrix(name, model.active_adapter))
+                         if _is_identity_part(name, model.active_adapter))
     if starts_at_zero:
         model.delete_adapter(REF_ADAPTER)
     return starts_at_zero
 
 
-def _is_b_matrix(name: str, adapter: str) -> bool:
-    """Whether parameter `name` is a LoRA B matrix (lora_B, lora_embedding_B) of `adapter`."""
+def _is_identity_part(name: str, adapter: str) -> bool:
+    """Whether parameter `name` of `adapter` is one that is zero exactly while the adapter changes
+    nothing: a LoRA B matrix (lora_B, lora_embedding_B) or OFT's rotation parameters (oft_R)."""
     parts = name.split(".")
-    return any(part in ("lora_B", "lora_embedding_B") and parts[i + 1 : i + 2] == [adapter]
+    return any(part in ("lora_B", "lora_embedding_B", "oft_R") and parts[i + 1 : i + 2] == [adapter]
                for i, part in enumerate(parts))
 
 

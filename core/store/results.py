@@ -44,7 +44,7 @@ class StageResult:
     start_model: str | None = None
     """Training stages: the full-weight model they started from (what a LoRA adapter applies to)."""
     finetuning_type: str | None = None
-    """Training stages: lora, freeze or full."""
+    """Training stages: lora, oft, freeze or full."""
 
     @classmethod
     def from_artifact(cls, artifact: Artifact, *, name: str, cache_hit: bool) -> StageResult:
@@ -58,7 +58,7 @@ class StageResult:
 
     @property
     def is_adapter(self) -> bool:
-        return self.finetuning_type == "lora"
+        return self.finetuning_type in ("lora", "oft")
 
     def as_model(self) -> ModelRef:
         """This artifact as a full-weight model (a merge, a full fine-tune, a base build)."""

@@ -26,6 +26,10 @@ def ppo_problems(config: StageConfig) -> list[str]:
     if finetuning.ppo_epochs < 1 or finetuning.ppo_buffer_size < 1:
         problems.append(f"'ppo_epochs' and 'ppo_buffer_size' must be at least 1, got {finetuning.ppo_epochs} and "
                         f"{finetuning.ppo_buffer_size}.")
+    if config.model.shift_attn:
+        problems.append("'shift_attn: true' cannot train with 'stage: ppo': the policy generates its rollouts and trains "
+                        "on them in one loop, which S^2-Attn's training-only grouping was not made for (LLaMA-Factory "
+                        "refuses it too); remove shift_attn.")
     if finetuning.ppo_target <= 0:
         problems.append(f"'ppo_target' must be positive, got {finetuning.ppo_target}.")
     if finetuning.reward_model_type == "lora" and finetuning.finetuning_type != "lora":

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tuneline.core.config import GROUPS, read_stage_config
-from tuneline.core.config.llamafactory import NEEDS_CUDA, PENDING, REFUSED_KEYS
+from tuneline.core.config.llamafactory import BROKEN_UPSTREAM, NEEDS_CUDA, PENDING, REFUSED_KEYS
 
 ARGUMENTS = json.loads((Path(__file__).resolve().parents[2] / "data/llamafactory_arguments.json").read_text())
 FIELDS = {f for group in GROUPS.values() for f in group.__dataclass_fields__}
@@ -43,7 +43,8 @@ def probe(name: str, spec: dict[str, Any]) -> Any:
     return "x"
 
 
-REFUSALS = ("which tuneline does not offer", "which run only on a CUDA GPU", "reads but does not implement yet")
+REFUSALS = ("which tuneline does not offer", "which run only on a CUDA GPU", "reads but does not implement yet",
+            "which cannot run with this version of transformers")
 
 
 def outcome(name: str, value: Any) -> tuple[str, list[str]]:
@@ -73,6 +74,7 @@ def test_every_name_is_accepted_or_refused_with_the_reason():
     refused = {name: problems for name, (kind, problems) in results.items() if kind == "refused"}
     by_reason = Counter("refused by tuneline" if name in REFUSED_KEYS
                         else "needs CUDA" if any(name in t.keys or name in t.values for t in NEEDS_CUDA)
+                        else "broken upstream" if any(name in t.keys for t, _ in BROKEN_UPSTREAM)
                         else "not implemented yet" for name in refused)
     print(f"accepted {counts['accepted']}, refused {counts['refused']}, unknown {counts['unknown']}")
     print("refused: " + ", ".join(f"{reason} {n}" for reason, n in sorted(by_reason.items())))
@@ -82,5 +84,13 @@ def test_every_name_is_accepted_or_refused_with_the_reason():
     for name, problems in refused.items():
         assert len(problems) == 1 and problems[0].rstrip().endswith(".") and len(problems[0]) > 60, (name, problems)
     pending = {key for table in PENDING for key in (*table.keys, *table.values)}
+    pending |= {key for table, _ in BROKEN_UPSTREAM for key in table.keys}
     assert {name for name in refused} <= set(REFUSED_KEYS) | pending
     assert set(ARGUMENTS["arguments"]) <= FIELDS | set(REFUSED_KEYS)
+
+
+def test_mixture_of_depths_is_refused_with_the_package_and_the_reason():
+    _, problems = read_stage_config({"mixture_of_depths": "load"})
+    assert len(problems) == 1
+    assert problems[0].startswith("'mixture_of_depths: load' asks for Mixture-of-Depths, which cannot run with this version")
+    assert "mixture-of-depth package" in problems[0] and "TRANSFORMERS_CACHE" in problems[0]

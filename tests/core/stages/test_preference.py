@@ -223,19 +223,22 @@ def test_full_tuning_reference_is_a_frozen_copy_of_the_start(sft_model: Path, pa
     assert not all(torch.equal(p, start[name]) for name, p in trainer.model.named_parameters())
 
 
-def test_a_continued_adapter_keeps_trls_copy_as_reference(tiny_base: Path) -> None:
+@pytest.mark.parametrize(("method", "identity_part"), [({"finetuning_type": "lora", "lora_rank": 4}, "lora_B"),
+                                                     ({"finetuning_type": "oft", "oft_block_size": 16}, "oft_R")])
+def test_a_continued_adapter_keeps_trls_copy_as_reference(tiny_base: Path, method: dict, identity_part: str) -> None:
     """A new adapter's copy equals the adapter switched off and is dropped; a trained one's is kept."""
-    from peft import LoraConfig
+    from peft import LoraConfig, OFTConfig
 
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.preference import drop_unneeded_ref_adapter
 
+    config_class = OFTConfig if method["finetuning_type"] == "oft" else LoraConfig
     for trained in (False, True):
-        model = apply_finetuning(load_model(tiny_base), finetuning(finetuning_type="lora", lora_rank=4))
+        model = apply_finetuning(load_model(tiny_base), finetuning(**method))
         if trained:
             with torch.no_grad():
-                next(p for name, p in model.named_parameters() if "lora_B" in name).fill_(0.01)
-        model.add_adapter("ref", LoraConfig(**model.peft_config["default"].to_dict()))  # as TRL does
+                next(p for name, p in model.named_parameters() if identity_part in name).fill_(0.01)
+        model.add_adapter("ref", config_class(**model.peft_config["default"].to_dict()))  # as TRL does
         assert drop_unneeded_ref_adapter(model) is not trained
         assert ("ref" in model.peft_config) is trained
 
