@@ -22,8 +22,10 @@ def kto_problems(finetuning: FinetuningConfig) -> list[str]:
     problems = preference_problems(ft)
     if ft.pref_ftx:
         problems.append("'pref_ftx' is not supported with 'stage: kto' (TRL's KTO trainer has no SFT term); remove it.")
-    if ft.dpo_label_smoothing:
-        problems.append("'dpo_label_smoothing' applies to stage dpo, not kto; remove it.")
+    for key, asked in (("dpo_label_smoothing", bool(ft.dpo_label_smoothing)), ("pref_bco_weight", bool(ft.pref_bco_weight)),
+                       ("ld_alpha", ft.ld_alpha is not None)):
+        if asked:
+            problems.append(f"'{key}' applies to stage dpo, not kto; remove it.")
     for key, weight in (("kto_chosen_weight", ft.kto_chosen_weight), ("kto_rejected_weight", ft.kto_rejected_weight)):
         if weight <= 0:
             problems.append(f"'{key}' must be positive, got {weight}.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from torch.utils.data import RandomSampler, Sampler
+from torch.utils.data import RandomSampler, Sampler, SequentialSampler
 from trl import DPOTrainer, KTOTrainer
 from trl.import_utils import TRLExperimentalWarning
 
@@ -38,8 +38,11 @@ class TokenizedKTOTrainer(KTOTrainer):
     def _get_train_sampler(self, train_dataset: Any = None) -> Sampler | None:
         """Shuffled batches, as LLaMA-Factory trains KTO. TRL keeps the rows in order only because it
         pairs each completion with a neighbour in the batch for the KL term; tuneline's rows bring
-        their KL completion with them."""
-        return RandomSampler(train_dataset if train_dataset is not None else self.train_dataset)
+        their KL completion with them. In order when `disable_shuffling` asks for the sequential sampler."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy == "sequential":
+            return SequentialSampler(dataset)
+        return RandomSampler(dataset)
 
 
 class TokenizedORPOTrainer(ORPOTrainer):
