@@ -256,3 +256,27 @@ def test_neftune_adds_bounded_noise_to_the_embeddings_while_training_only(tiny_b
     assert trainer.model(**batch).loss.item() < before
     moved = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, start[name])}
     assert moved and all("lora_" in name for name in moved)
+
+
+@pytest.mark.slow
+def test_tuneline_train_runs_the_variant_and_the_training_loop_keys(small_sft) -> None:
+    """One `tuneline train` through the worker: DFT, rows in order, token accuracy, early stopping and
+    LLaMA-Factory's effective tokens per second all reach the run and its results."""
+    import json
+
+    result = small_sft.train("output_dir=keys", "use_dft_loss=true", "compute_accuracy=true", "disable_shuffling=true",
+                             "include_effective_tokens_per_second=true", "val_size=4", "eval_strategy=steps", "eval_steps=2",
+                             "metric_for_best_model=eval_loss", "early_stopping_steps=2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = small_sft.config.parent / "keys"
+    results = json.loads((out / "all_results.json").read_text())
+    assert 0.0 <= results["eval_accuracy"] <= 1.0 and "eval_perplexity" not in results
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["stateful_callbacks"]["EarlyStoppingCallback"]["args"]["early_stopping_patience"] == 2
+    assert any("eval_accuracy" in entry for entry in state["log_history"])
+    from datasets import load_from_disk
+
+    cached = [load_from_disk(str(p.parent)) for p in (small_sft.config.parent / "cache").rglob("dataset_dict.json")]
+    train = next(data for data in cached if "validation" in data and len(data["validation"]) == 4)["train"]  # this run's
+    tokens = sum(len(ids) for ids in train["input_ids"])
+    assert results["effective_tokens_per_sec"] == pytest.approx(tokens * results["epoch"] / results["train_runtime"], rel=1e-3)
