@@ -48,7 +48,9 @@ def build_kto_trainer(request: TrainerRequest) -> Trainer:
     config = trl_config(KTOConfig, args, beta=finetuning.pref_beta, desirable_weight=finetuning.kto_chosen_weight,
                         undesirable_weight=finetuning.kto_rejected_weight, max_length=None,
                         train_sampling_strategy="sequential")  # TRL insists; the trainer shuffles (see its sampler)
-    return with_reference(TokenizedKTOTrainer, request, config=config, convert=kto_examples)
+    trainer = with_reference(TokenizedKTOTrainer, request, config=config, convert=kto_examples)
+    trainer.shuffle = not finetuning.disable_shuffling
+    return trainer
 
 
 def _config_problems(config: StageConfig) -> list[str]:

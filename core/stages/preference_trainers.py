@@ -32,17 +32,18 @@ class TokenizedDPOTrainer(DPOTrainer):
 class TokenizedKTOTrainer(KTOTrainer):
     """KTO on `alignment_data.kto_examples` rows, whose KL completions were paired at preprocessing."""
 
+    shuffle: bool = True  # False for `disable_shuffling`, set by `kto.build_kto_trainer`
+
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
         return dataset
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Sampler | None:
         """Shuffled batches, as LLaMA-Factory trains KTO. TRL keeps the rows in order only because it
         pairs each completion with a neighbour in the batch for the KL term; tuneline's rows bring
-        their KL completion with them. In order when `disable_shuffling` asks for the sequential sampler."""
+        their KL completion with them. In order when `shuffle` is off (`disable_shuffling`); the
+        arguments always say sequential, which TRL insists on."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if self.args.train_sampling_strategy == "sequential":
-            return SequentialSampler(dataset)
-        return RandomSampler(dataset)
+        return RandomSampler(dataset) if self.shuffle else SequentialSampler(dataset)
 
 
 class TokenizedORPOTrainer(ORPOTrainer):

@@ -166,6 +166,24 @@ def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path:
                           finetuning=method, args=trainer_args(tmp_path, per_device_train_batch_size=1)))
 
 
+def test_disable_shuffling_keeps_kto_rows_in_order(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:
+    """KTO shuffles its rows (TRL's trainer would not) unless disable_shuffling asks for them in order."""
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    from tuneline.core.stages.kto import build_kto_trainer
+    from tuneline.core.training.arguments import training_arguments
+
+    data, tokenizer = load(feedback)
+    samplers = []
+    for sequential in (False, True):
+        method = finetuning("kto", finetuning_type="lora", disable_shuffling=sequential)
+        args = training_arguments(str(tmp_path), {"per_device_train_batch_size": 4, "report_to": "none"}, sequential=sequential)
+        trainer = build_kto_trainer(TrainerRequest(model=policy(tiny_base, method, tokenizer), tokenizer=tokenizer,
+                                                   train_dataset=data["train"], finetuning=method, args=args))
+        samplers.append(trainer._get_train_sampler())
+    assert isinstance(samplers[0], RandomSampler) and isinstance(samplers[1], SequentialSampler)
+
+
 # --- reference models --------------------------------------------------------------------
 
 
