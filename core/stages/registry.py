@@ -107,8 +107,8 @@ def training_loop_problems(config: StageConfig, kind: StageKind) -> list[str]:
     if kind.train_loop is not None:
         asked = [key for key in ("disable_shuffling", "include_effective_tokens_per_second") if getattr(ft, key)]
         asked += ["early_stopping_steps"] if ft.early_stopping_steps is not None else []
-        problems.extend(f"'{key}' is a key of the trainer-based stages; stage '{kind.name}' runs its own loop and does "
-                        "not read it; remove it." for key in asked)
+        problems.extend(f"'{key}: {getattr(ft, key)}' is a key of the trainer-based stages; stage '{kind.name}' runs its "
+                        "own loop and does not read it; remove it." for key in asked)
     elif ft.early_stopping_steps is not None:
         problems.extend(early_stopping_problems(config))
     return problems
@@ -120,13 +120,14 @@ def early_stopping_problems(config: StageConfig) -> list[str]:
     problems = []
     if steps is not None and steps <= 0:
         problems.append(f"'early_stopping_steps' must be a positive number of evaluations, got {steps}.")
+    asked = f"'early_stopping_steps: {steps}'"
     if training.get("eval_strategy", "no") == "no":
-        problems.append("'early_stopping_steps' counts evaluations during training; set 'eval_strategy: steps' "
-                        "(with 'eval_steps') or 'eval_strategy: epoch'.")
+        problems.append(f"{asked} counts evaluations during training, and 'eval_strategy' is 'no'; set "
+                        "'eval_strategy: steps' (with 'eval_steps') or 'eval_strategy: epoch'.")
     if not (config.data.eval_dataset or config.data.val_size):
-        problems.append("'early_stopping_steps' needs held-out rows to evaluate: name 'eval_dataset' or set 'val_size'.")
+        problems.append(f"{asked} needs held-out rows to evaluate: name 'eval_dataset' or set 'val_size'.")
     if not (training.get("metric_for_best_model") or training.get("load_best_model_at_end")):
-        problems.append("'early_stopping_steps' watches 'metric_for_best_model'; set it (e.g. 'metric_for_best_model: "
+        problems.append(f"{asked} watches 'metric_for_best_model', which is unset; set it (e.g. 'metric_for_best_model: "
                         "eval_loss'), or 'load_best_model_at_end: true', which watches the loss.")
     return problems
 
