@@ -1,15 +1,20 @@
 """What the language-modelling kinds (pt, sft) share: a causal LM with its method applied,
-transformers' Trainer on it, and perplexity on the validation split."""
+transformers' Trainer on it (with sft's loss variants and the token-accuracy metric when asked),
+and perplexity on the validation split."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import FinetuningConfig
 from tuneline.core.evaluation.heldout import perplexity
 from tuneline.core.stages.kind import ModelRequest, TrainerRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
     from datasets import Dataset
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 
@@ -23,23 +28,58 @@ def load_policy(request: ModelRequest) -> PreTrainedModel:
     return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training)
 
 
+def uses_loss_variant(finetuning: FinetuningConfig) -> bool:
+    return finetuning.use_dft_loss or finetuning.use_eaft_loss or finetuning.use_asft_loss
+
+
+def loss_function(finetuning: FinetuningConfig) -> Callable[..., torch.Tensor] | None:
+    """transformers' `compute_loss_func` for DFT or EAFT (None: the model's own cross-entropy, or ASFT,
+    which needs the batch's inputs and so is `sft_trainers.AnchoredSFTTrainer`)."""
+    from tuneline.core.training.losses import dft_loss, eaft_loss
+
+    def loss_of(loss: Callable[..., torch.Tensor], outputs: Any, labels: torch.Tensor,
+                num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        return loss(outputs["logits"], labels, num_items_in_batch=num_items_in_batch)
+
+    if finetuning.use_dft_loss:
+        return partial(loss_of, dft_loss)
+    if finetuning.use_eaft_loss:
+        return partial(loss_of, partial(eaft_loss, alpha=finetuning.eaft_alpha))
+    return None
+
+
 def build_language_model_trainer(request: TrainerRequest) -> Trainer:
     from transformers import Trainer
 
     from tuneline.core.models.loading import loraplus_optimizer
     from tuneline.core.training.collators import build_collator
 
-    return Trainer(
-        model=request.model, args=request.args, train_dataset=request.train_dataset, eval_dataset=request.eval_dataset,
-        data_collator=build_collator(request.train_dataset, tokenizer=request.tokenizer, model=request.model),
+    model, finetuning = request.model, request.finetuning
+    shared: dict[str, Any] = dict(
+        model=model, args=request.args, train_dataset=request.train_dataset, eval_dataset=request.eval_dataset,
+        data_collator=build_collator(request.train_dataset, tokenizer=request.tokenizer, model=model),
         processing_class=request.tokenizer, callbacks=list(request.callbacks),
-        optimizers=(loraplus_optimizer(request.model, finetuning=request.finetuning, args=request.args), None),
+        optimizers=(loraplus_optimizer(model, finetuning=finetuning, args=request.args), None),
     )
+    if finetuning.compute_accuracy:
+        from tuneline.core.evaluation.accuracy import likeliest_tokens, token_accuracy_metrics
+
+        shared.update(compute_metrics=token_accuracy_metrics, preprocess_logits_for_metrics=likeliest_tokens)
+    if finetuning.use_asft_loss:
+        from tuneline.core.stages.preference import dtype_keys, reference_model
+        from tuneline.core.stages.sft_trainers import AnchoredSFTTrainer
+
+        reference = reference_model(model, finetuning, model_config=request.model_config, vocab_size=len(request.tokenizer),
+                                    training=dtype_keys(request.args))
+        return AnchoredSFTTrainer(reference=reference, asft_alpha=finetuning.asft_alpha, **shared)
+    return Trainer(compute_loss_func=loss_function(finetuning), **shared)
 
 
 def perplexity_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
                        finetuning: FinetuningConfig) -> dict[str, float]:
-    """The trainer's evaluation of the validation split, with the perplexity of its loss."""
+    """The trainer's evaluation of the validation split, with the perplexity of its loss (left out for
+    the loss variants, whose weighted loss is not a log-likelihood)."""
     metrics = dict(trainer.evaluate())
-    metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
+    if not uses_loss_variant(finetuning):
+        metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
     return metrics

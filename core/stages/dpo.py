@@ -6,6 +6,12 @@ It trains on pairs; `pref_loss` picks the objective as LLaMA-Factory does:
   LLaMA-Factory builds on made it conservative DPO, which TRL 1.16 no longer offers.
   `pref_ftx` adds TRL's `sft` term (mean negative log-likelihood of the chosen replies' tokens)
   with that weight; LLaMA-Factory averages per reply first, which weighs short replies more.
+  `pref_bco_weight` w mixes in TRL's `bco_pair` loss as LLaMA-Factory does, (loss + w x BCO) / (1 + w):
+  TRL's BCO compares the rewards with 0 where LLaMA-Factory's compares them with a running mean
+  of the rewards seen.
+  `ld_alpha` is LD-DPO (TRL's `ld_alpha`): a reply's log-probability is that of its tokens up to
+  the shorter reply's length plus ld_alpha times that of the rest. TRL weighs the reference's
+  log-probabilities the same way; LLaMA-Factory weighs the policy's only.
 - `orpo`: TRL's ORPOTrainer (loss = NLL of chosen + beta x odds-ratio loss). TRL takes the NLL
   over prompt and reply where LLaMA-Factory takes it over the reply.
 - `simpo`: TRL's CPOTrainer with its SimPO loss (length-normalised log-probabilities, margin
@@ -42,6 +48,13 @@ def dpo_problems(finetuning: FinetuningConfig) -> list[str]:
     if ft.pref_loss == "orpo" and ft.pref_ftx:
         problems.append("'pref_ftx' does not apply to 'pref_loss: orpo', whose loss already holds the SFT term; "
                         "remove it.")
+    if ft.pref_bco_weight < 0:
+        problems.append(f"'pref_bco_weight' must be 0 or more, got {ft.pref_bco_weight}.")
+    if ft.ld_alpha is not None and not 0 <= ft.ld_alpha <= 1:
+        problems.append(f"'ld_alpha' must be in [0, 1] (1: plain DPO, 0: only the tokens both replies have), got {ft.ld_alpha}.")
+    for key, value in (("pref_bco_weight", ft.pref_bco_weight or None), ("ld_alpha", ft.ld_alpha)):
+        if value is not None and ft.pref_loss in REFERENCE_FREE:
+            problems.append(f"'{key}' applies to pref_loss sigmoid, hinge or ipo, not '{ft.pref_loss}'; remove it.")
     if ft.pref_loss in REFERENCE_FREE and (ft.ref_model or ft.ref_model_adapters):
         problems.append(f"'pref_loss: {ft.pref_loss}' needs no reference model; "
                         "remove 'ref_model' and 'ref_model_adapters'.")
@@ -51,9 +64,11 @@ def dpo_problems(finetuning: FinetuningConfig) -> list[str]:
 def dpo_loss_terms(finetuning: FinetuningConfig) -> tuple[list[str], list[float]]:
     """TRL DPOTrainer `loss_type` list and `loss_weights` for pref_loss sigmoid, hinge or ipo."""
     main = "robust" if finetuning.pref_loss == "sigmoid" and finetuning.dpo_label_smoothing else finetuning.pref_loss
+    bco = finetuning.pref_bco_weight
+    types, weights = ([main, "bco_pair"], [1.0 / (1.0 + bco), bco / (1.0 + bco)]) if bco else ([main], [1.0])
     if finetuning.pref_ftx:
-        return [main, "sft"], [1.0, finetuning.pref_ftx]
-    return [main], [1.0]
+        return [*types, "sft"], [*weights, finetuning.pref_ftx]
+    return types, weights
 
 
 def build_dpo_trainer(request: TrainerRequest) -> Trainer:
@@ -70,7 +85,7 @@ def build_dpo_trainer(request: TrainerRequest) -> Trainer:
 
     loss_types, loss_weights = dpo_loss_terms(finetuning)
     config = trl_config(DPOConfig, request.args, beta=finetuning.pref_beta, loss_type=loss_types, loss_weights=loss_weights,
-                        label_smoothing=finetuning.dpo_label_smoothing, max_length=None)
+                        label_smoothing=finetuning.dpo_label_smoothing, ld_alpha=finetuning.ld_alpha, max_length=None)
     return with_reference(TokenizedDPOTrainer, request, config=config, convert=dpo_pairs)
 
 

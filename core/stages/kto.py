@@ -22,8 +22,10 @@ def kto_problems(finetuning: FinetuningConfig) -> list[str]:
     problems = preference_problems(ft) + pissa_problems(ft, uses_reference=True)
     if ft.pref_ftx:
         problems.append("'pref_ftx' is not supported with 'stage: kto' (TRL's KTO trainer has no SFT term); remove it.")
-    if ft.dpo_label_smoothing:
-        problems.append("'dpo_label_smoothing' applies to stage dpo, not kto; remove it.")
+    for key, asked in (("dpo_label_smoothing", bool(ft.dpo_label_smoothing)), ("pref_bco_weight", bool(ft.pref_bco_weight)),
+                       ("ld_alpha", ft.ld_alpha is not None)):
+        if asked:
+            problems.append(f"'{key}' applies to stage dpo, not kto; remove it.")
     for key, weight in (("kto_chosen_weight", ft.kto_chosen_weight), ("kto_rejected_weight", ft.kto_rejected_weight)):
         if weight <= 0:
             problems.append(f"'{key}' must be positive, got {weight}.")
@@ -46,7 +48,9 @@ def build_kto_trainer(request: TrainerRequest) -> Trainer:
     config = trl_config(KTOConfig, args, beta=finetuning.pref_beta, desirable_weight=finetuning.kto_chosen_weight,
                         undesirable_weight=finetuning.kto_rejected_weight, max_length=None,
                         train_sampling_strategy="sequential")  # TRL insists; the trainer shuffles (see its sampler)
-    return with_reference(TokenizedKTOTrainer, request, config=config, convert=kto_examples)
+    trainer = with_reference(TokenizedKTOTrainer, request, config=config, convert=kto_examples)
+    trainer.shuffle = not finetuning.disable_shuffling
+    return trainer
 
 
 def _config_problems(config: StageConfig) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from torch.utils.data import RandomSampler, Sampler
+from torch.utils.data import RandomSampler, Sampler, SequentialSampler
 from trl import DPOTrainer, KTOTrainer
 from trl.import_utils import TRLExperimentalWarning
 
@@ -32,14 +32,18 @@ class TokenizedDPOTrainer(DPOTrainer):
 class TokenizedKTOTrainer(KTOTrainer):
     """KTO on `alignment_data.kto_examples` rows, whose KL completions were paired at preprocessing."""
 
+    shuffle: bool = True  # False for `disable_shuffling`, set by `kto.build_kto_trainer`
+
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
         return dataset
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Sampler | None:
         """Shuffled batches, as LLaMA-Factory trains KTO. TRL keeps the rows in order only because it
         pairs each completion with a neighbour in the batch for the KL term; tuneline's rows bring
-        their KL completion with them."""
-        return RandomSampler(train_dataset if train_dataset is not None else self.train_dataset)
+        their KL completion with them. In order when `shuffle` is off (`disable_shuffling`); the
+        arguments always say sequential, which TRL insists on."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return RandomSampler(dataset) if self.shuffle else SequentialSampler(dataset)
 
 
 class TokenizedORPOTrainer(ORPOTrainer):

@@ -23,7 +23,7 @@ from tuneline.core.stages.kto import KTO
 from tuneline.core.stages.ppo.stage import PPO
 from tuneline.core.stages.pt import PT
 from tuneline.core.stages.rm import RM
-from tuneline.core.stages.sft import SFT
+from tuneline.core.stages.sft import LOSS_VARIANTS, SFT
 
 KINDS: dict[str, StageKind] = {kind.name: kind for kind in (PT, SFT, RM, DPO, KTO, PPO)}
 STAGE_NAMES = tuple(KINDS)
@@ -61,6 +61,7 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
         problems.extend(method_problems(config.model, config.finetuning))
         problems.extend(predict_problems(config, kind))
         problems.extend(stage_option_problems(config, kind))
+        problems.extend(training_loop_problems(config, kind))
         problems.extend(kind.config_problems(config))
     if problems:
         raise ConfigError(problems, source=source)
@@ -101,6 +102,48 @@ def stage_option_problems(config: StageConfig, kind: StageKind) -> list[str]:
     if config.training.get("load_best_model_at_end") and (kind.train_loop is not None or kind.output == "reward_model"):
         problems.append(f"'load_best_model_at_end: true' is not supported by stage '{kind.name}' (LLaMA-Factory refuses it "
                         "for rm and ppo too); remove it.")
+    return problems
+
+
+LANGUAGE_MODEL_KINDS = (PT, SFT)  # the kinds whose trainer scores next-token predictions (compute_accuracy)
+
+
+def training_loop_problems(config: StageConfig, kind: StageKind) -> list[str]:
+    """Loss-variant and training-loop keys asked of a kind that does not read them, or that could not work."""
+    ft, training = config.finetuning, config.training
+    problems = [f"'{key}: true' is a loss of stage sft, not '{kind.name}'; remove it."
+                for key in LOSS_VARIANTS if getattr(ft, key) and kind is not SFT]
+    if ft.compute_accuracy and kind not in LANGUAGE_MODEL_KINDS:
+        problems.append(f"'compute_accuracy: true' measures next-token predictions of stage "
+                        f"{listed(k.name for k in LANGUAGE_MODEL_KINDS)}, not '{kind.name}'; remove it.")
+    if ft.compute_accuracy and training.get("predict_with_generate"):
+        problems.append("'compute_accuracy: true' scores the logits of each position and 'predict_with_generate: true' "
+                        "generates answers instead; they cannot go together, remove one of them.")
+    if kind.train_loop is not None:
+        asked = [key for key in ("disable_shuffling", "include_effective_tokens_per_second") if getattr(ft, key)]
+        asked += ["early_stopping_steps"] if ft.early_stopping_steps is not None else []
+        problems.extend(f"'{key}: {getattr(ft, key)}' is a key of the trainer-based stages; stage '{kind.name}' runs its "
+                        "own loop and does not read it; remove it." for key in asked)
+    elif ft.early_stopping_steps is not None:
+        problems.extend(early_stopping_problems(config))
+    return problems
+
+
+def early_stopping_problems(config: StageConfig) -> list[str]:
+    """What `early_stopping_steps` needs: evaluations during training, on held-out rows, of a named metric."""
+    steps, training = config.finetuning.early_stopping_steps, config.training
+    problems = []
+    if steps is not None and steps <= 0:
+        problems.append(f"'early_stopping_steps' must be a positive number of evaluations, got {steps}.")
+    asked = f"'early_stopping_steps: {steps}'"
+    if training.get("eval_strategy", "no") == "no":
+        problems.append(f"{asked} counts evaluations during training, and 'eval_strategy' is 'no'; set "
+                        "'eval_strategy: steps' (with 'eval_steps') or 'eval_strategy: epoch'.")
+    if not (config.data.eval_dataset or config.data.val_size):
+        problems.append(f"{asked} needs held-out rows to evaluate: name 'eval_dataset' or set 'val_size'.")
+    if not (training.get("metric_for_best_model") or training.get("load_best_model_at_end")):
+        problems.append(f"{asked} watches 'metric_for_best_model', which is unset; set it (e.g. 'metric_for_best_model: "
+                        "eval_loss'), or 'load_best_model_at_end: true', which watches the loss.")
     return problems
 
 

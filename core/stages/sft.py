@@ -1,15 +1,48 @@
-"""Stage sft: supervised fine-tuning on conversations, the replies trained (the prompt masked)."""
+"""Stage sft: supervised fine-tuning on conversations, the replies trained (the prompt masked).
+
+Its loss is the replies' cross-entropy, or one of LLaMA-Factory's variants (`use_dft_loss`,
+`use_eaft_loss`, `use_asft_loss`, see `core.training.losses`).
+"""
 
 from __future__ import annotations
 
+from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import build_language_model_trainer, load_policy, perplexity_metrics
 from tuneline.core.stages.kind import StageKind
+
+LOSS_VARIANTS = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")
+
+
+def loss_variant_problems(finetuning: FinetuningConfig) -> list[str]:
+    """Loss-variant settings that contradict each other or would be ignored, one line each."""
+    ft = finetuning
+    defaults = FinetuningConfig()
+    asked = [key for key in LOSS_VARIANTS if getattr(ft, key)]
+    problems = []
+    if len(asked) > 1:
+        problems.append(f"{' and '.join(f'{key}: true' for key in asked)} ask for different losses; keep one of them.")
+    for key, switch in (("asft_alpha", "use_asft_loss"), ("eaft_alpha", "use_eaft_loss")):
+        value = getattr(ft, key)
+        if value < 0:
+            problems.append(f"'{key}' must be 0 or more, got {value}.")
+        elif value != getattr(defaults, key) and not getattr(ft, switch):
+            problems.append(f"'{key}: {value}' weighs the loss of '{switch}: true', which is not set; set it or remove {key}.")
+    if (ft.ref_model or ft.ref_model_adapters) and not ft.use_asft_loss:
+        problems.append("stage sft reads 'ref_model' and 'ref_model_adapters' only for 'use_asft_loss: true'; "
+                        "set it or remove them.")
+    return problems
+
+
+def _config_problems(config: StageConfig) -> list[str]:
+    return loss_variant_problems(config.finetuning)
+
 
 SFT = StageKind(
     name="sft",
     summary="supervised fine-tuning: replies of conversations trained, prompts masked",
     examples="supervised",
     predicts=True,
+    config_problems=_config_problems,
     load_model=load_policy,
     build_trainer=build_language_model_trainer,
     held_out_metrics=perplexity_metrics,

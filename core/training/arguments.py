@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from transformers import Seq2SeqTrainingArguments, TrainingArguments
 
 
-def training_arguments(output_dir: str, training: Mapping[str, Any]) -> Seq2SeqTrainingArguments:
-    """Seq2SeqTrainingArguments from LLaMA-Factory keys; the project does its own reporting."""
+def training_arguments(output_dir: str, training: Mapping[str, Any], *, sequential: bool = False) -> Seq2SeqTrainingArguments:
+    """Seq2SeqTrainingArguments from LLaMA-Factory keys; the project does its own reporting.
+    `sequential` (`disable_shuffling`) reads the training rows in order: transformers' sequential sampler."""
     import os
     import sys
 
@@ -37,6 +38,12 @@ def training_arguments(output_dir: str, training: Mapping[str, Any]) -> Seq2SeqT
         **training,
         "output_dir": output_dir,
     }
+    if sequential:
+        strategy = training.get("train_sampling_strategy", "sequential")
+        if strategy != "sequential":
+            raise ConfigError(f"'disable_shuffling: true' reads the rows in order, but 'train_sampling_strategy: {strategy}' "
+                              "orders them otherwise; remove one of the two.")
+        values["train_sampling_strategy"] = "sequential"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     accelerator = torch.accelerator.is_available()
     values.update(process_group_settings(training, world_size=world_size, accelerator=accelerator))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
+from tuneline.core.config import FinetuningConfig
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
 from tuneline.core.training.outputs import TrainingLog
 from tuneline.core.training.throughput import Peak, TokenCounter, device_peak, flops_per_token, mfu
@@ -177,3 +178,13 @@ def plot_loss(output_dir: str | Path) -> Path | None:
     figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
     return path
+
+
+def loop_callbacks(finetuning: FinetuningConfig) -> list[TrainerCallback]:
+    """The callbacks the method's training-loop keys ask for: `early_stopping_steps` stops training when
+    `metric_for_best_model` has not improved for that many evaluations (transformers' EarlyStoppingCallback)."""
+    from transformers import EarlyStoppingCallback
+
+    if finetuning.early_stopping_steps is None:
+        return []
+    return [EarlyStoppingCallback(early_stopping_patience=finetuning.early_stopping_steps)]

@@ -156,3 +156,12 @@ class TokenCounter:
         if self.pad_token_id is not None:
             return input_ids.ne(self.pad_token_id).sum()
         return input_ids.numel()
+
+
+def effective_tokens_per_second(train_dataset: Any, metrics: dict[str, float], *, world_size: int) -> float:
+    """`include_effective_tokens_per_second`, as LLaMA-Factory reports it: the tokens of the training rows
+    (a pair's chosen and rejected rows both) times the epochs trained, over the training seconds, per process."""
+    columns = train_dataset.column_names
+    token_columns = [name for name in ("chosen_input_ids", "rejected_input_ids") if name in columns] or ["input_ids"]
+    tokens = sum(len(ids) for name in token_columns for ids in train_dataset[name])
+    return tokens * metrics["epoch"] / metrics["train_runtime"] / world_size

@@ -27,10 +27,10 @@ def run_training(job: TrainJob) -> dict[str, float]:
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import load_tokenizer
 
-    args = training_arguments(job.output_dir, job.training)
+    finetuning = FinetuningConfig(**job.finetuning)
+    args = training_arguments(job.output_dir, job.training, sequential=finetuning.disable_shuffling)
     checkpoint = prepare_run(job, args)
     set_seed(args.seed)  # before the adapter's random init, so equal seeds give equal runs
-    finetuning = FinetuningConfig(**job.finetuning)
     model_config = ModelConfig(**job.model)
     kind = stage_kind(finetuning.stage)
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
@@ -47,14 +47,15 @@ def run_training(job: TrainJob) -> dict[str, float]:
 def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tokenizer, datasets, finetuning: FinetuningConfig,
                         model_config: ModelConfig) -> dict[str, float]:
     from tuneline.core.models.loading import trainable_summary
-    from tuneline.core.training.callbacks import LogCallback
+    from tuneline.core.training.callbacks import LogCallback, loop_callbacks
+    from tuneline.core.training.throughput import effective_tokens_per_second
     from tuneline.core.training.checkpoint_record import CheckpointRecord
 
     model = kind.load_model(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
                                          model_config=model_config, training=job.training))
     print(trainable_summary(model), flush=True)
     callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id),
-                 CheckpointRecord(limit=job.training.get("save_total_limit"))]
+                 CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning)]
     trainer = kind.build_trainer(TrainerRequest(
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
         eval_dataset=datasets["validation"] if "validation" in datasets else None,
@@ -67,6 +68,8 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         tokenizer.save_pretrained(job.output_dir)
     trainer.save_state()
     metrics = {**result.metrics, "global_batch_size": global_batch_size(args)}
+    if finetuning.include_effective_tokens_per_second:
+        metrics["effective_tokens_per_sec"] = effective_tokens_per_second(datasets["train"], metrics, world_size=args.world_size)
     results = {"train": dict(metrics)}
     if "validation" in datasets:
         results["eval"] = kind.held_out_metrics(trainer, tokenizer, datasets["validation"], finetuning)

@@ -110,6 +110,6 @@ def test_predict_settings_that_cannot_work_are_refused_before_training():
     message = str(caught.value)
     assert "'do_predict: true' needs 'predict_with_generate: true'" in message
     with pytest.raises(ConfigError) as caught:
-        build_stage_config({"stage": "sft", "do_predict": True, "predict_with_generate": True})
+        build_stage_config({"stage": "sft", "do_predict": True, "predict_with_generate": True, "dataset": "d"})
     assert "needs a predict set: name 'eval_dataset' or hold rows out with 'val_size'" in str(caught.value)
-    build_stage_config({"stage": "sft", "do_predict": True, "predict_with_generate": True, "val_size": 0.1})
+    build_stage_config({"stage": "sft", "do_predict": True, "predict_with_generate": True, "val_size": 0.1, "dataset": "d"})

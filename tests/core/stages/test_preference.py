@@ -166,6 +166,24 @@ def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path:
                           finetuning=method, args=trainer_args(tmp_path, per_device_train_batch_size=1)))
 
 
+def test_disable_shuffling_keeps_kto_rows_in_order(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:
+    """KTO shuffles its rows (TRL's trainer would not) unless disable_shuffling asks for them in order."""
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    from tuneline.core.stages.kto import build_kto_trainer
+    from tuneline.core.training.arguments import training_arguments
+
+    data, tokenizer = load(feedback)
+    samplers = []
+    for sequential in (False, True):
+        method = finetuning("kto", finetuning_type="lora", disable_shuffling=sequential)
+        args = training_arguments(str(tmp_path), {"per_device_train_batch_size": 4, "report_to": "none"}, sequential=sequential)
+        trainer = build_kto_trainer(TrainerRequest(model=policy(tiny_base, method, tokenizer), tokenizer=tokenizer,
+                                                   train_dataset=data["train"], finetuning=method, args=args))
+        samplers.append(trainer._get_train_sampler())
+    assert isinstance(samplers[0], RandomSampler) and isinstance(samplers[1], SequentialSampler)
+
+
 # --- reference models --------------------------------------------------------------------
 
 
@@ -343,3 +361,99 @@ def test_kto_trains_and_its_loss_falls(sft_model: Path, feedback: Path, pairs: P
     assert after["eval_loss"] < before["eval_loss"]
     # measured 1.00-1.55 and 0.604 (seed 6) over the default seeds and seeds 2-7, 13; 0.3 leaves 0.30. No training scores 0.
     assert after["eval_rewards/margins"] > 0.3
+
+
+# --- loss variants: BCO mixed in, LD-DPO -------------------------------------------------
+
+
+def completion_logps(model, input_ids: list[int], labels: list[int]) -> torch.Tensor:
+    """Log-probability of each trained token of one sequence, recomputed here from the model's logits."""
+    ids, targets = torch.tensor([input_ids]), torch.tensor(labels[1:])
+    with torch.no_grad():
+        log_probs = model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)
+    trained = targets != -100
+    return log_probs[trained].gather(-1, targets[trained][:, None])[:, 0]
+
+
+def pair_scores(model, rows, *, ld_alpha: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probabilities of chosen and rejected replies; with `ld_alpha`, the tokens past the
+    shorter reply's length weighed by it (LD-DPO)."""
+    chosen, rejected = [], []
+    for row in rows:
+        c = completion_logps(model, row["chosen_input_ids"], row["chosen_labels"])
+        r = completion_logps(model, row["rejected_input_ids"], row["rejected_labels"])
+        shared = min(len(c), len(r)) if ld_alpha is not None else max(len(c), len(r))
+        weight = 1.0 if ld_alpha is None else ld_alpha
+        chosen.append(c[:shared].sum() + weight * c[shared:].sum())
+        rejected.append(r[:shared].sum() + weight * r[shared:].sum())
+    return torch.stack(chosen), torch.stack(rejected)
+
+
+def expected_dpo_loss(policy, reference, rows, method) -> float:
+    """Sigmoid DPO, plus BCO as (DPO + w x BCO) / (1 + w) when pref_bco_weight = w, written out."""
+    chosen, rejected = pair_scores(policy, rows, ld_alpha=method.ld_alpha)
+    ref_chosen, ref_rejected = pair_scores(reference, rows, ld_alpha=method.ld_alpha)
+    chosen_reward, rejected_reward = method.pref_beta * (chosen - ref_chosen), method.pref_beta * (rejected - ref_rejected)
+    dpo = -torch.nn.functional.logsigmoid(chosen_reward - rejected_reward).mean()
+    bco = (-torch.nn.functional.logsigmoid(chosen_reward) - torch.nn.functional.logsigmoid(-rejected_reward)).mean()
+    w = method.pref_bco_weight
+    return ((dpo + w * bco) / (1 + w)).item()
+
+
+@pytest.mark.parametrize(("keys", "fragment"), [
+    ({"pref_bco_weight": -0.5}, "'pref_bco_weight' must be 0 or more"),
+    ({"ld_alpha": 1.5}, "'ld_alpha' must be in [0, 1]"),
+    ({"pref_loss": "orpo", "ld_alpha": 0.5}, "'ld_alpha' applies to pref_loss sigmoid, hinge or ipo, not 'orpo'"),
+    ({"pref_loss": "simpo", "pref_bco_weight": 0.5}, "'pref_bco_weight' applies to pref_loss sigmoid, hinge or ipo"),
+    ({"stage": "kto", "ld_alpha": 0.0}, "'ld_alpha' applies to stage dpo, not kto"),
+    ({"stage": "kto", "pref_bco_weight": 0.3}, "'pref_bco_weight' applies to stage dpo, not kto"),
+])
+def test_unusable_loss_variant_settings_are_named(keys: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        build_stage_config({"stage": "dpo", **keys})
+    assert any(fragment in problem for problem in error.value.problems), error.value.problems
+
+
+def test_bco_weight_mixes_trls_bco_pair_as_llamafactory_weighs_it() -> None:
+    from tuneline.core.stages.dpo import dpo_loss_terms
+
+    assert dpo_loss_terms(finetuning(pref_bco_weight=0.25)) == (["sigmoid", "bco_pair"], [0.8, 0.2])
+    assert dpo_loss_terms(finetuning(pref_bco_weight=1.0, pref_ftx=0.5, pref_loss="hinge")) == (
+        ["hinge", "bco_pair", "sft"], [0.5, 0.5, 0.5])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keys", [{"pref_bco_weight": 0.5}, {"ld_alpha": 0.3}])
+def test_bco_and_ld_dpo_train_lora_on_their_own_loss(keys: dict, sft_model: Path, pairs: Path, tmp_path: Path) -> None:
+    """The trainer's loss on a fixed batch equals the objective written out here from the policy's and
+    the SFT model's (the reference: the adapter off) log-probabilities, before and after training on it."""
+    from tuneline.core.models.loading import load_model
+    from tuneline.core.stages.dpo import build_dpo_trainer
+
+    data, tokenizer = load(pairs)
+    rows = data["train"].select(range(4))
+    method = finetuning(finetuning_type="lora", lora_rank=4, **keys)
+    args = trainer_args(tmp_path, learning_rate=1e-2, max_steps=5, per_device_train_batch_size=4, logging_steps=1)
+    trainer = build_dpo_trainer(TrainerRequest(model=policy(sft_model, method, tokenizer), tokenizer=tokenizer,
+                                               train_dataset=rows, finetuning=method, args=args))
+    assert trainer.ld_alpha == method.ld_alpha
+    reference = load_model(sft_model, vocab_size=len(tokenizer)).eval()
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+
+    def trainer_loss() -> float:
+        trainer.model.eval()
+        with torch.no_grad():
+            return trainer.compute_loss(trainer.model, dict(batch)).item()
+
+    start = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    before = trainer_loss()
+    assert before == pytest.approx(expected_dpo_loss(trainer.model, reference, rows, method), rel=1e-4)
+    trainer.train()
+    after = trainer_loss()
+    expected = expected_dpo_loss(trainer.model, reference, rows, method)
+    assert after == pytest.approx(expected, rel=1e-4)
+    plain = expected_dpo_loss(trainer.model, reference, rows, finetuning())
+    assert abs(expected - plain) > 1e-3  # the variant changes the loss
+    assert after < before
+    moved = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, start[name])}
+    assert moved and all("lora_" in name for name in moved)

@@ -147,3 +147,40 @@ def test_loss_curve_is_drawn_from_the_log(trained):
     path = plot_loss(trained["folder"] / "out")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_loss(Path(trained["folder"]) / "nowhere") is None
+
+
+# --- training-loop keys ------------------------------------------------------------------
+
+
+def test_effective_tokens_per_second_counts_every_rows_tokens_per_epoch_and_process():
+    from datasets import Dataset
+
+    from tuneline.core.training.throughput import effective_tokens_per_second
+
+    rows = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5, 6, 7, 8]], "labels": [[1, 2, 3], [4, 5, 6, 7, 8]]})
+    assert effective_tokens_per_second(rows, {"epoch": 1.5, "train_runtime": 2.0}, world_size=1) == 8 * 1.5 / 2.0
+    pairs = Dataset.from_dict({"chosen_input_ids": [[1, 2, 3]], "rejected_input_ids": [[1, 2]], "chosen_labels": [[1, 2, 3]]})
+    assert effective_tokens_per_second(pairs, {"epoch": 2.0, "train_runtime": 4.0}, world_size=2) == 5 * 2.0 / 4.0 / 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patience", [1, 3])
+def test_early_stopping_stops_after_patience_evaluations_without_improvement(patience: int, tmp_path: Path):
+    """With a learning rate of 0 the evaluation loss never improves on the first evaluation's, so training
+    stops at evaluation 1 + patience instead of running its 20 steps."""
+    from datasets import Dataset
+    from transformers import Trainer
+
+    from tuneline.core.config import FinetuningConfig
+    from tuneline.core.training.arguments import training_arguments
+    from tuneline.core.training.callbacks import loop_callbacks
+
+    assert loop_callbacks(FinetuningConfig()) == []
+    rows = Dataset.from_list([{"input_ids": list(range(1, 9))}, {"input_ids": [1, 2, 3, 4]}] * 4)
+    args = training_arguments(str(tmp_path), {"per_device_train_batch_size": 2, "max_steps": 20, "learning_rate": 0.0,
+                                              "eval_strategy": "steps", "eval_steps": 1, "metric_for_best_model": "eval_loss",
+                                              "report_to": "none"})
+    trainer = Trainer(model=tiny_llama(), args=args, train_dataset=rows, eval_dataset=rows.select(range(2)),
+                      data_collator=_batches, callbacks=loop_callbacks(FinetuningConfig(early_stopping_steps=patience)))
+    trainer.train()
+    assert trainer.state.global_step == 1 + patience
