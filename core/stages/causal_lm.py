@@ -28,13 +28,15 @@ def build_language_model_trainer(request: TrainerRequest) -> Trainer:
 
     from tuneline.core.models.loading import loraplus_optimizer
     from tuneline.core.training.collators import build_collator
+    from tuneline.core.training.optimizers import use_stage_optimizer
 
-    return Trainer(
+    trainer = Trainer(
         model=request.model, args=request.args, train_dataset=request.train_dataset, eval_dataset=request.eval_dataset,
         data_collator=build_collator(request.train_dataset, tokenizer=request.tokenizer, model=request.model),
         processing_class=request.tokenizer, callbacks=list(request.callbacks),
         optimizers=(loraplus_optimizer(request.model, finetuning=request.finetuning, args=request.args), None),
     )
+    return use_stage_optimizer(trainer, request.optimizer)
 
 
 def perplexity_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,

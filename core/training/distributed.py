@@ -185,6 +185,19 @@ def resolve_parallel_settings(training: Mapping[str, Any]) -> dict[str, Any]:
     return resolved
 
 
+def deepspeed_zero_stage(value: Any) -> int | None:
+    """The ZeRO stage a `deepspeed` setting (a JSON file or a mapping) names; None when it names none
+    or the file cannot be read (`check_parallel_settings` reports that)."""
+    if not value:
+        return None
+    try:
+        settings = value if isinstance(value, Mapping) else _read_config_file(Path(value))
+    except (OSError, ValueError):
+        return None
+    stage = settings.get("zero_optimization", {}).get("stage")
+    return int(stage) if isinstance(stage, int | str) and str(stage).isdigit() else None
+
+
 def fsdp_setting(value: Any) -> bool | str | None:
     """`fsdp` as the trainer takes it: True, None (off) or a legacy option string ("full_shard auto_wrap").
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tuneline.core.config import FinetuningConfig, ModelConfig
+from tuneline.core.config import FinetuningConfig, ModelConfig, OptimizerConfig
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
 from tuneline.core.stages.registry import stage_kind
 from tuneline.core.training.arguments import global_batch_size, prepare_run, training_arguments
@@ -58,7 +58,8 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     trainer = kind.build_trainer(TrainerRequest(
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
         eval_dataset=datasets["validation"] if "validation" in datasets else None,
-        finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks))
+        finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks,
+        optimizer=OptimizerConfig(**job.optimizer)))
     LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)

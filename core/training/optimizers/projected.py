@@ -1,0 +1,110 @@
+"""GaLore (galore-torch) and APOLLO (apollo-torch): the gradients of chosen weight matrices
+projected to a low rank inside the optimizer, AdamW for every other trainable parameter.
+
+As LLaMA-Factory builds them: the projected parameters are the matrices of the linear layers whose
+names contain a `*_target` entry ('all': every linear layer but the output head); three parameter
+groups (no decay, decay, projected with decay). Layer-wise, each parameter gets an optimizer of its
+own, stepped by a hook as soon as its gradient is accumulated, so no full set of gradients is ever
+held; the Trainer gets transformers' `LayerWiseDummyOptimizer`, from which its scheduler builder
+makes one scheduler per parameter.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tuneline.core.config import OptimizerConfig
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, TrainingArguments
+
+# Parameter names transformers' Trainer keeps out of weight decay (Trainer.get_decay_parameter_names).
+NO_DECAY_PATTERNS = (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
+
+
+def decay_parameter_names(model: PreTrainedModel) -> set[str]:
+    """Names of the parameters weight decay applies to: not biases, not normalisation weights."""
+    from torch import nn
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    return set(get_parameter_names(model, [nn.LayerNorm], list(NO_DECAY_PATTERNS)))
+
+
+def projected_parameters(model: PreTrainedModel, target: str) -> list[torch.nn.Parameter]:
+    """The trainable matrices of the linear layers `target` names (comma-separated substrings of
+    module names, or 'all' for every linear layer but the output head)."""
+    import torch
+
+    from tuneline.core.models.adapters import linear_module_names
+
+    targets = linear_module_names(model) if target.strip() == "all" else [t.strip() for t in target.split(",") if t.strip()]
+    chosen: dict[int, torch.nn.Parameter] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and any(t in name for t in targets):
+            chosen.update({id(p): p for p in module.parameters() if p.requires_grad and p.ndim > 1})
+    return list(chosen.values())
+
+
+def galore_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args: TrainingArguments) -> torch.optim.Optimizer:
+    import galore_torch
+
+    classes = {"adafactor": galore_torch.GaLoreAdafactor, "adamw_torch": galore_torch.GaLoreAdamW,
+               "adamw_torch_fused": galore_torch.GaLoreAdamW}
+    optimizer_class = classes.get(str(args.optim), galore_torch.GaLoreAdamW8bit)  # the rules allow only these
+    projection = {"rank": optimizer.galore_rank, "update_proj_gap": optimizer.galore_update_interval,
+                  "scale": optimizer.galore_scale, "proj_type": optimizer.galore_proj_type}
+    return _projected(model, args=args, optimizer_class=optimizer_class, projection=projection,
+                      projected=projected_parameters(model, optimizer.galore_target), layerwise=optimizer.galore_layerwise)
+
+
+def apollo_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args: TrainingArguments) -> torch.optim.Optimizer:
+    from apollo_torch import APOLLOAdamW
+
+    projection = {"rank": optimizer.apollo_rank, "proj": optimizer.apollo_proj, "proj_type": optimizer.apollo_proj_type,
+                  "update_proj_gap": optimizer.apollo_update_interval, "scale": optimizer.apollo_scale,
+                  "scale_type": optimizer.apollo_scale_type, "scale_front": optimizer.apollo_scale_front}
+    return _projected(model, args=args, optimizer_class=APOLLOAdamW, projection=projection,
+                      projected=projected_parameters(model, optimizer.apollo_target), layerwise=optimizer.apollo_layerwise)
+
+
+def _projected(model: PreTrainedModel, *, args: TrainingArguments, optimizer_class: type, projection: dict[str, Any],
+               projected: list[torch.nn.Parameter], layerwise: bool) -> torch.optim.Optimizer:
+    projected_ids = {id(p) for p in projected}
+    decay_names = decay_parameter_names(model)
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad and id(parameter) not in projected_ids:
+            (decay if name in decay_names else no_decay).append(parameter)
+    groups = [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": args.weight_decay},
+              {"params": projected, "weight_decay": args.weight_decay, **projection}]
+    kwargs = optimizer_arguments(args)
+    if not layerwise:
+        return optimizer_class([group for group in groups if group["params"]], **kwargs)
+    return layerwise_optimizer({p: optimizer_class([{**group, "params": [p]}], **kwargs)
+                                for group in groups for p in group["params"]}, lr=args.learning_rate)
+
+
+def optimizer_arguments(args: TrainingArguments) -> dict[str, Any]:
+    """The learning rate, betas and epsilon the trainer arguments give (the projected optimizers
+    take no `fused` flag)."""
+    from transformers import Trainer
+
+    _, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    return {key: value for key, value in kwargs.items() if key not in ("fused", "foreach")}
+
+
+def layerwise_optimizer(per_parameter: dict[torch.nn.Parameter, torch.optim.Optimizer], *, lr: float) -> torch.optim.Optimizer:
+    """transformers' no-op optimizer holding `per_parameter`, each of those stepped (and its
+    gradient freed) by a hook once the parameter's gradient is accumulated."""
+    from transformers.trainer_pt_utils import LayerWiseDummyOptimizer
+
+    def step_parameter(parameter: torch.nn.Parameter) -> None:
+        if parameter.grad is not None:
+            per_parameter[parameter].step()
+            per_parameter[parameter].zero_grad()
+
+    for parameter in per_parameter:
+        parameter.register_post_accumulate_grad_hook(step_parameter)
+    return LayerWiseDummyOptimizer(optimizer_dict=per_parameter, lr=lr)
