@@ -48,10 +48,11 @@ def projected_parameters(model: PreTrainedModel, target: str) -> list[torch.nn.P
 
 def galore_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args: TrainingArguments) -> torch.optim.Optimizer:
     import galore_torch
+    from transformers.training_args import OptimizerNames
 
     classes = {"adafactor": galore_torch.GaLoreAdafactor, "adamw_torch": galore_torch.GaLoreAdamW,
                "adamw_torch_fused": galore_torch.GaLoreAdamW}
-    optimizer_class = classes.get(str(args.optim), galore_torch.GaLoreAdamW8bit)  # the rules allow only these
+    optimizer_class = classes.get(OptimizerNames(args.optim).value, galore_torch.GaLoreAdamW8bit)  # the rules allow only these
     projection = {"rank": optimizer.galore_rank, "update_proj_gap": optimizer.galore_update_interval,
                   "scale": optimizer.galore_scale, "proj_type": optimizer.galore_proj_type}
     return _projected(model, args=args, optimizer_class=optimizer_class, projection=projection,
