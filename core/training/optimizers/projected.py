@@ -5,18 +5,19 @@ As LLaMA-Factory builds them: the projected parameters are the matrices of the l
 names contain a `*_target` entry ('all': every linear layer but the output head); three parameter
 groups (no decay, decay, projected with decay). Layer-wise, each parameter gets an optimizer of its
 own, stepped by a hook as soon as its gradient is accumulated, so no full set of gradients is ever
-held; the Trainer gets transformers' `LayerWiseDummyOptimizer`, from which its scheduler builder
-makes one scheduler per parameter.
+held; the Trainer holds a `LayerwiseOptimizer` whose learning rate its scheduler sets.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import torch  # this module is imported only to build an optimizer, never to read a config
 
 from tuneline.core.config import OptimizerConfig
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel, TrainingArguments
 
 # Parameter names transformers' Trainer keeps out of weight decay (Trainer.get_decay_parameter_names).
@@ -34,8 +35,6 @@ def decay_parameter_names(model: PreTrainedModel) -> set[str]:
 def projected_parameters(model: PreTrainedModel, target: str) -> list[torch.nn.Parameter]:
     """The trainable matrices of the linear layers `target` names (comma-separated substrings of
     module names, or 'all' for every linear layer but the output head)."""
-    import torch
-
     from tuneline.core.models.adapters import linear_module_names
 
     targets = linear_module_names(model) if target.strip() == "all" else [t.strip() for t in target.split(",") if t.strip()]
@@ -83,8 +82,8 @@ def _projected(model: PreTrainedModel, *, args: TrainingArguments, optimizer_cla
     kwargs = optimizer_arguments(args)
     if not layerwise:
         return optimizer_class([group for group in groups if group["params"]], **kwargs)
-    return layerwise_optimizer({p: optimizer_class([{**group, "params": [p]}], **kwargs)
-                                for group in groups for p in group["params"]}, lr=args.learning_rate)
+    return LayerwiseOptimizer({p: optimizer_class([{**group, "params": [p]}], **kwargs)
+                               for group in groups for p in group["params"]}, lr=args.learning_rate)
 
 
 def optimizer_arguments(args: TrainingArguments) -> dict[str, Any]:
@@ -96,16 +95,40 @@ def optimizer_arguments(args: TrainingArguments) -> dict[str, Any]:
     return {key: value for key, value in kwargs.items() if key not in ("fused", "foreach")}
 
 
-def layerwise_optimizer(per_parameter: dict[torch.nn.Parameter, torch.optim.Optimizer], *, lr: float) -> torch.optim.Optimizer:
-    """transformers' no-op optimizer holding `per_parameter`, each of those stepped (and its
-    gradient freed) by a hook once the parameter's gradient is accumulated."""
-    from transformers.trainer_pt_utils import LayerWiseDummyOptimizer
+class LayerwiseOptimizer(torch.optim.Optimizer):
+    """What the Trainer holds for a layer-wise optimizer: its own step does nothing, while each
+    parameter's optimizer steps (and frees the gradient) in a hook once that parameter's gradient is
+    accumulated, at the learning rate the Trainer's scheduler has set on this optimizer.
 
-    def step_parameter(parameter: torch.nn.Parameter) -> None:
-        if parameter.grad is not None:
-            per_parameter[parameter].step()
-            per_parameter[parameter].zero_grad()
+    transformers' own `LayerWiseDummyOptimizer` expects the scheduler builder to find it unwrapped
+    and give every parameter a scheduler; transformers 5 builds the scheduler after accelerate has
+    wrapped the optimizer, so that never happens, and the one schedule is read from here instead.
+    """
 
-    for parameter in per_parameter:
-        parameter.register_post_accumulate_grad_hook(step_parameter)
-    return LayerWiseDummyOptimizer(optimizer_dict=per_parameter, lr=lr)
+    def __init__(self, per_parameter: dict[torch.nn.Parameter, torch.optim.Optimizer], *, lr: float) -> None:
+        self.per_parameter = per_parameter
+        super().__init__([torch.zeros(1)], {"lr": lr})  # a placeholder: the group the scheduler sets
+        for parameter in per_parameter:
+            parameter.register_post_accumulate_grad_hook(self._step_parameter)
+
+    def _step_parameter(self, parameter: torch.nn.Parameter) -> None:
+        if parameter.grad is None:
+            return
+        optimizer = self.per_parameter[parameter]
+        for group in optimizer.param_groups:
+            group["lr"] = self.param_groups[0]["lr"]
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass  # each parameter's gradient is freed as soon as it is used
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"per_parameter": [optimizer.state_dict() for optimizer in self.per_parameter.values()]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for optimizer, saved in zip(self.per_parameter.values(), state_dict["per_parameter"], strict=True):
+            optimizer.load_state_dict(saved)

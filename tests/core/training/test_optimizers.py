@@ -8,6 +8,7 @@ every rule of what goes together, as the config is read and as the launch is pla
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -105,19 +106,24 @@ def rank(delta: torch.Tensor) -> int:
 @pytest.mark.parametrize("layerwise", [False, True], ids=["galore", "galore_layerwise"])
 def test_galore_projects_the_targeted_matrices_and_trains_the_rest_with_adamw(tiny_base, tokenized, tmp_path, layerwise):
     from galore_torch import GaLoreAdamW
-    from transformers.trainer_pt_utils import LayerWiseDummyOptimizer
+
+    from tuneline.core.training.optimizers.projected import LayerwiseOptimizer
 
     trainer, before, first, after, loss_before, loss_after = train(
         tiny_base, tokenized, tmp_path, use_galore=True, galore_target="q_proj,down_proj", galore_rank=4,
-        galore_update_interval=100, galore_layerwise=layerwise, optim="adamw_torch")
+        galore_update_interval=100, galore_layerwise=layerwise, optim="adamw_torch", lr_scheduler_type="cosine")
     assert loss_after < loss_before
     targeted = in_layers(before, "q_proj", "down_proj")
     assert len(targeted) == 4
     if layerwise:
-        assert isinstance(trainer.optimizer.optimizer, LayerWiseDummyOptimizer)
-        per_parameter = trainer.optimizer.optimizer.optimizer_dict
+        assert type(trainer.optimizer.optimizer) is LayerwiseOptimizer
+        per_parameter = trainer.optimizer.optimizer.per_parameter
         assert {type(o) for o in per_parameter.values()} == {GaLoreAdamW}
         assert len(per_parameter) == len(before)  # every trainable parameter has its own
+        # each stepped at the Trainer's scheduled rate: the sixth and last step at the cosine's value
+        # for step 5 of 6.
+        last = pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi * 5 / 6)))
+        assert [group["lr"] for o in per_parameter.values() for group in o.param_groups] == [last] * len(before)
     else:
         assert type(trainer.optimizer.optimizer) is GaLoreAdamW
         projected = {id(p) for group in trainer.optimizer.param_groups if "rank" in group for p in group["params"]}
@@ -225,6 +231,60 @@ def test_muon_orthogonalises_the_hidden_matrices_and_trains_the_rest_with_adamw(
         scale = 5e-3 * 0.2 * max(before[name].shape) ** 0.5
         leading = singular[: len(singular) // 4]
         assert 0.5 < float(leading.min()) / scale and float(leading.max()) / scale < 1.6, name
+
+
+@pytest.mark.slow
+def test_the_worker_trains_a_job_with_muon_and_resumes_its_saved_optimizer_state(tiny_base, tokenized, tmp_path):
+    from safetensors.torch import load_file
+
+    from tuneline.core.training.job import TrainJob
+    from tuneline.core.worker.run import run_training
+
+    def job(steps: int) -> TrainJob:
+        return TrainJob(model_path=str(tiny_base), dataset_path=str(tokenized), output_dir=str(tmp_path / "out"),
+                        finetuning={"stage": "sft", "finetuning_type": "full"}, optimizer={"use_muon": True},
+                        training={"max_steps": steps, "per_device_train_batch_size": 4, "learning_rate": 5e-3,
+                                  "save_steps": 2, "logging_steps": 1, "seed": 0})
+
+    first = run_training(job(2))
+    saved = torch.load(tmp_path / "out/checkpoint-2/optimizer.pt", weights_only=True)
+    assert len(saved["parts"]) == 2 and saved["parts"][0]["state"]  # Muon's momenta, then AdamW's moments
+    resumed = run_training(job(4))
+    assert resumed["train_loss"] < first["train_loss"]
+    base, trained = load_file(tiny_base / "model.safetensors"), load_file(tmp_path / "out/model.safetensors")
+    assert all(not torch.equal(base[name], trained[name]) for name in base)
+
+
+@pytest.mark.slow
+def test_a_trl_stage_trains_with_badam_through_its_own_trainer(tiny_base, tmp_path):
+    from badam import BAdamCallback, BlockOptimizer
+    from datasets import load_from_disk
+
+    from tuneline.core.evaluation.reward import evaluate_reward_model
+    from tuneline.core.models.loading import load_tokenizer
+    from tuneline.core.stages.kind import ModelRequest, TrainerRequest
+    from tuneline.core.stages.registry import tokenize_stage_data
+    from tuneline.core.stages.rm import RM
+    from tuneline.core.training.arguments import training_arguments
+
+    config = build_stage_config({"stage": "rm", "finetuning_type": "full", "dataset": "demo_preference",
+                                 "dataset_dir": str(REPO_ROOT / "data"), "template": "chatml", "cutoff_len": 64,
+                                 "max_samples": 16, "use_badam": True, "badam_start_block": 0, "badam_switch_mode": "fixed"})
+    tokenize_stage_data(config, tokenizer_path=tiny_base, output_dir=tmp_path / "pairs")
+    pairs, tokenizer = load_from_disk(str(tmp_path / "pairs"))["train"], load_tokenizer(tmp_path / "pairs/tokenizer")
+    training = {"max_steps": 6, "per_device_train_batch_size": 8, "learning_rate": 1e-2, "weight_decay": 0.0,
+                "lr_scheduler_type": "constant", "seed": 0, "report_to": "none"}
+    torch.manual_seed(0)
+    model = RM.load_model(ModelRequest(model_path=str(tiny_base), tokenizer=tokenizer, finetuning=config.finetuning,
+                                       model_config=config.model, training=training))
+    trainer = RM.build_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=pairs, finetuning=config.finetuning,
+                                              args=training_arguments(str(tmp_path / "out"), training), optimizer=config.optimizer))
+    before, margin_before = snapshot(model), evaluate_reward_model(model, tokenizer, pairs)["margin"]
+    trainer.train()
+    assert evaluate_reward_model(model, tokenizer, pairs)["margin"] > margin_before
+    assert type(trainer.optimizer.optimizer) is BlockOptimizer
+    assert any(isinstance(callback, BAdamCallback) for callback in trainer.callback_handler.callbacks)
+    assert moved(before, snapshot(model)) == {name for name in before if name.startswith(f"{LAYER}0.")}
 
 
 # -- rules -------------------------------------------------------------------------------------
