@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch  # this module is imported only to build an optimizer, never to read a config
 
 from tuneline.core.config import OptimizerConfig
+from tuneline.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, TrainingArguments
@@ -32,9 +33,9 @@ def decay_parameter_names(model: PreTrainedModel) -> set[str]:
     return set(get_parameter_names(model, [nn.LayerNorm], list(NO_DECAY_PATTERNS)))
 
 
-def projected_parameters(model: PreTrainedModel, target: str) -> list[torch.nn.Parameter]:
-    """The trainable matrices of the linear layers `target` names (comma-separated substrings of
-    module names, or 'all' for every linear layer but the output head)."""
+def projected_parameters(model: PreTrainedModel, target: str, *, key: str) -> list[torch.nn.Parameter]:
+    """The trainable matrices of the linear layers `target` (the value of `key`) names: comma-separated
+    substrings of module names, or 'all' for every linear layer but the output head."""
     from tuneline.core.models.adapters import linear_module_names
 
     targets = linear_module_names(model) if target.strip() == "all" else [t.strip() for t in target.split(",") if t.strip()]
@@ -42,12 +43,18 @@ def projected_parameters(model: PreTrainedModel, target: str) -> list[torch.nn.P
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and any(t in name for t in targets):
             chosen.update({id(p): p for p in module.parameters() if p.requires_grad and p.ndim > 1})
+    if not chosen:
+        raise ConfigError(f"'{key}: {target}' names no trainable linear layer of the model; name some of "
+                          f"{', '.join(linear_module_names(model))} (or 'all'), or train them (freeze settings).")
     return list(chosen.values())
 
 
 def galore_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args: TrainingArguments) -> torch.optim.Optimizer:
     import galore_torch
+    from galore_torch.galore_projector import GaLoreProjector
     from transformers.training_args import OptimizerNames
+
+    allow_in_checkpoints(GaLoreProjector)
 
     classes = {"adafactor": galore_torch.GaLoreAdafactor, "adamw_torch": galore_torch.GaLoreAdamW,
                "adamw_torch_fused": galore_torch.GaLoreAdamW}
@@ -55,17 +62,28 @@ def galore_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args
     projection = {"rank": optimizer.galore_rank, "update_proj_gap": optimizer.galore_update_interval,
                   "scale": optimizer.galore_scale, "proj_type": optimizer.galore_proj_type}
     return _projected(model, args=args, optimizer_class=optimizer_class, projection=projection,
-                      projected=projected_parameters(model, optimizer.galore_target), layerwise=optimizer.galore_layerwise)
+                      projected=projected_parameters(model, optimizer.galore_target, key="galore_target"), layerwise=optimizer.galore_layerwise)
 
 
 def apollo_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args: TrainingArguments) -> torch.optim.Optimizer:
     from apollo_torch import APOLLOAdamW
+    from apollo_torch.random_projector import GradientProjector
+    from apollo_torch.svd_projector import GaLoreProjector
+
+    allow_in_checkpoints(GradientProjector, GaLoreProjector)
 
     projection = {"rank": optimizer.apollo_rank, "proj": optimizer.apollo_proj, "proj_type": optimizer.apollo_proj_type,
                   "update_proj_gap": optimizer.apollo_update_interval, "scale": optimizer.apollo_scale,
                   "scale_type": optimizer.apollo_scale_type, "scale_front": optimizer.apollo_scale_front}
     return _projected(model, args=args, optimizer_class=APOLLOAdamW, projection=projection,
-                      projected=projected_parameters(model, optimizer.apollo_target), layerwise=optimizer.apollo_layerwise)
+                      projected=projected_parameters(model, optimizer.apollo_target, key="apollo_target"), layerwise=optimizer.apollo_layerwise)
+
+
+def allow_in_checkpoints(*projectors: type) -> None:
+    """Let a resumed run read the projectors kept in the optimizer's state: transformers loads
+    `optimizer.pt` with `weights_only=True`, which refuses any class not allowed by name. These
+    hold only numbers, strings and tensors."""
+    torch.serialization.add_safe_globals(list(projectors))
 
 
 def _projected(model: PreTrainedModel, *, args: TrainingArguments, optimizer_class: type, projection: dict[str, Any],

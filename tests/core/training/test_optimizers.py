@@ -234,7 +234,8 @@ def test_muon_orthogonalises_the_hidden_matrices_and_trains_the_rest_with_adamw(
 
 
 @pytest.mark.slow
-def test_the_worker_trains_a_job_with_muon_and_resumes_its_saved_optimizer_state(tiny_base, tokenized, tmp_path):
+@pytest.mark.parametrize("optimizer", [{"use_muon": True}, {"use_galore": True, "galore_rank": 4}], ids=["muon", "galore"])
+def test_the_worker_trains_a_job_and_resumes_its_checkpointed_optimizer_state(tiny_base, tokenized, tmp_path, optimizer):
     from safetensors.torch import load_file
 
     from tuneline.core.training.job import TrainJob
@@ -242,13 +243,17 @@ def test_the_worker_trains_a_job_with_muon_and_resumes_its_saved_optimizer_state
 
     def job(steps: int) -> TrainJob:
         return TrainJob(model_path=str(tiny_base), dataset_path=str(tokenized), output_dir=str(tmp_path / "out"),
-                        finetuning={"stage": "sft", "finetuning_type": "full"}, optimizer={"use_muon": True},
+                        finetuning={"stage": "sft", "finetuning_type": "full"}, optimizer=optimizer,
                         training={"max_steps": steps, "per_device_train_batch_size": 4, "learning_rate": 5e-3,
                                   "save_steps": 2, "logging_steps": 1, "seed": 0})
 
     first = run_training(job(2))
+    # Read as the Trainer reads it when resuming: tensors and allowed classes only.
     saved = torch.load(tmp_path / "out/checkpoint-2/optimizer.pt", weights_only=True)
-    assert len(saved["parts"]) == 2 and saved["parts"][0]["state"]  # Muon's momenta, then AdamW's moments
+    if "use_muon" in optimizer:
+        assert len(saved["parts"]) == 2 and saved["parts"][0]["state"]  # Muon's momenta, then AdamW's moments
+    else:
+        assert any("projector" in state for state in saved["state"].values())
     resumed = run_training(job(4))
     assert resumed["train_loss"] < first["train_loss"]
     base, trained = load_file(tiny_base / "model.safetensors"), load_file(tmp_path / "out/model.safetensors")
@@ -285,6 +290,17 @@ def test_a_trl_stage_trains_with_badam_through_its_own_trainer(tiny_base, tmp_pa
     assert type(trainer.optimizer.optimizer) is BlockOptimizer
     assert any(isinstance(callback, BAdamCallback) for callback in trainer.callback_handler.callbacks)
     assert moved(before, snapshot(model)) == {name for name in before if name.startswith(f"{LAYER}0.")}
+
+
+def test_a_projection_target_that_names_no_linear_layer_is_a_config_error_listing_them(tiny_base):
+    from transformers import TrainingArguments
+
+    from tuneline.core.models.loading import load_model
+    from tuneline.core.training.optimizers import stage_optimizer
+
+    args = TrainingArguments(output_dir="unused", report_to=[])
+    with pytest.raises(ConfigError, match="'galore_target: attention' names no trainable linear layer.*q_proj"):
+        stage_optimizer(load_model(tiny_base), optimizer=OptimizerConfig(use_galore=True, galore_target="attention"), args=args)
 
 
 # -- rules -------------------------------------------------------------------------------------
