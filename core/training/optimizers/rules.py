@@ -43,8 +43,7 @@ def optimizer_problems(config: StageConfig) -> list[str]:
                         "optimizer does not run inside DeepSpeed's; remove 'deepspeed' or the GaLore/APOLLO keys.")
     if fsdp_setting(training.get("fsdp")):
         problems.append(f"'{chosen[0]}: true' cannot train under FSDP in this version (transformers' Trainer refuses an "
-                        "optimizer built outside it when FSDP shards the model); remove 'fsdp' or train with DeepSpeed "
-                        "(BAdam, Adam-mini, Muon) or on one process.")
+                        "optimizer built outside it when FSDP shards the model); remove 'fsdp', or the optimizer key.")
     if finetuning.stage == "ppo":
         problems.append(f"'{chosen[0]}: true' chooses the optimizer of a Trainer, and stage ppo trains in a loop of its own "
                         "with AdamW; remove the key for ppo, or use it in the sft/dpo/kto stages.")
@@ -57,9 +56,7 @@ def _combination_problems(chosen: list[str], finetuning: FinetuningConfig) -> li
     if finetuning.finetuning_type == "lora" and exclusive:
         problems.append(f"{_listed(exclusive)} trains the model's own weights, and 'finetuning_type: lora' trains adapters; "
                         "use 'finetuning_type: full' or 'freeze', or remove the optimizer key.")
-    if len(exclusive) > 1:
-        problems.append(f"{_listed(exclusive)} each choose the optimizer; keep one of them.")
-    if len(chosen) > 1 and len(exclusive) <= 1:
+    if len(chosen) > 1:
         problems.append(f"{_listed(chosen)} each choose the optimizer; keep one of them.")
     if finetuning.loraplus_lr_ratio is not None:
         problems.append(f"{_listed(chosen)} and 'loraplus_lr_ratio: {finetuning.loraplus_lr_ratio}' each choose the "

@@ -346,6 +346,8 @@ def test_bad_values_and_ppo_are_named():
     assert "'galore_rank: 0' must be a positive" in problems(use_galore=True, galore_rank=0)
     assert "'badam_update_ratio: 0.0' must be a share" in problems(use_badam=True, badam_mode="ratio", badam_update_ratio=0.0)
     assert "stage ppo trains in a loop of its own" in problems(stage="ppo", use_adam_mini=True, reward_model="rm")
+    message = problems(use_badam=True, badam_start_block=-1, badam_switch_mode=None)
+    assert "'badam_start_block: -1' must be a layer index" in message and "'badam_switch_mode' must be" in message
 
 
 def test_the_optimizer_keys_are_read_without_error_when_alone():
