@@ -20,7 +20,8 @@ def load_policy(request: ModelRequest) -> PreTrainedModel:
 
     model = load_model(request.model_path, model=request.model_config, vocab_size=len(request.tokenizer),
                        training=request.training)
-    return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training)
+    return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
+                            upcast=not request.optimizer.use_badam)
 
 
 def build_language_model_trainer(request: TrainerRequest) -> Trainer:

@@ -40,6 +40,7 @@ class ModelRequest:
     finetuning: FinetuningConfig
     model_config: ModelConfig
     training: Mapping[str, Any]
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,9 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     from tuneline.core.training.callbacks import LogCallback
     from tuneline.core.training.checkpoint_record import CheckpointRecord
 
+    optimizer = OptimizerConfig(**job.optimizer)
     model = kind.load_model(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
-                                         model_config=model_config, training=job.training))
+                                         model_config=model_config, training=job.training, optimizer=optimizer))
     print(trainable_summary(model), flush=True)
     callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id),
                  CheckpointRecord(limit=job.training.get("save_total_limit"))]
@@ -59,7 +60,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
         eval_dataset=datasets["validation"] if "validation" in datasets else None,
         finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks,
-        optimizer=OptimizerConfig(**job.optimizer)))
+        optimizer=optimizer))
     LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)

@@ -311,6 +311,23 @@ def test_a_projection_target_that_names_no_linear_layer_is_a_config_error_listin
         stage_optimizer(load_model(tiny_base), optimizer=OptimizerConfig(use_galore=True, galore_target="attention"), args=args)
 
 
+def test_badam_keeps_the_trainable_weights_in_half_precision(tiny_base):
+    from tuneline.core.models.loading import load_tokenizer
+    from tuneline.core.stages.kind import ModelRequest
+    from tuneline.core.stages.sft import SFT
+
+    def trainable_dtypes(**keys) -> set[torch.dtype]:
+        config = build_stage_config({"stage": "sft", "finetuning_type": "full", "bf16": True, **keys})
+        model = SFT.load_model(ModelRequest(model_path=str(tiny_base), tokenizer=load_tokenizer(tiny_base),
+                                            finetuning=config.finetuning, model_config=config.model,
+                                            training=config.training, optimizer=config.optimizer))
+        return {p.dtype for p in model.parameters() if p.requires_grad}
+
+    # BAdam's block optimizer keeps float32 copies of the active block only; the others upcast.
+    assert trainable_dtypes(use_badam=True) == {torch.bfloat16}
+    assert trainable_dtypes(use_muon=True) == {torch.float32}
+
+
 # -- rules -------------------------------------------------------------------------------------
 
 def problems(**keys) -> str:
