@@ -54,8 +54,9 @@ def _combination_problems(chosen: list[str], finetuning: FinetuningConfig) -> li
     problems = []
     exclusive = [key for key in chosen if key in ("use_galore", "use_apollo", "use_badam")]
     if finetuning.finetuning_type == "lora" and exclusive:
-        problems.append(f"{_listed(exclusive)} trains the model's own weights, and 'finetuning_type: lora' trains adapters; "
-                        "use 'finetuning_type: full' or 'freeze', or remove the optimizer key.")
+        trains = "trains" if len(exclusive) == 1 else "train"
+        problems.append(f"{_listed(exclusive)} {trains} the model's own weights, and 'finetuning_type: lora' trains "
+                        "adapters; use 'finetuning_type: full' or 'freeze', or remove the optimizer key.")
     if len(chosen) > 1:
         problems.append(f"{_listed(chosen)} each choose the optimizer; keep one of them.")
     if finetuning.loraplus_lr_ratio is not None:
