@@ -26,6 +26,7 @@ def adam_mini_optimizer(model: PreTrainedModel, *, args: TrainingArguments) -> t
     return Adam_mini(named_parameters=model.named_parameters(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
                      eps=args.adam_epsilon, weight_decay=args.weight_decay, model_sharding=is_deepspeed_zero3_enabled(),
                      dim=config.hidden_size, n_heads=config.num_attention_heads,
+                     # a model without grouped-query attention has no key/value head count of its own
                      n_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
 
 
