@@ -2,8 +2,8 @@
 GaLore, APOLLO, BAdam, Adam-mini and Muon, chosen by their `use_*` keys (`OptimizerConfig`).
 
 `stage_optimizer` builds the one asked for from the model the trainer holds; `use_stage_optimizer`
-gives it to a built trainer (transformers then builds the scheduler on it, one per parameter for
-the layer-wise variants). The rules of what goes together are `rules.py`'s.
+gives it to a built trainer, which then builds its learning-rate scheduler on it (the layer-wise
+variants read their rate from there). The rules of what goes together are `rules.py`'s.
 """
 
 from __future__ import annotations
