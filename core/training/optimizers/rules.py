@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuneline.core.config import FinetuningConfig, OptimizerConfig, StageConfig
-from tuneline.core.training.distributed import deepspeed_zero_stage, fsdp_setting
+from tuneline.core.training.distributed import deepspeed_settings, deepspeed_zero_stage, fsdp_setting
 
 # transformers' `optim` values each projected optimizer has a galore-torch / apollo-torch class for.
 GALORE_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adafactor")
@@ -41,6 +41,10 @@ def optimizer_problems(config: StageConfig) -> list[str]:
         keys = " and ".join(f"'{key}: true'" for key in chosen if key in ("use_galore", "use_apollo"))
         problems.append(f"{keys} cannot train under DeepSpeed ('deepspeed: {training['deepspeed']}'): the projected "
                         "optimizer does not run inside DeepSpeed's; remove 'deepspeed' or the GaLore/APOLLO keys.")
+    if "optimizer" in deepspeed_settings(training.get("deepspeed")):
+        problems.append(f"'{chosen[0]}: true' chooses the optimizer, and the DeepSpeed config "
+                        f"'{training['deepspeed']}' names one of its own, which would replace it; remove its "
+                        "\"optimizer\" section or the optimizer key.")
     if fsdp_setting(training.get("fsdp")):
         problems.append(f"'{chosen[0]}: true' cannot train under FSDP in this version (transformers' Trainer refuses an "
                         "optimizer built outside it when FSDP shards the model); remove 'fsdp', or the optimizer key.")

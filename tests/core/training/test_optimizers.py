@@ -365,6 +365,9 @@ def test_galore_and_apollo_refuse_deepspeed_and_every_optimizer_refuses_fsdp(tmp
     ds.write_text('{"zero_optimization": {"stage": 2}}')
     assert "'use_galore: true' cannot train under DeepSpeed" in problems(use_galore=True, deepspeed=str(ds))
     assert "'use_muon: true' cannot train under FSDP" in problems(use_muon=True, fsdp="full_shard")
+    own = tmp_path / "own.json"
+    own.write_text('{"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3}}')
+    assert "names one of its own, which would replace it" in problems(use_badam=True, deepspeed=str(own))
 
 
 def test_bad_values_and_ppo_are_named():
