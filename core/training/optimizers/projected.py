@@ -58,11 +58,13 @@ def galore_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args
 
     classes = {"adafactor": galore_torch.GaLoreAdafactor, "adamw_torch": galore_torch.GaLoreAdamW,
                "adamw_torch_fused": galore_torch.GaLoreAdamW}
-    optimizer_class = classes.get(OptimizerNames(args.optim).value, galore_torch.GaLoreAdamW8bit)  # the rules allow only these
+    # the rules allow only these `optim` values: the three above and the 8-bit AdamWs
+    optimizer_class = classes.get(OptimizerNames(args.optim).value, galore_torch.GaLoreAdamW8bit)
     projection = {"rank": optimizer.galore_rank, "update_proj_gap": optimizer.galore_update_interval,
                   "scale": optimizer.galore_scale, "proj_type": optimizer.galore_proj_type}
     return _projected(model, args=args, optimizer_class=optimizer_class, projection=projection,
-                      projected=projected_parameters(model, optimizer.galore_target, key="galore_target"), layerwise=optimizer.galore_layerwise)
+                      projected=projected_parameters(model, optimizer.galore_target, key="galore_target"),
+                      layerwise=optimizer.galore_layerwise)
 
 
 def apollo_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args: TrainingArguments) -> torch.optim.Optimizer:
@@ -76,7 +78,8 @@ def apollo_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args
                   "update_proj_gap": optimizer.apollo_update_interval, "scale": optimizer.apollo_scale,
                   "scale_type": optimizer.apollo_scale_type, "scale_front": optimizer.apollo_scale_front}
     return _projected(model, args=args, optimizer_class=APOLLOAdamW, projection=projection,
-                      projected=projected_parameters(model, optimizer.apollo_target, key="apollo_target"), layerwise=optimizer.apollo_layerwise)
+                      projected=projected_parameters(model, optimizer.apollo_target, key="apollo_target"),
+                      layerwise=optimizer.apollo_layerwise)
 
 
 def allow_in_checkpoints(*projectors: type) -> None:
