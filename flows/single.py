@@ -24,6 +24,7 @@ from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.pipeline.stage_runs import cached_tokenized_data, export_folder, export_template, train_job
 from tuneline.core.training.job import LOG_FILE
+from tuneline.core.training.optimizers.rules import parallel_problems
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -32,10 +33,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset", "output_dir"), source=config_path)
+    plan = plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
     problems = check_parallel_settings(config.training)
+    problems += parallel_problems(config.optimizer, config.training, world_size=plan.world_size)
     if problems:
         raise ConfigError(problems, source=config_path)
-    plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
     fingerprints = dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
     output_dir = Path(config.training["output_dir"])
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)

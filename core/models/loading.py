@@ -173,9 +173,11 @@ def apply_finetuning(
     model_config: ModelConfig | None = None,
     training: Mapping[str, Any] | None = None,
     head: str | None = None,
+    upcast: bool = True,
 ) -> PreTrainedModel:
     """Make the chosen parameters trainable (LoRA, OFT, freeze or full) in float32; refuse a setup in
-    which the method would train nothing.
+    which the method would train nothing. `upcast=False` leaves them in the loaded dtype, for BAdam,
+    which keeps float32 copies of the block it trains itself (as LLaMA-Factory leaves them).
 
     `head` names a sequence classifier's scoring head, which trains in full whatever the method:
     with an adapter it is saved inside a new adapter (see `apply_adapter`), otherwise it is unfrozen.
@@ -198,7 +200,8 @@ def apply_finetuning(
         raise ConfigError(_nothing_trainable_message(model, finetuning))
     if head is not None and finetuning.finetuning_type not in ADAPTER_TYPES:
         model.get_submodule(head).requires_grad_(True)
-    upcast_trainable(model)
+    if upcast:
+        upcast_trainable(model)
     return model
 
 

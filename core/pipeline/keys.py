@@ -18,6 +18,7 @@ from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names,
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
 from tuneline.core.data.sources import dataset_file_paths
 from tuneline.core.store.fingerprints import stage_key
+from tuneline.core.training.optimizers.rules import chosen_optimizers
 from tuneline.core.pipeline.spec import BaseStage, EvaluateSettings, ExportSettings, Pipeline, TrainingStage
 
 # Keys that change how a stage runs or reports, never what it produces.
@@ -141,6 +142,8 @@ def train_key(stage: TrainingStage, *, tokenized_key: str, parent_key: str, refe
         **dataclasses.asdict(config.generating),  # ppo samples with them; do_predict answers with them
         **config.training,
     }
+    if chosen_optimizers(config.optimizer):  # the optimizer keys change nothing unless one is chosen
+        relevant.update(dataclasses.asdict(config.optimizer))
     relevant.pop("model_name_or_path", None)  # the parent key stands for the starting weights
     for key in stage.references:
         relevant.pop(key, None)  # the referenced stage's key stands for it

@@ -25,7 +25,8 @@ def load_policy(request: ModelRequest) -> PreTrainedModel:
 
     model = load_model(request.model_path, model=request.model_config, vocab_size=len(request.tokenizer),
                        training=request.training)
-    return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training)
+    return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
+                            upcast=not request.optimizer.use_badam)
 
 
 def uses_loss_variant(finetuning: FinetuningConfig) -> bool:
@@ -53,6 +54,7 @@ def build_language_model_trainer(request: TrainerRequest) -> Trainer:
 
     from tuneline.core.models.loading import loraplus_optimizer
     from tuneline.core.training.collators import build_collator
+    from tuneline.core.training.optimizers import use_stage_optimizer
 
     model, finetuning = request.model, request.finetuning
     shared: dict[str, Any] = dict(
@@ -71,8 +73,10 @@ def build_language_model_trainer(request: TrainerRequest) -> Trainer:
 
         reference = reference_model(model, finetuning, model_config=request.model_config, vocab_size=len(request.tokenizer),
                                     training=dtype_keys(request.args))
-        return AnchoredSFTTrainer(reference=reference, asft_alpha=finetuning.asft_alpha, **shared)
-    return Trainer(compute_loss_func=loss_function(finetuning), **shared)
+        trainer = AnchoredSFTTrainer(reference=reference, asft_alpha=finetuning.asft_alpha, **shared)
+    else:
+        trainer = Trainer(compute_loss_func=loss_function(finetuning), **shared)
+    return use_stage_optimizer(trainer, request.optimizer)
 
 
 def perplexity_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from tuneline.core.config import FinetuningConfig, ModelConfig, StageConfig
+from tuneline.core.config import FinetuningConfig, ModelConfig, OptimizerConfig, StageConfig
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -40,6 +40,7 @@ class ModelRequest:
     finetuning: FinetuningConfig
     model_config: ModelConfig
     training: Mapping[str, Any]
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class TrainerRequest:
     eval_dataset: Dataset | None = None
     model_config: ModelConfig = field(default_factory=ModelConfig)
     callbacks: Sequence[TrainerCallback] = ()
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """The memory-saving optimizer asked for (GaLore, APOLLO, BAdam, Adam-mini, Muon), if any."""
 
 
 @dataclass(frozen=True)

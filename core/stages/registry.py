@@ -24,6 +24,7 @@ from tuneline.core.stages.ppo.stage import PPO
 from tuneline.core.stages.pt import PT
 from tuneline.core.stages.rm import RM
 from tuneline.core.stages.sft import LOSS_VARIANTS, SFT
+from tuneline.core.training.optimizers.rules import optimizer_problems
 
 KINDS: dict[str, StageKind] = {kind.name: kind for kind in (PT, SFT, RM, DPO, KTO, PPO)}
 STAGE_NAMES = tuple(KINDS)
@@ -59,6 +60,7 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
     else:
         kind = KINDS[config.finetuning.stage]
         problems.extend(method_problems(config.model, config.finetuning))
+        problems.extend(optimizer_problems(config))
         problems.extend(predict_problems(config, kind))
         problems.extend(stage_option_problems(config, kind))
         problems.extend(training_loop_problems(config, kind))

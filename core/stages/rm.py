@@ -61,7 +61,7 @@ def load_reward_base(request: ModelRequest) -> PreTrainedModel:
     model = load_model(request.model_path, model=request.model_config, vocab_size=len(request.tokenizer),
                        training=request.training, head="score")
     return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
-                            head=head_name(model))
+                            head=head_name(model), upcast=not request.optimizer.use_badam)
 
 
 def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,

@@ -15,12 +15,13 @@ if TYPE_CHECKING:
 def trl_trainer(trainer_class: Any, request: TrainerRequest, *, config: TrainingArguments,
                 convert: Callable[[Dataset], Dataset], **extra: Any) -> Trainer:
     """`trainer_class` (a TRL trainer) with `config` (its TRL config), on the request's splits in
-    the columns `convert` gives, with the LoRA+ optimizer when asked; `extra` is the trainer's own
-    arguments (a reference model)."""
+    the columns `convert` gives, with the LoRA+ or memory-saving optimizer when asked; `extra` is the
+    trainer's own arguments (a reference model)."""
     from tuneline.core.models.loading import loraplus_optimizer
+    from tuneline.core.training.optimizers import use_stage_optimizer
 
     eval_dataset = request.eval_dataset
-    return trainer_class(
+    trainer = trainer_class(
         model=request.model,
         args=config,
         train_dataset=convert(request.train_dataset),
@@ -30,3 +31,4 @@ def trl_trainer(trainer_class: Any, request: TrainerRequest, *, config: Training
         optimizers=(loraplus_optimizer(request.model, finetuning=request.finetuning, args=config), None),
         **extra,
     )
+    return use_stage_optimizer(trainer, request.optimizer)

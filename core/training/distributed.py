@@ -185,6 +185,23 @@ def resolve_parallel_settings(training: Mapping[str, Any]) -> dict[str, Any]:
     return resolved
 
 
+def deepspeed_settings(value: Any) -> Mapping[str, Any]:
+    """The settings a `deepspeed` value (a JSON file or a mapping) holds; empty when there are none
+    or the file cannot be read (`check_parallel_settings` reports that)."""
+    if not value:
+        return {}
+    try:
+        return value if isinstance(value, Mapping) else _read_config_file(Path(value))
+    except (OSError, ValueError):
+        return {}
+
+
+def deepspeed_zero_stage(value: Any) -> int | None:
+    """The ZeRO stage a `deepspeed` setting names, or None."""
+    stage = deepspeed_settings(value).get("zero_optimization", {}).get("stage")
+    return int(stage) if isinstance(stage, int | str) and str(stage).isdigit() else None
+
+
 def fsdp_setting(value: Any) -> bool | str | None:
     """`fsdp` as the trainer takes it: True, None (off) or a legacy option string ("full_shard auto_wrap").
 

@@ -32,6 +32,7 @@ class TrainJob:
     training: dict[str, Any]
     model: dict[str, Any] = field(default_factory=dict)
     generating: dict[str, Any] = field(default_factory=dict)  # GeneratingConfig for do_predict
+    optimizer: dict[str, Any] = field(default_factory=dict)  # OptimizerConfig: GaLore, APOLLO, BAdam, Adam-mini, Muon
     tracking_uri: str | None = None
     run_id: str | None = None
     keep_checkpoints: bool = True

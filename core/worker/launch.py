@@ -15,7 +15,9 @@ from pathlib import Path
 
 from tuneline.core.training.distributed import (LaunchPlan, check_parallel_settings, plan_from_env, resolve_parallel_settings,
                                        worker_command, worker_env)
+from tuneline.core.config import OptimizerConfig
 from tuneline.core.errors import ConfigError, TunelineError
+from tuneline.core.training.optimizers.rules import parallel_problems
 from tuneline.core.training.job import TrainJob
 from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX
 
@@ -72,6 +74,7 @@ def _error_message(text: str) -> str:
 def prepare_job(job: TrainJob, plan: LaunchPlan) -> TrainJob:
     """`job` with its DeepSpeed/FSDP settings checked and resolved and the world size `plan` starts."""
     problems = check_parallel_settings(job.training)
+    problems += parallel_problems(OptimizerConfig(**job.optimizer), job.training, world_size=plan.world_size)
     if problems:
         raise ConfigError(problems)
     return dataclasses.replace(job, training=resolve_parallel_settings(job.training), world_size=plan.world_size)

@@ -171,6 +171,17 @@ def test_train_key_follows_the_referenced_stage_key():
         train_key(dpo, tokenized_key="t", parent_key="p")
 
 
+def test_train_key_follows_the_optimizer_keys_only_when_an_optimizer_is_chosen():
+    from tuneline.core.pipeline.keys import train_key
+
+    def key(**keys) -> str:
+        stage = {"name": "full", "stage": "sft", "from": "sft", "dataset": "demo_alpaca", "finetuning_type": "full", **keys}
+        return train_key(build_pipeline(_chain(stage), overrides={}).stage("full"), tokenized_key="t", parent_key="p")
+
+    assert key() == key(galore_rank=8)  # GaLore is off: its rank changes nothing
+    assert key(use_galore=True) != key(use_galore=True, galore_rank=8) != key()
+
+
 def test_shipped_chain_pipeline_loads_with_its_stage_reference():
     root = Path(__file__).resolve().parents[3]
     pipeline = build_pipeline(read_yaml(root / "data/chain_pipeline.yaml"), overrides={"dataset_dir": str(root / "data")})
