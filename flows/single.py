@@ -9,7 +9,6 @@ The job, the tokenized-data cache and the merge/export path are the pipeline's o
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from tuneline.core.store.cache import Damage
@@ -20,6 +19,7 @@ from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints,
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
+from tuneline.core.store.user_folders import write_user_folder
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.pipeline.stage_runs import cached_tokenized_data, export_folder, export_template, train_job
@@ -60,19 +60,16 @@ def _announce_damage(damage: Damage) -> None:
 
 
 def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[str, int]:
+    """Tokenize into `output`: a folder of other files is refused unless overwrite_output_dir, and
+    even then only what an earlier preprocess wrote there is replaced."""
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset"), source=config_path)
-    output_dir = Path(output)
-    draft = output_dir.with_name(f".{output_dir.name}.partial")
-    shutil.rmtree(draft, ignore_errors=True)
-    try:
-        counters = tokenize_stage_data(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft)
-    except BaseException:
-        shutil.rmtree(draft, ignore_errors=True)
-        raise
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    os.replace(draft, output_dir)
+    counters: dict[str, int] = {}
+
+    def write(draft: Path) -> None:
+        counters.update(tokenize_stage_data(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft))
+
+    write_user_folder(output, write, key="--output", overwrite=config.output.overwrite_output_dir)
     return counters
 
 
@@ -103,7 +100,8 @@ def export(config_path: str, overrides: list[str]) -> Path:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "export_dir"), source=config_path)
     return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=config.model.adapter_name_or_path or None,
-                         template=export_template(config), export_size_gb=config.export.export_size)
+                         template=export_template(config), export_size_gb=config.export.export_size,
+                         overwrite=config.output.overwrite_output_dir)
 
 
 def tokenizer_fingerprint(model_path: str) -> str:
