@@ -85,5 +85,6 @@ def _custom_code_problem(folder: Path, config_file: str, *, key: str, classes: t
     if not named:
         return None
     code = sorted(p.name for p in folder.glob("*.py")) or ["code it names from the Hub"]
-    return (f"'{key}: {folder}' ships its own code ({config_file} maps {', '.join(sorted(named))} to it; {', '.join(code)}), "
-            f"which runs only with 'trust_remote_code: true', and it is false; {TRUST_FIX}.")
+    what = "tokenizer" if classes == ("AutoTokenizer",) else "model"
+    return (f"'{key}: {folder}' ships its own {what} code, which runs only with 'trust_remote_code: true', and that is "
+            f"false ({config_file} maps {', '.join(sorted(named))} to {', '.join(code)}); {TRUST_FIX}.")
