@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from tuneline.core.store.cache import Damage
-from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX
+from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
@@ -123,7 +123,10 @@ def _check_output_dir(output_dir: Path, *, overwrite: bool) -> None:
 
     A run killed before its first checkpoint leaves only its job and log; rerun, it starts over.
     """
-    if not output_dir.is_dir() or overwrite:
+    if not output_dir.is_dir():
+        return
+    if overwrite:
+        _check_foreign_checkpoints(output_dir)
         return
     entries = [p.name for p in output_dir.iterdir()]
     restartable = {JOB_FILE, LOG_FILE}
@@ -131,4 +134,16 @@ def _check_output_dir(output_dir: Path, *, overwrite: bool) -> None:
         raise ConfigError(
             f"output_dir {output_dir} already holds files ({', '.join(sorted(entries)[:5])}) and no checkpoint "
             "to resume from; choose an empty output_dir or set 'overwrite_output_dir: true'."
+        )
+
+
+def _check_foreign_checkpoints(output_dir: Path) -> None:
+    """Starting over removes the old checkpoints, so each must be one tuneline wrote (it carries
+    tuneline's record file); a checkpoint of another tool, or one cut short, is the user's to move."""
+    foreign = sorted(p.name for p in output_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and not (p / RECORD_FILE).is_file())
+    if foreign:
+        raise ConfigError(
+            f"output_dir {output_dir} holds {', '.join(foreign[:5])}, which tuneline did not write (no {RECORD_FILE}), and "
+            "'overwrite_output_dir: true' starts over by removing old checkpoints; move them out of the folder, choose "
+            "another output_dir, or remove overwrite_output_dir to resume from them."
         )

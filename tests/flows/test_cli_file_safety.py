@@ -112,6 +112,14 @@ def test_train_refuses_an_output_dir_holding_a_users_file(stage, tmp_path: Path)
     assert sorted(p.name for p in out.iterdir()) == [USER_FILE] and (out / USER_FILE).read_text() == USER_TEXT
 
 
+def test_train_with_overwrite_refuses_to_remove_checkpoints_it_did_not_write(stage, tmp_path: Path):
+    out = tmp_path / "out"
+    user_folder(out / "checkpoint-3", name="trainer_state.json")  # another tool's checkpoint: no tuneline record
+    result = run_cli("train", str(stage(output_dir=str(out), overwrite_output_dir=True)), cwd=tmp_path)
+    assert_refused(result, f"output_dir {out} holds checkpoint-3, which tuneline did not write")
+    assert (out / "checkpoint-3" / "trainer_state.json").read_text() == USER_TEXT
+
+
 def export_config(tmp_path: Path, model: Path, export_dir: Path, **keys) -> Path:
     config = tmp_path / "export.yaml"
     config.write_text(yaml.safe_dump({"model_name_or_path": str(model), "export_dir": str(export_dir),
