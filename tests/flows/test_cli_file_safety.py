@@ -4,6 +4,7 @@ clear error: exit 2 naming the folder, what is wrong and the fix, no traceback, 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ USER_TEXT = "the user's own notes\n"
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "TUNELINE_CACHE": str(cwd / "cache")})
+                          timeout=300, env={**os.environ, "TUNELINE_CACHE": str(cwd / "cache")})
 
 
 def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -172,7 +173,7 @@ def broken_tokenizer(case: str, folder: Path, shared_dir: Path, sentinel: Path) 
         custom_code(folder, "tokenizer_config.json", {"AutoTokenizer": ["custom.Tok", "custom.Tok"]}, sentinel)
         config = json.loads((folder / "tokenizer_config.json").read_text())
         (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "Tok"}))
-        return "ships its own code"
+        return "ships its own tokenizer code"
     if case == "vocabulary_cut_short":
         (folder / "tokenizer.json").write_text((folder / "tokenizer.json").read_text()[:5000])
         return "tokenizer.json does not parse"
@@ -204,7 +205,7 @@ def broken_model(case: str, folder: Path, sentinel: Path) -> str:
         return "has no config.json"
     if case == "custom_code":
         custom_code(folder, "config.json", {"AutoConfig": "custom.Config", "AutoModelForCausalLM": "custom.Model"}, sentinel)
-        return "ships its own code"
+        return "ships its own model code"
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     return "has weights that cannot be read"
