@@ -9,17 +9,17 @@ The job, the tokenized-data cache and the merge/export path are the pipeline's o
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from tuneline.core.store.cache import Damage
-from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX
+from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
+from tuneline.core.store.user_folders import write_user_folder
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.pipeline.stage_runs import cached_tokenized_data, export_folder, export_template, train_job
@@ -62,19 +62,16 @@ def _announce_damage(damage: Damage) -> None:
 
 
 def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[str, int]:
+    """Tokenize into `output`: a folder of other files is refused unless overwrite_output_dir, and
+    even then only what an earlier preprocess wrote there is replaced."""
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset"), source=config_path)
-    output_dir = Path(output)
-    draft = output_dir.with_name(f".{output_dir.name}.partial")
-    shutil.rmtree(draft, ignore_errors=True)
-    try:
-        counters = tokenize_stage_data(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft)
-    except BaseException:
-        shutil.rmtree(draft, ignore_errors=True)
-        raise
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    os.replace(draft, output_dir)
+    counters: dict[str, int] = {}
+
+    def write(draft: Path) -> None:
+        counters.update(tokenize_stage_data(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft))
+
+    write_user_folder(output, write, key="--output", overwrite=config.output.overwrite_output_dir)
     return counters
 
 
@@ -105,7 +102,8 @@ def export(config_path: str, overrides: list[str]) -> Path:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "export_dir"), source=config_path)
     return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=config.model.adapter_name_or_path or None,
-                         template=export_template(config), export_size_gb=config.export.export_size)
+                         template=export_template(config), export_size_gb=config.export.export_size,
+                         overwrite=config.output.overwrite_output_dir)
 
 
 def tokenizer_fingerprint(model_path: str) -> str:
@@ -127,7 +125,10 @@ def _check_output_dir(output_dir: Path, *, overwrite: bool) -> None:
 
     A run killed before its first checkpoint leaves only its job and log; rerun, it starts over.
     """
-    if not output_dir.is_dir() or overwrite:
+    if not output_dir.is_dir():
+        return
+    if overwrite:
+        _check_foreign_checkpoints(output_dir)
         return
     entries = [p.name for p in output_dir.iterdir()]
     restartable = {JOB_FILE, LOG_FILE}
@@ -135,4 +136,16 @@ def _check_output_dir(output_dir: Path, *, overwrite: bool) -> None:
         raise ConfigError(
             f"output_dir {output_dir} already holds files ({', '.join(sorted(entries)[:5])}) and no checkpoint "
             "to resume from; choose an empty output_dir or set 'overwrite_output_dir: true'."
+        )
+
+
+def _check_foreign_checkpoints(output_dir: Path) -> None:
+    """Starting over removes the old checkpoints, so each must be one tuneline wrote (it carries
+    tuneline's record file); a checkpoint of another tool, or one cut short, is the user's to move."""
+    foreign = sorted(p.name for p in output_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and not (p / RECORD_FILE).is_file())
+    if foreign:
+        raise ConfigError(
+            f"output_dir {output_dir} holds {', '.join(foreign[:5])}, which tuneline did not write (no {RECORD_FILE}), and "
+            "'overwrite_output_dir: true' starts over by removing old checkpoints; move them out of the folder, choose "
+            "another output_dir, or remove overwrite_output_dir to resume from them."
         )

@@ -29,7 +29,7 @@ class DatasetAttr:
     name: str
     """The entry's key in dataset_info.json."""
     file_name: str | None = None
-    """A file or folder, relative to the dataset folder."""
+    """A file or folder: an absolute path as written, or a path inside the dataset folder."""
     hf_hub_url: str | None = None
     """A Hugging Face Hub dataset id; takes precedence over file_name, as in LLaMA-Factory."""
     ms_hub_url: str | None = None

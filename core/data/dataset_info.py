@@ -1,7 +1,10 @@
 """LLaMA-Factory's `dataset_info.json`: read and validate it, and load the datasets it names.
 
-Every entry of the file is validated when the file is read, and all problems are reported at
-once. Entries keep LLaMA-Factory's meaning: without "columns" an alpaca entry reads
+The entries a run names are validated when it reads the file, and all their problems are
+reported at once; a problem of an entry the run does not use is only a warning, because
+LLaMA-Factory reads nothing but the entries named. A `file_name` is read as LLaMA-Factory joins it
+to `dataset_dir` (an absolute path as written), except that a relative one may not climb out of
+the folder with `..`. Entries keep LLaMA-Factory's meaning: without "columns" an alpaca entry reads
 instruction/input/output and a sharegpt entry reads conversations; with "columns" only the
 columns given are mapped. Missing sharegpt tags take LLaMA-Factory's defaults (from, value,
 human, gpt, observation, function_call, system), so OpenAI-style messages need only
@@ -18,6 +21,7 @@ hub) and `loader` (row conversion); the public names are re-exported here.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,34 +60,57 @@ DEFAULT_COLUMNS = {
     "alpaca": {"prompt": "instruction", "query": "input", "response": "output"},
     "sharegpt": {"messages": "conversations"},
 }
+_LOG = logging.getLogger(__name__)
+_WARNED: set[tuple[str, str]] = set()  # a run reads the registry several times; each problem is told once
+
+
 def read_dataset_info(dataset_dir: str | Path) -> dict[str, DatasetAttr]:
     """Every entry of `dataset_dir/dataset_info.json`, validated; all problems in one DataError."""
     path = dataset_folder(dataset_dir) / DATA_CONFIG
-    info = _read_info_file(path)
-    problems: list[str] = []
-    attrs: dict[str, DatasetAttr] = {}
-    for name, entry in info.items():
-        entry_problems = _entry_problems(name, entry)
-        if entry_problems:
-            problems += [f"dataset '{name}': {p}" for p in entry_problems]
-        else:
-            attrs[name] = _build_attr(name, entry)
+    attrs, problems = _validated(_read_info_file(path))
     if problems:
-        raise DataError(_problems_message(path, problems))
+        raise DataError(_problems_message(path, [p for entry in problems.values() for p in entry]))
     return attrs
 
 
 def get_dataset_attrs(names: Sequence[str], dataset_dir: str | Path) -> list[DatasetAttr]:
-    """The entries named by `names`, in that order; every unknown name in one DataError."""
-    attrs = read_dataset_info(dataset_dir)
-    unknown = [unknown_name_message("dataset", name, attrs) for name in names if name not in attrs]
+    """The entries named by `names`, in that order. As LLaMA-Factory reads only the entries a run
+    names, only those must be valid: every unknown name and every problem of a named entry in one
+    DataError; a problem of another entry is logged as a warning (once per file and problem)."""
+    path = dataset_folder(dataset_dir) / DATA_CONFIG
+    info = _read_info_file(path)
+    unknown = [unknown_name_message("dataset", name, info) for name in names if name not in info]
     if unknown:
-        path = dataset_folder(dataset_dir) / DATA_CONFIG
         raise DataError(
             f"{'; '.join(u.rstrip('.') for u in unknown)} (datasets are the entries of {path}). "
             "Fix the name, or add an entry for it to that file."
         )
+    attrs, problems = _validated(info)
+    named = [p for name in dict.fromkeys(names) for p in problems.get(name, [])]
+    if named:
+        raise DataError(_problems_message(path, named))
+    _warn_unused(path, [p for name, entry in problems.items() if name not in names for p in entry])
     return [attrs[name] for name in names]
+
+
+def _validated(info: Mapping[str, Any]) -> tuple[dict[str, DatasetAttr], dict[str, list[str]]]:
+    """The valid entries as attrs, and the problems of the others by entry name."""
+    attrs: dict[str, DatasetAttr] = {}
+    problems: dict[str, list[str]] = {}
+    for name, entry in info.items():
+        entry_problems = _entry_problems(name, entry)
+        if entry_problems:
+            problems[name] = [f"dataset '{name}': {p}" for p in entry_problems]
+        else:
+            attrs[name] = _build_attr(name, entry)
+    return attrs, problems
+
+
+def _warn_unused(path: Path, problems: list[str]) -> None:
+    fresh = [p for p in problems if (str(path), p) not in _WARNED]
+    _WARNED.update((str(path), p) for p in fresh)
+    for problem in fresh:
+        _LOG.warning("warning: %s: %s (not used by this run, so not an error).", path, problem.rstrip("."))
 
 
 def _read_info_file(path: Path) -> dict[str, Any]:

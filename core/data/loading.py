@@ -97,8 +97,8 @@ def iter_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRo
               max_samples: int | None = None, report: LoadReport | None = None) -> Iterator[dict]:
     """The dataset's standard rows one at a time, in bounded memory (for `streaming: true`).
 
-    JSON lines, CSV, Parquet, Arrow and text files are read a row or a batch at a time; a .json
-    list is parsed whole. Hub datasets stream through `load_dataset(streaming=True)`. With
+    JSON lines, JSON lists (incrementally, by ijson), CSV, Parquet, Arrow and text files are read
+    a row or a batch at a time. Hub datasets stream through `load_dataset(streaming=True)`. With
     `on_bad_row="error"` the first bad row raises; `report`, when given, is filled as rows go.
     The entry and its files are checked before the first row is asked for.
     """

@@ -3,7 +3,8 @@
 File types follow LLaMA-Factory's `FILEEXT2TYPE`: .json and .jsonl (a JSON list or JSON lines,
 either way round, as the `datasets` json builder accepts), .csv, .parquet, .arrow and .txt (one
 row per line in a column named "text"). Every reader is a generator that holds one row or one
-record batch at a time, except a .json list, which has to be parsed whole.
+record batch at a time; a .json list is parsed incrementally by ijson (the `streaming` extra, else whole), so
+memory does not grow with the file.
 
 A row that cannot be read (a malformed JSON line, a CSV line with the wrong number of fields, a
 value that is not an object) comes out as a `Record` with a `problem`, so the caller decides
@@ -17,7 +18,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tuneline.core.errors import DataError
 
@@ -27,6 +28,7 @@ SUPPORTED_HELP = (".json/.jsonl (a JSON list of objects, or one object per line)
                   "header line), .parquet, .arrow and .txt (one text per line)")
 TEXT_COLUMN = "text"
 BATCH_ROWS = 1024
+_BOM = b"\xef\xbb\xbf"
 _CSV_FIELD_LIMIT = 2**31 - 1  # the csv module's default (128 KiB per value) cuts long texts
 
 
@@ -91,33 +93,70 @@ def _row(path: Path, index: int, line: int | None, value: Any) -> Record:
 
 def _read_json(path: Path, *, entry: str) -> Iterator[Record]:
     """A JSON list, or JSON lines: the `datasets` json builder accepts both in .json and .jsonl."""
-    with path.open(encoding="utf-8-sig") as handle:
-        first = _first_char(handle)
-        if first == "[":
-            yield from _json_list(path, handle.read(), entry=entry)
-        elif first:
+    with path.open("rb") as raw:
+        first = _first_byte(raw)
+        if first == b"[":
+            yield from _json_list(path, raw, entry=entry)
+            return
+    if first:
+        with path.open(encoding="utf-8-sig") as handle:
             yield from _json_lines(path, handle, entry=entry)
 
 
-def _first_char(handle) -> str:
-    """The first non-blank character; the handle is left at the start of the file."""
-    while True:
-        chunk = handle.read(4096)
-        if not chunk or chunk.strip():
-            handle.seek(0)
-            return chunk.strip()[:1]
+def _first_byte(raw: BinaryIO) -> bytes:
+    """The first non-blank byte; `raw` is left at the start of the JSON text (after a UTF-8 BOM)."""
+    start = len(_BOM) if raw.read(len(_BOM)) == _BOM else 0
+    raw.seek(start)
+    while chunk := raw.read(4096):
+        if chunk.strip():
+            raw.seek(start)
+            return chunk.lstrip()[:1]
+    return b""
 
 
-def _json_list(path: Path, text: str, *, entry: str) -> Iterator[Record]:
+def _json_list(path: Path, raw: BinaryIO, *, entry: str) -> Iterator[Record]:
+    """The list's items one at a time: ijson (the `streaming` extra) holds one item, never the whole
+    list; without it the list is parsed whole by the json module, with memory growing with the file."""
     try:
-        value = json.loads(text)
+        import ijson
+    except ImportError:
+        yield from _json_list_whole(path, entry=entry)
+        return
+    rows_read = 0
+    try:
+        for row in ijson.items(raw, "item", use_float=True):
+            yield _row(path, rows_read, None, row)
+            rows_read += 1
+    except ijson.JSONError as e:
+        raise _json_list_error(path, e, entry=entry, rows_read=rows_read) from e
+
+
+def _json_list_whole(path: Path, *, entry: str) -> Iterator[Record]:
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
-        raise DataError(
+        raise DataError(f"{entry}: {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. "
+                        "Fix the file at that line.") from e
+    for index, row in enumerate(rows):
+        yield _row(path, index, None, row)
+
+
+def _json_list_error(path: Path, error: Exception, *, entry: str, rows_read: int) -> DataError:
+    """The standard library's line and column for the message; ijson's C parser gives neither.
+    Parsing the whole file costs memory, but only for a file that is broken anyway."""
+    try:
+        json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as e:
+        return DataError(
             f"{entry}: {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. "
             "Fix the file at that line."
-        ) from e
-    for index, row in enumerate(value):
-        yield _row(path, index, None, row)
+        )
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return DataError(
+        f"{entry}: {path} is a JSON list that ijson cannot parse after {rows_read} row(s) "
+        f"({first_line}), though Python's json module reads it (NaN or Infinity values, for "
+        "instance, are not JSON); write those values as null or numbers."
+    )
 
 
 def _json_lines(path: Path, handle, *, entry: str) -> Iterator[Record]:

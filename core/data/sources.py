@@ -34,13 +34,26 @@ def entry_label(attr: DatasetAttr, dataset_dir: str | Path) -> str:
 
 
 def file_name_problem(file_name: str) -> str | None:
-    """Why `file_name` may not be used: it must stay inside the dataset folder."""
-    if os.path.isabs(file_name) or os.path.normpath(file_name).split(os.sep)[0] == "..":
+    """Why `file_name` may not be used. An absolute path is read as written (the user named that
+    file, as LLaMA-Factory's `os.path.join` reads it); a relative one may not climb out of the
+    dataset folder with `..`, which LLaMA-Factory allows and tuneline refuses, so that an entry
+    copied with its folder never reads a file beside it."""
+    if os.path.isabs(file_name):
+        return None
+    if os.path.normpath(file_name).split(os.sep)[0] == "..":
         return (
-            f"file_name '{file_name}' points outside the folder of dataset_info.json; move the "
-            "data into that folder and give file_name relative to it"
+            f"file_name '{file_name}' climbs out of the folder of dataset_info.json with '..'; "
+            "give the data's absolute path, or move it into that folder and give file_name "
+            "relative to it"
         )
     return None
+
+
+def dataset_file(attr: DatasetAttr, dataset_dir: str | Path) -> Path:
+    """The file or folder `attr.file_name` names: itself when absolute, else inside the dataset folder."""
+    assert attr.file_name is not None
+    name = Path(attr.file_name)
+    return name if name.is_absolute() else dataset_folder(dataset_dir) / name
 
 
 def dataset_file_paths(attr: DatasetAttr, dataset_dir: str | Path) -> list[Path]:
@@ -76,16 +89,17 @@ def open_records(attr: DatasetAttr, dataset_dir: str | Path, *,
 
 def _local_files(attr: DatasetAttr, dataset_dir: str | Path, *, entry: str) -> list[Path]:
     if attr.file_name is None:
-        raise DataError(f"{entry} has no file_name; set it to a data file or folder relative to "
-                        f"{dataset_folder(dataset_dir)}.")
+        raise DataError(f"{entry} has no file_name; set it to a data file or folder (absolute, or "
+                        f"relative to {dataset_folder(dataset_dir)}).")
     problem = file_name_problem(attr.file_name)
     if problem:
         raise DataError(f"{entry}: {problem}.")
-    path = dataset_folder(dataset_dir) / attr.file_name
+    path = dataset_file(attr, dataset_dir)
     if not path.exists():
+        relative = "" if os.path.isabs(attr.file_name) else f" (it is relative to {dataset_folder(dataset_dir)})"
         raise DataError(
             f"{entry} points to file_name '{attr.file_name}', but {path} does not exist; create "
-            f"it or fix file_name (it is relative to {dataset_folder(dataset_dir)})."
+            f"it or fix file_name{relative}."
         )
     files = _folder_files(path, entry=entry) if path.is_dir() else [path]
     for file in files:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 
@@ -33,21 +31,3 @@ def write_hf_folder(model_dir: str | Path, out_dir: str | Path, *, template: str
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir, safe_serialization=True, max_shard_size=f"{export_size_gb}GB")
     tokenizer.save_pretrained(out_dir)
-
-
-def export_model(model_dir: str | Path, export_dir: str | Path, *, template: str, export_size_gb: int = 5) -> Path:
-    """`write_hf_folder` into a sibling of `export_dir`, then renamed into place (replacing an older export)."""
-    export_dir = Path(export_dir)
-    draft = export_dir.with_name(f".{export_dir.name}.partial")
-    shutil.rmtree(draft, ignore_errors=True)
-    write_hf_folder(model_dir, draft, template=template, export_size_gb=export_size_gb)
-    if export_dir.exists():
-        old = export_dir.with_name(f".{export_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(export_dir, old)
-        os.replace(draft, export_dir)
-        shutil.rmtree(old)
-    else:
-        export_dir.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(draft, export_dir)
-    return export_dir

@@ -16,6 +16,7 @@ from tuneline.core.models.adapters import (ADAPTER_CONFIG, adapter_paths, apply_
                                            loraplus_optimizer, pickle_weights_message)
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
+from tuneline.core.models.folders import model_folder_problem, tokenizer_folder_problem
 from tuneline.core.models.freeze import apply_freeze, apply_full
 from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
 from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config, quantized_device_map
@@ -33,12 +34,17 @@ Head = Literal["causal_lm", "score"]
 ATTENTION = {"auto": None, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 ADAPTER_TYPES = ("lora", "oft")  # the finetuning types that train (and save) a peft adapter
+KEY = "model_name_or_path"  # the key that names the folders loaded here, for messages
 
 
 def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     model = model or ModelConfig()
+    local = Path(path).is_dir()
+    problem = tokenizer_folder_problem(Path(path), key=KEY, trust_remote_code=model.trust_remote_code) if local else None
+    if problem:
+        raise ConfigError(problem)
     try:
         return AutoTokenizer.from_pretrained(
             str(path),
@@ -48,7 +54,12 @@ def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> Pre
             cache_dir=model.cache_dir,
         )
     except OSError as e:
-        raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
+        raise ConfigError(_unreachable_model_message(KEY, path)) from e
+    except Exception as e:  # tokenizers, sentencepiece and transformers each raise their own kinds for a bad file
+        if not local:
+            raise
+        raise ConfigError(f"'{KEY}: {path}' holds a tokenizer that cannot be loaded ({_first_line(e)}); copy the "
+                          "tokenizer's files into it again from where they came from.") from e
 
 
 def load_model(
@@ -66,6 +77,10 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     model = model or ModelConfig()
+    local = Path(path).is_dir()
+    problem = model_folder_problem(Path(path), key=KEY, trust_remote_code=model.trust_remote_code) if local else None
+    if problem:
+        raise ConfigError(problem)
     config = _load_config(path, model, **({"num_labels": 1} if head == "score" else {}))
     dtype = compute_dtype(training or {}, config=config)
     quantization = quantization_config(model, compute_dtype=dtype)
@@ -90,7 +105,17 @@ def load_model(
             raise ConfigError(f"'model_name_or_path: {path}' has no safetensors weights on the Hugging Face Hub, and "
                               "unpickling its other weights can run arbitrary code; set 'allow_pickle_weights: true' "
                               "if you trust their source.") from e
-        raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
+        raise ConfigError(_unreachable_model_message(KEY, path)) from e
+    except ValueError as e:
+        if not local:
+            raise
+        raise ConfigError(f"'{KEY}: {path}' holds a model that cannot be loaded ({_first_line(e)}); copy its files "
+                          "again from where they came from, or save the model again with save_pretrained.") from e
+    except Exception as e:
+        if not local or type(e).__name__ != "SafetensorError":  # safetensors' error for a damaged weights file
+            raise
+        raise ConfigError(f"'{KEY}: {path}' has weights that cannot be read ({_first_line(e)}); the *.safetensors "
+                          "file is cut short or damaged: copy it again, or save the model again.") from e
     if getattr(loaded, "hf_quantizer", None) is not None:  # set by transformers on quantized models only
         keep_4bit_layout_for_training(loaded)
     if vocab_size is not None and vocab_size > loaded.get_input_embeddings().num_embeddings:
@@ -284,10 +309,13 @@ def _load_config(path: str | Path, model: ModelConfig, **overrides: Any) -> Pret
     except OSError as e:
         raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
     except ValueError as e:
-        if "trust_remote_code" not in str(e):
+        if "trust_remote_code" in str(e):
+            raise ConfigError(f"'{KEY}: {path}' ships its own model code, which runs only with "
+                              "'trust_remote_code: true'; set it if you trust where the model comes from.") from e
+        if not Path(path).is_dir():
             raise
-        raise ConfigError(f"'model_name_or_path: {path}' ships its own model code, which runs only with "
-                          "'trust_remote_code: true'; set it if you trust where the model comes from.") from e
+        raise ConfigError(f"'{KEY}: {path}': config.json does not describe a model transformers knows ({_first_line(e)}); "
+                          "fix config.json or copy the model's files again.") from e
 
 
 def _check_weights_format(path: str | Path, model: ModelConfig) -> None:
@@ -311,6 +339,11 @@ def _nothing_trainable_message(model: PreTrainedModel, finetuning: FinetuningCon
                 "set freeze_trainable_layers to a non-zero number of layers or name modules in freeze_extra_modules.")
     return (f"no parameter is trainable with finetuning_type '{finetuning.finetuning_type}' and lora_target "
             f"'{finetuning.lora_target}'; modules available: {', '.join(linear_module_names(model))}.")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _unreachable_model_message(key: str, path: str | Path) -> str:

@@ -15,12 +15,13 @@ from typing import Any
 
 from tuneline.core.config import StageConfig
 from tuneline.core.data.tokenization import DEFAULT_TEMPLATE
-from tuneline.core.models.export import export_model, merge_adapter, write_hf_folder
+from tuneline.core.models.export import merge_adapter, write_hf_folder
 from tuneline.core.pipeline.keys import tokenize_key
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft, find_artifact, write_artifact
 from tuneline.core.stages.registry import tokenize_stage_data
 from tuneline.core.store.cache import Damage, serve_or_compute
+from tuneline.core.store.user_folders import check_user_folder, write_user_folder
 from tuneline.core.training.job import TrainJob
 
 TOKENIZED_KIND = "tokenized"
@@ -133,16 +134,25 @@ def write_export(output_dir: str | Path, *, model: str, template: str, export_si
     write_hf_folder(model, output_dir, template=template, export_size_gb=export_size_gb)
 
 
-def export_folder(model: str, export_dir: str | Path, *, adapter: str | None, template: str, export_size_gb: int) -> Path:
+def export_folder(model: str, export_dir: str | Path, *, adapter: str | None, template: str, export_size_gb: int,
+                  overwrite: bool = False) -> Path:
     """`tuneline export`: merge `adapter` (if any) into `model` beside `export_dir`, as the pipeline's
-    merge stage does, then export the result as its export stage does; replace `export_dir`."""
+    merge stage does, then export the result as its export stage does, through a draft moved into
+    place. An older export in `export_dir` is replaced; a folder of other files is refused unless
+    `overwrite`, and keeps them even then (`core.store.user_folders`)."""
+    check_user_folder(Path(export_dir), key="export_dir", overwrite=overwrite)  # before the merge's work
     if adapter is None:
-        return export_model(model, export_dir, template=template, export_size_gb=export_size_gb)
+        return _export_into(export_dir, model=model, template=template, export_size_gb=export_size_gb, overwrite=overwrite)
     export_dir = Path(export_dir)
     merged = export_dir.with_name(f".{export_dir.name}.merged")
-    shutil.rmtree(merged, ignore_errors=True)
+    shutil.rmtree(merged, ignore_errors=True)  # our own scratch folder, left by a killed run
     try:
         merge_into(merged, start_model=model, adapter=adapter)
-        return export_model(merged, export_dir, template=template, export_size_gb=export_size_gb)
+        return _export_into(export_dir, model=str(merged), template=template, export_size_gb=export_size_gb, overwrite=overwrite)
     finally:
         shutil.rmtree(merged, ignore_errors=True)
+
+
+def _export_into(export_dir: str | Path, *, model: str, template: str, export_size_gb: int, overwrite: bool) -> Path:
+    return write_user_folder(export_dir, lambda draft: write_export(draft, model=model, template=template, export_size_gb=export_size_gb),
+                             key="export_dir", overwrite=overwrite)

@@ -152,11 +152,12 @@ CASES = {
          "exist", "create it or fix file_name"]),
     "path_outside_dataset_dir": Case(
         {"file_name": "../d.json"}, {},
-        [INFO + " has an invalid entry: dataset 'd': file_name '../d.json' points outside",
-         "move the data into that folder"]),
-    "absolute_path": Case(
-        {"file_name": "/etc/hosts"}, {},
-        [INFO + " has an invalid entry: dataset 'd': file_name '/etc/hosts' points outside"]),
+        [INFO + " has an invalid entry: dataset 'd': file_name '../d.json' climbs out of the folder",
+         "give the data's absolute path, or move it into that folder"]),
+    "missing_absolute_path": Case(
+        {"file_name": "/nonexistent/tuneline/d.json"}, {},
+        ["points to file_name '/nonexistent/tuneline/d.json', but /nonexistent/tuneline/d.json does not exist; "
+         "create it or fix file_name."]),
     "unknown_formatting": Case(
         {"file_name": "d.json", "formatting": "openai"}, {},
         [INFO + " has an invalid entry: dataset 'd': unknown formatting 'openai'",

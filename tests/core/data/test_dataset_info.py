@@ -137,7 +137,6 @@ def test_every_bad_entry_is_reported_at_once(tmp_path: Path) -> None:
         "fmt": {"file_name": "a.json", "formatting": "sharegtp"},
         "col": {"file_name": "a.json", "columns": {"messages": "conversations"}},
         "up": {"file_name": "../secret.json"},
-        "abs": {"file_name": "/etc/data.json"},
         "none": {"formatting": "alpaca"},
         "n": {"file_name": "a.json", "num_samples": 0},
     }, {})
@@ -145,14 +144,43 @@ def test_every_bad_entry_is_reported_at_once(tmp_path: Path) -> None:
         read_dataset_info(tmp_path)
     message = str(info.value)
     assert str(tmp_path / "dataset_info.json") in message
-    assert "7 problems" in message
+    assert "6 problems" in message
     assert "dataset 'typo': unknown key 'colums'; did you mean 'columns'?" in message
     assert "dataset 'fmt': unknown formatting 'sharegtp'; did you mean 'sharegpt'?" in message
     assert "dataset 'col': column key 'messages' belongs to sharegpt" in message
-    assert "dataset 'up': file_name '../secret.json' points outside" in message
-    assert "dataset 'abs': file_name '/etc/data.json' points outside" in message
+    assert "dataset 'up': file_name '../secret.json' climbs out of the folder" in message
     assert "dataset 'none': it has no file_name" in message
     assert "dataset 'n': num_samples must be a positive integer, not 0" in message
+
+
+def test_only_the_named_entries_must_be_valid(tmp_path: Path, caplog) -> None:
+    write_dataset(tmp_path, {
+        "good": {"file_name": "a.json"},
+        "typo": {"file_name": "a.json", "colums": {"prompt": "q"}},
+    }, {"a.json": [{"instruction": "Hi.", "input": "", "output": "Hello."}]})
+    with caplog.at_level("WARNING", logger="tuneline.core.data.dataset_info"):
+        (attr,) = get_dataset_attrs(["good"], tmp_path)
+        get_dataset_attrs(["good"], tmp_path)
+    assert attr.name == "good" and load_rows(attr, tmp_path)[0]["response"][0]["content"] == "Hello."
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1  # told once, however often the run reads the file
+    assert "dataset 'typo': unknown key 'colums'; did you mean 'columns'?" in warned[0]
+    assert "not used by this run" in warned[0]
+
+
+def test_a_named_bad_entry_is_an_error_with_every_problem(tmp_path: Path) -> None:
+    write_dataset(tmp_path, {
+        "good": {"file_name": "a.json"},
+        "bad": {"file_name": "../a.json", "num_samples": 0},
+        "other": {"formatting": "sharegtp"},
+    }, {})
+    with pytest.raises(DataError) as info:
+        get_dataset_attrs(["good", "bad"], tmp_path)
+    message = str(info.value)
+    assert "2 problems" in message
+    assert "dataset 'bad': file_name '../a.json' climbs out" in message
+    assert "dataset 'bad': num_samples must be a positive integer, not 0" in message
+    assert "other" not in message
 
 
 def test_missing_dataset_info_names_the_folder(tmp_path: Path) -> None:
@@ -193,7 +221,7 @@ def test_missing_file_names_entry_and_path(tmp_path: Path) -> None:
 
 def test_escaping_file_name_is_refused_when_loading(tmp_path: Path) -> None:
     attr = DatasetAttr(name="x", file_name="../outside.json")
-    with pytest.raises(DataError, match="file_name '../outside.json' points outside"):
+    with pytest.raises(DataError, match="file_name '../outside.json' climbs out of the folder"):
         dataset_file_paths(attr, tmp_path)
 
 
