@@ -18,9 +18,27 @@ GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 _STAGES = {"sft": "sft", "rm": "rm", "pt": "pt"}
 
 
-def _encode(golden: dict, shared_dir: Path, dataset_dir: Path) -> list[dict]:
+@pytest.fixture(scope="module")
+def prepared(shared_dir: Path):
+    """`prepared(config, tokenizer_name)`: the tokenizer and template as the tokenize stage
+    prepares them, once per (tokenizer, template) pair of the module."""
+    from tuneline.core.data.tokenization import prepare_tokenizer
+
+    cache: dict[tuple[str, str], tuple] = {}
+
+    def _prepared(config, tokenizer_name: str):
+        pair = (tokenizer_name, config.data.template)
+        if pair not in cache:
+            tokenizer, template, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
+            cache[pair] = (tokenizer, template)
+        return cache[pair]
+
+    return _prepared
+
+
+def _encode(golden: dict, prepared, dataset_dir: Path) -> list[dict]:
     from tuneline.core.data.encoding import EncodingSpec, encode_batch
-    from tuneline.core.data.tokenization import prepare_tokenizer, read_rows
+    from tuneline.core.data.tokenization import read_rows
     from tuneline.core.stages.registry import build_stage_config, stage_kind
 
     (dataset_dir / "rows.json").write_text(json.dumps(golden["rows"], ensure_ascii=False), encoding="utf-8")
@@ -29,7 +47,7 @@ def _encode(golden: dict, shared_dir: Path, dataset_dir: Path) -> list[dict]:
     arguments = golden["arguments"]
     config = build_stage_config({**arguments, "dataset": "golden", "dataset_dir": str(dataset_dir),
                                  "stage": _STAGES[arguments["stage"]]})
-    tokenizer, template, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / golden["tokenizer"])
+    tokenizer, template = prepared(config, golden["tokenizer"])
     spec = EncodingSpec.from_config(config, template=template, examples=stage_kind(config.finetuning.stage).examples)
     examples, _ = encode_batch(read_rows(["golden"], config), spec=spec, tokenizer=tokenizer)
     return examples
@@ -43,9 +61,9 @@ def test_golden_files_cover_every_tokenizer(shared_dir: Path):
 
 
 @pytest.mark.parametrize("path", GOLDEN_FILES, ids=[path.stem for path in GOLDEN_FILES])
-def test_ids_equal_llamafactory(path: Path, shared_dir: Path, tmp_path: Path):
+def test_ids_equal_llamafactory(path: Path, prepared, tmp_path: Path):
     golden = json.loads(path.read_text(encoding="utf-8"))
-    examples = _encode(golden, shared_dir, tmp_path)
+    examples = _encode(golden, prepared, tmp_path)
     expected = golden["examples"]
     assert len(examples) == len(expected)
     for i, (ours, theirs) in enumerate(zip(examples, expected)):
