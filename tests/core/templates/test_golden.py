@@ -69,3 +69,20 @@ def test_ids_equal_llamafactory(path: Path, prepared, tmp_path: Path):
     for i, (ours, theirs) in enumerate(zip(examples, expected)):
         for column, ids in theirs.items():
             assert ours[column] == ids, f"example {i}, column {column}"
+
+
+@pytest.mark.parametrize(("tokenizer_name", "template_name", "warns"), [
+    ("llama2", "llama2", True), ("llama3", "default", True), ("qwen2.5", "vicuna", True), ("qwen2.5", "chatml", True),
+    ("phi3.5", "phi", False), ("qwen2.5", "qwen", False), ("llama3", "llama3", False),
+])
+def test_llamafactory_combinations_train_with_a_warning_where_they_differ(shared_dir: Path, tokenizer_name, template_name,
+                                                                          warns):
+    from tuneline.core.data.tokenization import prepare_tokenizer
+    from tuneline.core.stages.registry import build_stage_config
+
+    config = build_stage_config({"stage": "sft", "template": template_name})
+    _, _, warning = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
+    assert (warning is not None) == warns
+    if warns:
+        assert warning.startswith(f"template '{template_name}' does not write what this tokenizer's own chat template")
+        assert "first differ at position" in warning and "(ids [" in warning
