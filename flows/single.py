@@ -22,7 +22,7 @@ from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.pipeline.stage_runs import cached_tokenized_data, export_folder, export_template, train_job
+from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, export_template, train_job
 from tuneline.core.training.job import LOG_FILE
 from tuneline.core.training.optimizers.rules import parallel_problems
 
@@ -93,8 +93,10 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
         trained = sum(1 for label in example["labels"] if label != -100)
         blocks.append(f"--- example {index}: {len(example['input_ids'])} tokens, {trained} trained [[like this]]\n"
                       + render_preview(example, tokenizer).split("\n\n", 1)[1])
-    counters = read_manifest(tokenized)["metrics"]
-    blocks.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+    manifest = read_manifest(tokenized)
+    if manifest.get(TEMPLATE_WARNING):
+        blocks.append(f"template warning: {manifest[TEMPLATE_WARNING]}")
+    blocks.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(manifest["metrics"].items())))
     return "\n".join(blocks)
 
 

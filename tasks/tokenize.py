@@ -7,8 +7,11 @@ from prefect import task
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.data.tokenization import PREVIEW_FILE
 from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND, tokenize_into, tokenize_params
-from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, run_stage
+from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, TOKENIZED_KIND, tokenize_into, tokenize_params
+from tuneline.core.tracking.references import TEMPLATE_WARNING_TAG
+from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, announce, run_stage
+
+_TAG_CHARS = 5000  # MLflow keeps tag values up to 8000 characters; the paragraph is well under
 
 
 @task(name="tokenize", **STAGE_TASK_OPTIONS)
@@ -16,6 +19,9 @@ def tokenize(context: RunContext, stage: TrainingStage, *, key: str, tokenizer_p
     def work(draft, run_id):
         tokenize_into(draft, stage.config, tokenizer_path=tokenizer_path)
         tracking.log_artifact(context.tracking_uri, run_id, draft.path / PREVIEW_FILE)
+        if TEMPLATE_WARNING in draft.extra:
+            announce(f"{stage.name}/tokenize: {draft.extra[TEMPLATE_WARNING]}")
+            tracking.set_tags(context.tracking_uri, run_id, {TEMPLATE_WARNING_TAG: draft.extra[TEMPLATE_WARNING][:_TAG_CHARS]})
 
     return run_stage(context, name=f"{stage.name}/tokenize", kind=TOKENIZED_KIND, key=key, params=tokenize_params(stage.config),
                      inputs=inputs, work=work, dataset_inputs=inputs)

@@ -44,4 +44,7 @@ class DataConfig:
     streaming: bool = _doc("Stream datasets instead of loading them whole.", default=False)
     buffer_size: int = _doc("Streaming: rows in the shuffle buffer.", default=16384)
     on_bad_row: Literal["error", "skip"] = _doc("A malformed row stops with an error naming it, or is dropped and counted.", default="error")
-    allow_template_mismatch: bool = _doc("Train even if the template renders differently from the tokenizer's own chat template.", default=False)
+    allow_template_mismatch: bool = _doc("Accepted for compatibility: a template that renders differently from the tokenizer's "
+                                         "own chat template is a warning unless 'strict_template' is set.", default=False)
+    strict_template: bool = _doc("Refuse a named template that renders differently from the tokenizer's own chat template "
+                                 "(by default a warning, recorded in the tokenized data's manifest).", default=False)

@@ -35,6 +35,9 @@ def _value_problems(config: StageConfig) -> list[str]:
     if data.mask_history and data.train_on_prompt:
         problems.append("'mask_history: true' trains only the last reply and 'train_on_prompt: true' trains every token; "
                         "they cannot go together, keep one.")
+    if data.strict_template and data.allow_template_mismatch:
+        problems.append("'strict_template: true' refuses a template that renders differently from the tokenizer's own and "
+                        "'allow_template_mismatch: true' accepts one; keep one.")
     if config.export.export_legacy_format:
         problems.append("'export_legacy_format: true' would write pickle weights; only safetensors is written.")
     if config.model.quantization_bit not in (None, 4, 8):

@@ -258,11 +258,11 @@ def encode_feedback_rows(
 
 
 def _adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether encoding with special tokens puts the BOS token first."""
-    if tokenizer.bos_token_id is None:
-        return False
-    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
-    return bool(ids) and ids[0] == tokenizer.bos_token_id
+    """Whether pretraining writes the BOS token: LLaMA-Factory reads the tokenizer's
+    `add_bos_token` flag, not what encoding does. Under transformers 5 the flag is False for
+    tokenizer.json tokenizers (Llama 2/3, Mistral) even though their encoding adds BOS, so their
+    blocks start with text; the flag is missing on some tokenizer classes."""
+    return bool(getattr(tokenizer, "add_bos_token", False)) and tokenizer.bos_token_id is not None
 
 
 def encode_pretrain_texts(

@@ -14,6 +14,7 @@ import gc
 import hashlib
 import itertools
 import json
+import logging
 import random
 import re
 from collections import Counter
@@ -35,11 +36,14 @@ from tuneline.core.data.dataset_info import (
 from tuneline.core.data.dataset_info import iter_rows as registry_iter_rows
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
-from tuneline.core.templates.check import check_template
+from tuneline.core.templates.check import check_template, vocabulary_problems
 from tuneline.core.templates.conversation import chat_template_jinja, fix_tokenizer, get_template
 
+_LOG = logging.getLogger(__name__)
 TOKENIZER_DIR = "tokenizer"
 PREVIEW_FILE = "preview.txt"
+TEMPLATE_WARNING_FILE = "template_warning.txt"
+"""Written when the template renders differently from the tokenizer's own chat template."""
 DEFAULT_TEMPLATE = "default"
 
 
@@ -86,22 +90,31 @@ def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadRe
 
 
 def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
-    """The tokenizer as the template needs it (eos, pad, stop words, chat template) and the template.
+    """The tokenizer as the template needs it (eos, pad, stop words, chat template), the template,
+    and the warning when a named template renders differently from the tokenizer's own chat
+    template (None when they agree).
 
-    A named template that renders a probe conversation differently from the tokenizer's own chat
-    template is refused before any work, unless `allow_template_mismatch` says otherwise.
+    LLaMA-Factory trains such combinations (llama2 on Llama-2, vicuna on Qwen2.5), so the
+    difference is a warning, or an error with `strict_template`. It is always an error when the
+    template writes a control token the tokenizer cannot write as one token, or needs a token the
+    vocabulary lacks without `resize_vocab`.
     """
     from tuneline.core.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path, model=config.model)
     template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
-    mismatch = check_template(template, tokenizer) if tokenizer.chat_template else None
-    if mismatch and not config.data.allow_template_mismatch:
-        raise ConfigError(f"template '{template.name}' does not render like the tokenizer's own chat template: {mismatch} "
-                          "Choose the matching template (or 'auto'), or set 'allow_template_mismatch: true' to train anyway.")
+    difference = check_template(template, tokenizer) if tokenizer.chat_template else None
+    original_vocab = set(tokenizer.get_vocab())
     fix_tokenizer(template, tokenizer)
+    problems = vocabulary_problems(template, tokenizer, original_vocab=original_vocab, resize_vocab=config.model.resize_vocab)
+    if difference and config.data.strict_template:
+        problems.append(f"{difference} 'strict_template: true' makes this an error; remove it to train with a warning.")
+    if problems:
+        raise ConfigError(problems)
+    if difference:
+        _LOG.warning("%s", difference)
     tokenizer.chat_template = chat_template_jinja(template, tokenizer)
-    return tokenizer, template
+    return tokenizer, template, difference
 
 
 def tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
@@ -128,7 +141,7 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 
 def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
-    tokenizer, template = prepare_tokenizer(config, tokenizer_path)
+    tokenizer, template, template_warning = prepare_tokenizer(config, tokenizer_path)
     output_dir = Path(output_dir)
     spec = EncodingSpec.from_config(config, template=template, examples=examples)
     counters: Counter = Counter()
@@ -161,6 +174,8 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     write_dataset_dict(output_dir, [name for name, writer in writers.items() if writer.rows])
     tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
     (output_dir / PREVIEW_FILE).write_text(render_preview(first_example, tokenizer), encoding="utf-8")
+    if template_warning:
+        (output_dir / TEMPLATE_WARNING_FILE).write_text(template_warning + "\n", encoding="utf-8")
     return finish_counters(counters)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import StageConfig
-from tuneline.core.data.tokenization import DEFAULT_TEMPLATE
+from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TEMPLATE_WARNING_FILE
 from tuneline.core.models.export import merge_adapter, write_hf_folder
 from tuneline.core.pipeline.keys import tokenize_key
 from tuneline.core.pipeline.spec import TrainingStage
@@ -25,6 +25,9 @@ from tuneline.core.store.user_folders import check_user_folder, write_user_folde
 from tuneline.core.training.job import TrainJob
 
 TOKENIZED_KIND = "tokenized"
+TEMPLATE_WARNING = "template_warning"
+"""The manifest entry of a tokenized artifact whose template renders differently from the
+tokenizer's own chat template: the paragraph naming the first differing tokens."""
 
 # A pipeline stage checkpoints unless its settings name `save_steps` or `save_strategy`, so that a
 # killed chain resumes the stage it interrupted (`tuneline train` keeps transformers' "no"). Every 50
@@ -89,8 +92,12 @@ def tokenize_params(config: StageConfig) -> dict[str, Any]:
 
 
 def tokenize_into(draft: ArtifactDraft, config: StageConfig, *, tokenizer_path: str) -> None:
-    """Tokenize `config`'s datasets into the draft, the counters into its metrics."""
+    """Tokenize `config`'s datasets into the draft, the counters into its metrics, and the template
+    warning (if any) into its manifest as `template_warning`."""
     draft.metrics.update(tokenize_stage_data(config, tokenizer_path=tokenizer_path, output_dir=draft.path))
+    warning = draft.path / TEMPLATE_WARNING_FILE
+    if warning.is_file():
+        draft.extra[TEMPLATE_WARNING] = warning.read_text(encoding="utf-8").strip()
 
 
 def cached_tokenized_data(

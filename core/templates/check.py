@@ -1,4 +1,8 @@
-"""The mismatch guard: does a named template write what the tokenizer's own chat template writes?
+"""The template checks: what a named template writes against the tokenizer's own chat template
+(a difference is reported, and is a warning unless `strict_template`), and whether the tokenizer
+can write the template's markers and stop words at all (if not, training would break the model).
+
+The rendering comparison:
 
 A probe conversation (a system prompt and two turns, then the same without the system prompt) is
 encoded with the template and with `apply_chat_template`; the first differing token is described.
@@ -17,13 +21,15 @@ without the `▁` token Meta's ` </s>` puts before each eos, so the trained toke
 
 from __future__ import annotations
 
+import re
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from tuneline.core.errors import TunelineError
 from tuneline.core.templates.auto import own_chat_template
 from tuneline.core.templates.encode import encode_pieces, message_pieces
 from tuneline.core.templates.format import fill
-from tuneline.core.templates.spec import Template
+from tuneline.core.templates.spec import CONTENT, Template, Token
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -36,6 +42,9 @@ PROBE = (
     {"role": "assistant", "content": "3+3 equals 6."},
 )
 _WINDOW = 6
+_MARKER = re.compile(r"<[|\uff5c][^\s<>]+?[|\uff5c]>")
+"""Control-token text written in a slot: `<|im_start|>`, `<|eot_id|>`, DeepSeek's `<｜User｜>`. Other
+bracketed text (llama2's `[INST]`, Qwen's `<tool_response>`) is plain text in the official formats."""
 
 
 def _official_ids(tokenizer: PreTrainedTokenizerBase, chat: list[dict]) -> list[int]:
@@ -97,3 +106,49 @@ def check_template(template: Template, tokenizer: PreTrainedTokenizerBase) -> st
         if not any(_matches(ours, official, tokenizer.eos_token_id) for official in candidates):
             return _describe(template, tokenizer, ours, candidates[0], system)
     return None
+
+
+def template_markers(template: Template) -> list[str]:
+    """The control tokens the template writes: `Token` pieces and `<|...|>` text in its slots."""
+    slots = (template.format_prefix, template.format_system, template.format_user, template.format_assistant,
+             template.function_slot, template.observation_slot)
+    markers: list[str] = []
+    for piece in (piece for slot in slots for piece in slot):
+        if isinstance(piece, Token):
+            markers.append(piece.text)
+        elif isinstance(piece, str):
+            markers += _MARKER.findall(piece.replace(CONTENT, " "))
+    return list(dict.fromkeys(markers))
+
+
+def vocabulary_problems(
+    template: Template, tokenizer: PreTrainedTokenizerBase, *, original_vocab: Container[str], resize_vocab: bool
+) -> list[str]:
+    """What the template writes that the model could not learn to write, one line each.
+
+    Run after `fix_tokenizer`. A marker must encode to one token, or the model is taught a control
+    token as pieces of text; so must each stop word, or generation cannot stop on it. A marker, or
+    the stop word that becomes eos, that the fix added to the vocabulary (not in `original_vocab`)
+    is written into every example with no trained embedding, so it needs `resize_vocab: true`.
+    The other stop words are only matched at generation, and are added as LLaMA-Factory adds them.
+    """
+    markers = template_markers(template)
+    problems = []
+    for kind, word in [*(("marker", m) for m in markers), *(("stop word", w) for w in template.stop_words)]:
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            problems.append(
+                f"template '{template.name}' writes the {kind} {word!r}, which this tokenizer splits into {len(ids)} "
+                "tokens, so the model would learn its control token as text; use the template that matches the "
+                "model's tokenizer (or 'template: auto')."
+            )
+    written = [*markers, *template.stop_words[:1]] if template.replace_eos else markers
+    vocab = tokenizer.get_vocab()
+    added = [word for word in dict.fromkeys(written) if word not in original_vocab and word in vocab]
+    if added and not resize_vocab:
+        problems.append(
+            f"template '{template.name}' writes the token(s) {', '.join(map(repr, added))}, which this tokenizer "
+            "does not have: they were added, with no embedding in the model; set 'resize_vocab: true' to grow the "
+            "embeddings, or use the template that matches the model's tokenizer."
+        )
+    return problems

@@ -74,24 +74,25 @@ def fix_tokenizer(template: Template, tokenizer: PreTrainedTokenizerBase) -> lis
 
     With `replace_eos` the first stop word becomes eos; a tokenizer without eos gets
     `<|endoftext|>`; pad falls back to eos; the other stop words become special tokens.
-    A token the tokenizer already has keeps its settings: Phi-3's `<|end|>` still swallows the
-    newline after it once it is eos (re-adding it by its text would drop that and add two tokens
-    to every turn). Returns the tokens that were new to the vocabulary (the model's embeddings
-    must grow).
+    A named template sets them by their text, as LLaMA-Factory does, so a token the tokenizer
+    already has loses its own strip settings: Phi-3's `<|end|>` stops swallowing the newline after
+    it once it is eos, and every turn gets the `▁` and newline LLaMA-Factory writes there.
+    `template: auto` keeps each token's settings, so the tokenizer still encodes its own chat
+    template's rendering as it did. Returns the tokens that were new to the vocabulary (the
+    model's embeddings must grow).
     """
     vocab = set(tokenizer.get_vocab())
+    keep_settings = template.chat_template is not None
     stop_words = list(template.stop_words)
     if template.replace_eos:
-        _set_eos(tokenizer, stop_words.pop(0))
+        _set_eos(tokenizer, stop_words.pop(0), keep_settings=keep_settings)
     if tokenizer.eos_token_id is None:
-        _set_eos(tokenizer, "<|endoftext|>")
+        _set_eos(tokenizer, "<|endoftext|>", keep_settings=keep_settings)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if stop_words:
-        tokenizer.add_special_tokens(
-            {"additional_special_tokens": [_as_added(tokenizer, word) for word in stop_words]},
-            replace_extra_special_tokens=False,
-        )
+        words = [_as_added(tokenizer, word) for word in stop_words] if keep_settings else stop_words
+        tokenizer.add_special_tokens({"additional_special_tokens": words}, replace_extra_special_tokens=False)
     candidates = [tokenizer.eos_token, *stop_words]
     return [token for token in dict.fromkeys(candidates) if token not in vocab]
 
@@ -102,9 +103,9 @@ def _as_added(tokenizer: PreTrainedTokenizerBase, token: str) -> AddedToken | st
     return existing.get(token, token)
 
 
-def _set_eos(tokenizer: PreTrainedTokenizerBase, token: str) -> None:
+def _set_eos(tokenizer: PreTrainedTokenizerBase, token: str, *, keep_settings: bool) -> None:
     if tokenizer.eos_token != token:
-        tokenizer.add_special_tokens({"eos_token": _as_added(tokenizer, token)})
+        tokenizer.add_special_tokens({"eos_token": _as_added(tokenizer, token) if keep_settings else token})
 
 
 def stop_token_ids(template: Template, tokenizer: PreTrainedTokenizerBase) -> list[int]:

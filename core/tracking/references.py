@@ -15,6 +15,8 @@ KEY_TAG = "tuneline.key"
 PIPELINE_TAG = "tuneline.pipeline"
 LINEAGE_KEY_PREFIX = "tuneline.key."
 EXPORT_KEY_TAG = "tuneline.export_key"
+TEMPLATE_WARNING_TAG = "tuneline.template_warning"
+"""On a tokenize run whose named template renders differently from the tokenizer's own chat template."""
 DEFAULT_KEEP_RUNS = 3
 
 

@@ -106,3 +106,19 @@ def test_export_merges_the_adapter_into_a_loadable_folder(trained: Path, sft_yam
         merged_logits = AutoModelForCausalLM.from_pretrained(exported)(torch.tensor([ids])).logits
         adapter_logits = PeftModel.from_pretrained(base, str(trained))(torch.tensor([ids])).logits
     torch.testing.assert_close(merged_logits, adapter_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_data_preview_shows_the_template_warning(shared_dir: Path, tmp_path: Path, monkeypatch):
+    """chatml on Qwen2.5 renders differently from Qwen's own template (no default system prompt):
+    LLaMA-Factory trains it, so the preview shows the warning with the first differing tokens."""
+    from tuneline.flows.single import preview
+
+    monkeypatch.setenv("TUNELINE_CACHE", str(tmp_path / "cache"))
+    config = {"model_name_or_path": str(shared_dir / "tokenizers/qwen2.5"), "stage": "sft", "dataset": "demo_alpaca",
+              "dataset_dir": str(REPO_ROOT / "data"), "template": "chatml", "cutoff_len": 64, "max_samples": 4}
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(config))
+    shown = preview(str(path), [], count=1)
+    assert "template warning: template 'chatml' does not write what this tokenizer's own chat template writes" in shown
+    assert "first differ at position 1" in shown
+    assert "template warning" not in preview(str(path), ["template=qwen"], count=1)

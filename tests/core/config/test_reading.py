@@ -106,3 +106,9 @@ def test_methods_that_cannot_train_together_fail_when_the_config_is_read():
         build_stage_config({"finetuning_type": "freeze", "quantization_bit": 4, "loraplus_lr_ratio": 16})
     assert len(error.value.problems) == 2
     assert "'quantization_bit: 4' trains LoRA adapters only" in str(error.value) and "loraplus_lr_ratio" in str(error.value)
+
+
+def test_strict_template_and_allow_template_mismatch_contradict():
+    assert build_stage_config({"stage": "sft", "strict_template": True}).data.strict_template is True
+    with pytest.raises(ConfigError, match="'strict_template: true' refuses .* keep one"):
+        build_stage_config({"stage": "sft", "strict_template": True, "allow_template_mismatch": True})

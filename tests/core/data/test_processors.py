@@ -3,6 +3,7 @@ examples, pretraining blocks. Expectations are computed by hand from the rules i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -207,13 +208,17 @@ def test_pretrain_appends_eos_concatenates_and_drops_the_tail(gpt2):
     assert _pretrain(["hello"], gpt2, template="default", cutoff_len=3) == []
 
 
-def test_pretrain_llama3_uses_end_of_text_and_writes_bos(llama3):
+def test_pretrain_llama3_uses_end_of_text_and_writes_bos_only_when_the_flag_says_so(llama3):
     blocks = _pretrain(["hello world", "foo bar baz"], llama3, template="llama3", cutoff_len=3)
-    # stream: [15339, 1917, 128001, 8134, 3703, 51347, 128001]; BOS 128000 overwrites each block's first token
-    assert llama3.eos_token == "<|eot_id|>"
-    assert [b["input_ids"] for b in blocks] == [[128000, 1917, 128001], [128000, 3703, 51347]]
+    # stream: [15339, 1917, 128001, 8134, 3703, 51347, 128001]; LLaMA-Factory reads add_bos_token,
+    # which transformers 5 reports False for this tokenizer.json although encoding adds BOS
+    assert llama3.eos_token == "<|eot_id|>" and llama3.add_bos_token is False
+    assert [b["input_ids"] for b in blocks] == [[15339, 1917, 128001], [8134, 3703, 51347]]
     assert [b["labels"] for b in blocks] == [b["input_ids"] for b in blocks]
-
+    flagged = copy.deepcopy(llama3)
+    flagged.add_bos_token = True  # BOS 128000 overwrites each block's first token
+    blocks = _pretrain(["hello world", "foo bar baz"], flagged, template="llama3", cutoff_len=3)
+    assert [b["input_ids"] for b in blocks] == [[128000, 1917, 128001], [128000, 3703, 51347]]
 
 
 def test_pretrain_explicit_packing_gives_blocks_one_shorter(gpt2):
@@ -237,11 +242,13 @@ def test_pretrain_without_packing_cuts_each_document(gpt2, llama3):
     blocks = _pretrain(["hello world", "foo bar baz"], gpt2, template="default", cutoff_len=4, packing=False)
     assert [b["input_ids"] for b in blocks] == [[31373, 995, 50256], [21943, 2318, 275, 1031]]
     assert [b["labels"] for b in blocks] == [b["input_ids"] for b in blocks]
-    # llama3 adds BOS: its text goes in front, then the document is cut to cutoff_len
-    blocks = _pretrain(["hello world"], llama3, template="llama3", cutoff_len=3, packing=False)
+    # with add_bos_token the BOS text goes in front, then the document is cut to cutoff_len
+    flagged = copy.deepcopy(llama3)
+    flagged.add_bos_token = True
+    blocks = _pretrain(["hello world"], flagged, template="llama3", cutoff_len=3, packing=False)
     assert [b["input_ids"] for b in blocks] == [[128000, 15339, 1917]]
     blocks = _pretrain(["hello world"], llama3, template="llama3", cutoff_len=8, packing=False)
-    assert [b["input_ids"] for b in blocks] == [[128000, 15339, 1917, 128001]]
+    assert [b["input_ids"] for b in blocks] == [[15339, 1917, 128001]]
 
 
 # ---------------------------------------------------------------- pairwise (BEHAVIOUR.md §4)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.stages.registry import tokenize_stage_data
+from tuneline.core.data.tokenization import TEMPLATE_WARNING_FILE
 from tuneline.core.errors import ConfigError, DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -60,15 +62,38 @@ def test_worker_processes_give_the_same_dataset(shared_dir: Path, tmp_path: Path
     assert len(one["train"]) + len(one["validation"]) == 200 and 5 <= len(one["validation"]) <= 40
 
 
-def test_named_template_that_disagrees_with_the_tokenizer_is_refused_unless_allowed(shared_dir: Path, tmp_path: Path):
+def test_named_template_that_renders_differently_is_a_warning_unless_strict(shared_dir: Path, tmp_path: Path):
     qwen = shared_dir / "tokenizers/qwen2.5"
-    with pytest.raises(ConfigError, match="allow_template_mismatch"):
-        tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="llama3"), tokenizer_path=qwen, output_dir=tmp_path / "a")
-    counters = tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="llama3", allow_template_mismatch=True),
-                                tokenizer_path=qwen, output_dir=tmp_path / "b")
+    out = tmp_path / "chatml"
+    counters = tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="chatml"), tokenizer_path=qwen,
+                                   output_dir=out)
     assert counters["examples"] == 5
-    assert tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="qwen"), tokenizer_path=qwen,
-                            output_dir=tmp_path / "c")["examples"] == 5
+    warning = (out / TEMPLATE_WARNING_FILE).read_text()
+    assert warning.startswith("template 'chatml' does not write what this tokenizer's own chat template writes")
+    assert "first differ at position 1" in warning
+    with pytest.raises(ConfigError, match="strict_template"):
+        tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="chatml", strict_template=True),
+                            tokenizer_path=qwen, output_dir=tmp_path / "strict")
+    assert not (tmp_path / "strict").exists()
+    out = tmp_path / "qwen"
+    assert tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="qwen", strict_template=True),
+                               tokenizer_path=qwen, output_dir=out)["examples"] == 5
+    assert not (out / TEMPLATE_WARNING_FILE).exists()
+
+
+def test_template_markers_the_tokenizer_cannot_write_stay_an_error(shared_dir: Path, tmp_path: Path):
+    # llama3's <|start_header_id|> is no token of Qwen2.5: the model would learn it as text
+    with pytest.raises(ConfigError, match=re.escape("'<|start_header_id|>', which this tokenizer splits into")):
+        tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="llama3"),
+                            tokenizer_path=shared_dir / "tokenizers/qwen2.5", output_dir=tmp_path / "a")
+    # chatml on gpt2: its markers are added by the template, which needs resize_vocab
+    gpt2 = shared_dir / "tokenizers/gpt2"
+    with pytest.raises(ConfigError, match="resize_vocab"):
+        tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="chatml"), tokenizer_path=gpt2,
+                            output_dir=tmp_path / "b")
+    counters = tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=5, template="chatml", resize_vocab=True),
+                                   tokenizer_path=gpt2, output_dir=tmp_path / "c")
+    assert counters["examples"] == 5
 
 
 SUPERVISED = {"input_ids", "attention_mask", "labels"}

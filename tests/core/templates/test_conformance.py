@@ -151,6 +151,8 @@ class Pairing:
     always: Callable[[list[int]], list[int]] = lambda ids: ids
     triggered: Callable[[Case], bool] = lambda case: False
     view: Callable[[Case], tuple[Case, Case]] = lambda case: (case, case)
+    fixed: bool = True
+    """Encode ours with the tokenizer fixed for the template (False: as shipped)."""
 
 
 def _llama2_without_space_before_eos(ids: list[int]) -> list[int]:
@@ -204,7 +206,10 @@ PAIRINGS = [
         # README, phi3.5: "Added tokens have rstrip=true: whitespace right after <|user|> etc. is
         # swallowed". LLaMA-Factory encodes each reply on its own, after <|assistant|>\n, so a
         # reply's leading whitespace survives; the official whole-text encoding swallows it.
-        "phi3.5", "phi", eot=32007, always=_phi_without_final_eos,
+        # LLaMA-Factory makes <|end|> eos by its text, which drops its rstrip: fixed so, every turn
+        # end gains '▁' and a newline (test_golden.py holds those ids), so the slots are compared
+        # here through the tokenizer as shipped.
+        "phi3.5", "phi", eot=32007, always=_phi_without_final_eos, fixed=False,
         triggered=lambda case: any(m["content"][:1].isspace() for m in case.messages if m["role"] == "assistant"),
         view=lambda case: (_map_contents(case, lambda i, m: m["content"].lstrip() if m["role"] == "assistant"
                                          else m["content"]), case),
@@ -263,7 +268,8 @@ def _by_name(items) -> dict:
 @pytest.mark.parametrize("pairing", PAIRINGS, ids=[p.tokenizer for p in PAIRINGS])
 @pytest.mark.parametrize("case", CASES, **_by_name(CASES))
 def test_named_template_equals_official(tokenizers, pairing, case):
-    official_tokenizer, ours_tokenizer = tokenizers(pairing.tokenizer), tokenizers(pairing.tokenizer, pairing.template)
+    official_tokenizer = tokenizers(pairing.tokenizer)
+    ours_tokenizer = tokenizers(pairing.tokenizer, pairing.template if pairing.fixed else None)
     ours = _ours(pairing.template, ours_tokenizer, case)
     official = pairing.always(_official(official_tokenizer, case))
     if not pairing.triggered(case):

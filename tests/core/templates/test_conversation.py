@@ -337,13 +337,13 @@ def test_fix_tokenizer_replaces_eos_with_existing_token(load, fixed):
     assert stop_token_ids(get_template("qwen"), qwen) == [151645]
 
 
-def test_fix_tokenizer_keeps_the_settings_of_a_token_it_makes_eos(load, fixed):
-    """Phi-3's <|end|> swallows the newline after it (rstrip); as eos it still does, so a turn
-    encodes as the official tokenizer encodes it."""
+def test_fix_tokenizer_sets_eos_by_its_text_as_llamafactory_does(load, fixed):
+    """Phi-3's <|end|> swallows the newline after it (rstrip); made eos by its text, as LLaMA-Factory
+    makes it, it no longer does, so every turn end is `<|end|>`, `▁`, newline, as LLaMA-Factory writes it."""
     text = "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n"
-    ids = fixed("phi3.5", "phi").encode(text, add_special_tokens=False)
-    assert ids == load("phi3.5").encode(text, add_special_tokens=False)
-    assert ids == [32010, 6324, 32007, 32001, 15043, 32007]
+    assert load("phi3.5").encode(text, add_special_tokens=False) == [32010, 6324, 32007, 32001, 15043, 32007]
+    assert fixed("phi3.5", "phi").encode(text, add_special_tokens=False) == [
+        32010, 6324, 32007, 29871, 13, 32001, 15043, 32007, 29871, 13]
 
 
 def test_fix_tokenizer_adds_missing_chatml_tokens_to_gpt2(load, fixed):

@@ -1,0 +1,88 @@
+"""Token-exact against LLaMA-Factory 0.9.5: every row of tests/data/golden/ encodes to its ids.
+
+Each golden file holds raw demo rows, their dataset_info.json entry, the arguments and the
+input_ids/labels that LLaMA-Factory's own preprocessing wrote for them (the file records the
+command). The rows go through tuneline's whole path: the registry reader and converter, the
+template with its tokenizer fixes, and the batch encoder the tokenize stage runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "data" / "golden"
+GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
+_STAGES = {"sft": "sft", "rm": "rm", "pt": "pt"}
+
+
+@pytest.fixture(scope="module")
+def prepared(shared_dir: Path):
+    """`prepared(config, tokenizer_name)`: the tokenizer and template as the tokenize stage
+    prepares them, once per (tokenizer, template) pair of the module."""
+    from tuneline.core.data.tokenization import prepare_tokenizer
+
+    cache: dict[tuple[str, str], tuple] = {}
+
+    def _prepared(config, tokenizer_name: str):
+        pair = (tokenizer_name, config.data.template)
+        if pair not in cache:
+            tokenizer, template, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
+            cache[pair] = (tokenizer, template)
+        return cache[pair]
+
+    return _prepared
+
+
+def _encode(golden: dict, prepared, dataset_dir: Path) -> list[dict]:
+    from tuneline.core.data.encoding import EncodingSpec, encode_batch
+    from tuneline.core.data.tokenization import read_rows
+    from tuneline.core.stages.registry import build_stage_config, stage_kind
+
+    (dataset_dir / "rows.json").write_text(json.dumps(golden["rows"], ensure_ascii=False), encoding="utf-8")
+    entry = {**golden["dataset_info_entry"], "file_name": "rows.json"}
+    (dataset_dir / "dataset_info.json").write_text(json.dumps({"golden": entry}), encoding="utf-8")
+    arguments = golden["arguments"]
+    config = build_stage_config({**arguments, "dataset": "golden", "dataset_dir": str(dataset_dir),
+                                 "stage": _STAGES[arguments["stage"]]})
+    tokenizer, template = prepared(config, golden["tokenizer"])
+    spec = EncodingSpec.from_config(config, template=template, examples=stage_kind(config.finetuning.stage).examples)
+    examples, _ = encode_batch(read_rows(["golden"], config), spec=spec, tokenizer=tokenizer)
+    return examples
+
+
+def test_golden_files_cover_every_tokenizer(shared_dir: Path):
+    tokenizers = {path.name for path in (shared_dir / "tokenizers").iterdir() if (path / "tokenizer.json").is_file()}
+    covered = {json.loads(path.read_text(encoding="utf-8"))["tokenizer"] for path in GOLDEN_FILES}
+    assert tokenizers <= covered
+    assert all(json.loads(path.read_text(encoding="utf-8"))["llamafactory_version"] == "0.9.5" for path in GOLDEN_FILES)
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=[path.stem for path in GOLDEN_FILES])
+def test_ids_equal_llamafactory(path: Path, prepared, tmp_path: Path):
+    golden = json.loads(path.read_text(encoding="utf-8"))
+    examples = _encode(golden, prepared, tmp_path)
+    expected = golden["examples"]
+    assert len(examples) == len(expected)
+    for i, (ours, theirs) in enumerate(zip(examples, expected)):
+        for column, ids in theirs.items():
+            assert ours[column] == ids, f"example {i}, column {column}"
+
+
+@pytest.mark.parametrize(("tokenizer_name", "template_name", "warns"), [
+    ("llama2", "llama2", True), ("llama3", "default", True), ("qwen2.5", "vicuna", True), ("qwen2.5", "chatml", True),
+    ("phi3.5", "phi", False), ("qwen2.5", "qwen", False), ("llama3", "llama3", False),
+])
+def test_llamafactory_combinations_train_with_a_warning_where_they_differ(shared_dir: Path, tokenizer_name, template_name,
+                                                                          warns):
+    from tuneline.core.data.tokenization import prepare_tokenizer
+    from tuneline.core.stages.registry import build_stage_config
+
+    config = build_stage_config({"stage": "sft", "template": template_name})
+    _, _, warning = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
+    assert (warning is not None) == warns
+    if warns:
+        assert warning.startswith(f"template '{template_name}' does not write what this tokenizer's own chat template")
+        assert "first differ at position" in warning and "(ids [" in warning
