@@ -248,3 +248,34 @@ def prefect_server(tmp_path_factory) -> Iterator[str]:
         else:
             os.environ["PREFECT_API_URL"] = previous
         stop_process(server)
+
+
+# -- small training loops of the method tests ------------------------------------------------------
+
+def tokenize_demo_alpaca(tiny_base: Path, output: Path, *, max_samples: int) -> Path:
+    """`max_samples` demo alpaca examples tokenized with the default template (cutoff 48), as a
+    training stage gets them, in `output`."""
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    config = build_stage_config({"stage": "sft", "dataset": "demo_alpaca", "dataset_dir": str(REPO_ROOT / "data"),
+                                 "template": "default", "cutoff_len": 48, "max_samples": max_samples})
+    tokenize_stage_data(config, tokenizer_path=tiny_base, output_dir=output)
+    return output
+
+
+def train_steps(model, batch: dict, *, steps: int = 5, learning_rate: float = 1e-2) -> tuple[list[float], set[str]]:
+    """AdamW on `model`'s trainable parameters for `steps` steps of `batch`: the losses, and the names
+    of the parameters that changed."""
+    import torch
+
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {name for name, p in model.named_parameters() if not torch.equal(before[name], p)}

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import train_steps
+
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.expansion import expand_blocks
@@ -61,17 +63,7 @@ def test_llama_pro_trains_only_the_added_blocks(expanded: Path, token_batch, one
     finetuning = FinetuningConfig(finetuning_type=method, use_llama_pro=True, freeze_trainable_layers=2, lora_rank=4)
     torch.manual_seed(0)
     model = apply_finetuning(load_model(expanded), finetuning, model_config=ModelConfig())
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
-    model.train()
-    losses = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = model(**token_batch).loss
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    moved = {name for name, p in model.named_parameters() if not torch.equal(before[name], p)}
+    losses, moved = train_steps(model, token_batch)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert losses[-1] < losses[0]
     assert moved == trainable and trainable

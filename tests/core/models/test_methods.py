@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import tokenize_demo_alpaca
+
 from tuneline.core.config import FinetuningConfig, ModelConfig
-from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.loading import apply_finetuning, load_model, loraplus_optimizer, method_problems
 
@@ -27,13 +28,7 @@ ADAPTER_PARTS = ("lora_A", "lora_B", "lora_magnitude_vector")
 @pytest.fixture(scope="module")
 def tokenized(tiny_base: Path, tmp_path_factory) -> Path:
     """32 demo alpaca examples tokenized with the default template, as a training stage gets them."""
-    from tuneline.core.stages.registry import tokenize_stage_data
-
-    config = build_stage_config({"stage": "sft", "dataset": "demo_alpaca", "dataset_dir": str(REPO_ROOT / "data"),
-                                 "template": "default", "cutoff_len": 48, "max_samples": 32})
-    output = tmp_path_factory.mktemp("tokenized") / "data"
-    tokenize_stage_data(config, tokenizer_path=tiny_base, output_dir=output)
-    return output
+    return tokenize_demo_alpaca(tiny_base, tmp_path_factory.mktemp("tokenized") / "data", max_samples=32)
 
 
 @pytest.fixture(scope="module")

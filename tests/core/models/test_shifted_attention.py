@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import train_steps
+
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.loading import apply_finetuning, load_model
@@ -96,16 +98,7 @@ def test_lora_training_with_shift_attn_uses_it_and_lowers_the_loss(tiny_base: Pa
     model.train()
     with torch.no_grad():
         assert not torch.allclose(model(**inputs).logits, plain, atol=1e-3)  # grouped attention in training
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
-    losses = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = model(**token_batch).loss
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    moved = {name for name, p in model.named_parameters() if not torch.equal(before[name], p)}
+    losses, moved = train_steps(model, token_batch)
     assert losses[-1] < losses[0]
     assert moved == {name for name, p in model.named_parameters() if p.requires_grad}
     assert moved and all(".lora_" in name for name in moved)

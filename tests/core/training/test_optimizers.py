@@ -15,6 +15,8 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
+from conftest import tokenize_demo_alpaca
+
 from tuneline.core.config import OptimizerConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.registry import build_stage_config
@@ -31,13 +33,7 @@ def _one_torch_thread(one_torch_thread):
 
 @pytest.fixture(scope="module")
 def tokenized(tiny_base: Path, tmp_path_factory) -> Path:
-    from tuneline.core.stages.registry import tokenize_stage_data
-
-    config = build_stage_config({"stage": "sft", "dataset": "demo_alpaca", "dataset_dir": str(REPO_ROOT / "data"),
-                                 "template": "default", "cutoff_len": 48, "max_samples": 16})
-    output = tmp_path_factory.mktemp("tokenized") / "data"
-    tokenize_stage_data(config, tokenizer_path=tiny_base, output_dir=output)
-    return output
+    return tokenize_demo_alpaca(tiny_base, tmp_path_factory.mktemp("tokenized") / "data", max_samples=16)
 
 
 class FirstStep(TrainerCallback):
