@@ -60,14 +60,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def pytest_collection_modifyitems(config, items) -> None:
     """The modules that run pipelines end to end first, then the other modules that train, then the
-    rest, each module's tests kept together and in order: with `--dist loadfile` a worker takes the
-    next module when it is free, so the longest ones must not be left for last."""
+    other command-line modules (a process per test), then the rest, each module's tests kept together
+    and in order: with `--dist loadfile` a worker takes the next module when it is free, so the
+    longest ones must not be left for last."""
     slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
 
     def rank(item) -> int:
+        in_flows = item.path.parent.name == "flows"
         if item.path not in slow_modules:
-            return 2
-        return 0 if item.path.parent.name == "flows" else 1
+            return 2 if in_flows else 3
+        return 0 if in_flows else 1
 
     items.sort(key=rank)  # stable: collection order within each rank
 
