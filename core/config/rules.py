@@ -67,7 +67,7 @@ def data_problems(config: StageConfig) -> list[str]:
             problems.append(f"'interleave_probs' has {len(probs)} values for the {len(names)} datasets of 'eval_dataset'; "
                             "give one per dataset.")
     if data.streaming:
-        if training.get("max_steps", -1) in (None, -1) or training.get("max_steps", -1) <= 0:
+        if (training.get("max_steps") or -1) <= 0:
             problems.append("'streaming: true' reads a dataset of unknown length, so training needs 'max_steps'; set it.")
         if 0 < data.val_size < 1:
             problems.append(f"'streaming: true' takes a row count for 'val_size', not the share {data.val_size}; "
