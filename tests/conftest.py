@@ -7,6 +7,7 @@ points). Without them the tests that need them are skipped, unless `TUNELINE_REQ
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -281,3 +283,43 @@ def train_steps(model, batch: dict, *, steps: int = 5, learning_rate: float = 1e
         optimizer.step()
         losses.append(loss.item())
     return losses, {name for name, p in model.named_parameters() if not torch.equal(before[name], p)}
+
+
+# --- the command line as a user runs it ------------------------------------------------------
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TUNELINE_CACHE": str(cwd / "cache")})
+
+
+def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def export_config(tmp_path: Path, model: Path, export_dir: Path, **keys) -> Path:
+    config = tmp_path / "export.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(model), "export_dir": str(export_dir),
+                                      "template": "default", **keys}))
+    return config
+
+
+@pytest.fixture
+def two_row_stage(tmp_path: Path, shared_dir: Path):
+    """`two_row_stage(**keys)`: a preprocess config on two alpaca rows with the gpt2 tokenizer."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "d.jsonl").write_text('{"instruction": "Hi", "input": "", "output": "Hello"}\n'
+                                  '{"instruction": "Bye", "input": "", "output": "Goodbye"}\n')
+    (data / "dataset_info.json").write_text(json.dumps({"d": {"file_name": "d.jsonl"}}))
+
+    def write(**keys) -> Path:
+        config = tmp_path / "stage.yaml"
+        config.write_text(yaml.safe_dump({"model_name_or_path": str(shared_dir / "tokenizers/gpt2"), "stage": "sft",
+                                          "dataset": "d", "dataset_dir": str(data), "template": "default", **keys}))
+        return config
+
+    return write
