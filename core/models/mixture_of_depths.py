@@ -9,7 +9,7 @@ its router score (x + r * f(x)), so the loss reaches the router and teaches it w
 The routed tokens keep their order, so a causal mask over them is the original mask's rows and
 columns of those tokens; they keep their own rotary position embeddings and position ids. A router
 starts with a bias of 1 and small weights: the scores start near 1, so a routed token first gets
-the layer's full update, as in the model converted.
+about the layer's whole update, as it did before the conversion.
 
 Routing by top-k looks at the whole sequence, which a KV cache cannot follow token by token: a
 routed model generates without a cache, each step a forward pass over the whole text so far, which
@@ -126,9 +126,12 @@ def restore_routing(model: PreTrainedModel, folder: Path) -> PreTrainedModel:
     record = routing_record(model.config)
     prefix, count = decoder_layers(model)
     layers = [int(index) for index in record["routed_layers"]]
-    if not folder.is_dir() or any(index >= count for index in layers):
-        raise ConfigError(f"'{folder}' records Mixture-of-Depths routing of layers {layers}, which needs a local model "
-                          f"folder with {max(layers, default=0) + 1} or more layers; copy the model's folder here.")
+    if not folder.is_dir():
+        raise ConfigError(f"'{folder}' is a Mixture-of-Depths model, whose routers load from a local folder; download "
+                          "the model and point model_name_or_path at its folder.")
+    if any(index >= count for index in layers):
+        raise ConfigError(f"'{folder}' records Mixture-of-Depths routing of layers {layers} (config.json '{RECORD}'), and "
+                          f"the model has {count} layers; the entry does not belong to this model: remove it.")
     _route(model, prefix=prefix, layers=layers, capacity=float(record["capacity"]))
     wanted = {name for name, _ in model.named_parameters() if f".{ROUTER}." in name}
     saved = {}
@@ -188,8 +191,8 @@ def _route(model: PreTrainedModel, *, prefix: str, layers: list[int], capacity: 
     decoder = model.get_submodule(prefix)
     for index in layers:
         layer = decoder[index]
-        parameter = next(layer.parameters())
-        layer.add_module(ROUTER, TokenRouter(text_config.hidden_size, init_std=text_config.initializer_range).to(parameter.device))
+        router = TokenRouter(text_config.hidden_size, init_std=text_config.initializer_range)
+        layer.add_module(ROUTER, router.to(next(layer.parameters()).device))
         layer.mod_capacity = capacity
         layer.__class__ = _routed_class(type(layer))
     # a KV cache cannot follow top-k routing token by token (see the module's docstring)
@@ -212,8 +215,8 @@ def _take(values: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
 
 
 def _select_mask(attention_mask: torch.Tensor | None, chosen: torch.Tensor, length: int) -> torch.Tensor | None:
-    """The rows and key columns of the chosen tokens. A chosen padding token (a sequence shorter than
-    the tokens routed) may attend to itself, so that no row of the mask is empty."""
+    """The rows and key columns of the chosen tokens (a chosen padding token, in a sequence shorter
+    than the tokens routed, keeps its row of the mask, as padding does in every layer)."""
     if attention_mask is None:
         return None  # causal over every token, so causal over the chosen ones, which keep their order
     batch, count = chosen.shape
@@ -221,9 +224,7 @@ def _select_mask(attention_mask: torch.Tensor | None, chosen: torch.Tensor, leng
     heads, keys = mask.shape[1], mask.shape[-1]
     rows = mask.gather(2, chosen[:, None, :, None].expand(-1, heads, -1, keys))
     columns = (chosen + keys - length)[:, None, None, :].expand(-1, heads, count, -1)
-    selected = rows.gather(3, columns)
-    own = torch.eye(count, dtype=torch.bool, device=selected.device)
-    return selected | own if selected.dtype == torch.bool else selected.masked_fill(own, 0.0)
+    return rows.gather(3, columns)
 
 
 def _check_mask(attention_mask: Any) -> None:

@@ -13,7 +13,7 @@ from conftest import train_steps
 from tuneline.core.config import ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.loading import apply_finetuning, load_model
-from tuneline.core.models.mixture_of_depths import CAPACITY, convert_to_mixture_of_depths, routed_count
+from tuneline.core.models.mixture_of_depths import CAPACITY, RoutedLayer, convert_to_mixture_of_depths, routed_count
 from tuneline.core.stages.registry import build_stage_config
 
 TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog sleeps on in the warm afternoon sun by the river.",
@@ -82,19 +82,21 @@ def test_convert_trains_the_routers_processes_capacity_tokens_and_loads_back(tin
         loaded.generate(**prompt, max_new_tokens=3, do_sample=False, pad_token_id=0, use_cache=True)
 
 
-def tiny_qwen2(attention: str) -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def tiny_model(family: str, attention: str) -> torch.nn.Module:
+    """A random 4-layer Qwen2 or Mistral (the latter with a sliding window of 16), converted."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    config_class, model_class, extra = {"qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+                                        "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 16})}[family]
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=256, attn_implementation=attention)
-    return convert_to_mixture_of_depths(Qwen2ForCausalLM(config)).eval()
+    config = config_class(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=256, attn_implementation=attention, **extra)
+    return convert_to_mixture_of_depths(model_class(config)).eval()
 
 
-def test_qwen2_routes_the_top_tokens_with_their_own_positions_and_masks():
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
-
-    model = tiny_qwen2("sdpa")
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_routed_layers_take_the_top_tokens_with_their_own_positions_and_masks(family: str):
+    model = tiny_model(family, "sdpa")
     assert [index for index, layer in enumerate(model.model.layers) if hasattr(layer, "mod_router")] == [1, 3]
     layer = model.model.layers[1]
     ids = torch.randint(3, 256, (2, 48))
@@ -107,28 +109,37 @@ def test_qwen2_routes_the_top_tokens_with_their_own_positions_and_masks():
     assert seen == {0: [48], 1: [6], 2: [48], 3: [6]}
 
     # The same layer by hand: the top-6 tokens of each row as a short sequence of their own, their
-    # rotary embeddings computed from their positions, causal among themselves.
+    # rotary embeddings computed from their positions, their mask (causal, within the sliding
+    # window) from their positions.
+    window = model.config.sliding_window or 48
     hidden = inputs["hidden"]
     with torch.no_grad():
         scores = hidden @ layer.mod_router.weight + layer.mod_router.bias
         chosen = scores.topk(6, dim=1).indices.sort(dim=1).values
         expected = hidden.clone()
         for row in range(2):
-            picked = hidden[row, chosen[row]][None]
-            rotary = model.model.rotary_emb(picked, position_ids=chosen[row][None])
-            processed = Qwen2DecoderLayer.forward(layer, picked, attention_mask=None, position_embeddings=rotary)
+            picked, positions = hidden[row, chosen[row]][None], chosen[row]
+            rotary = model.model.rotary_emb(picked, position_ids=positions[None])
+            distance = positions[:, None] - positions[None, :]
+            mask = ((distance >= 0) & (distance < window))[None, None]
+            processed = super(RoutedLayer, layer).forward(picked, attention_mask=mask, position_embeddings=rotary)
             expected[row, chosen[row]] = picked[0] + scores[row, chosen[row], None] * (processed[0] - picked[0])
     assert torch.allclose(inputs["output"], expected, atol=1e-5)
 
-    # With left padding, SDPA's boolean masks and eager attention's additive ones route alike, and
-    # padding never takes a routed slot.
+    # With left padding, SDPA's boolean masks and eager attention's additive ones route alike;
+    # padding takes a routed slot only from a row with fewer real tokens than slots (the last).
+    ids = torch.randint(3, 256, (3, 48))
     mask = torch.ones_like(ids)
     mask[1, :30] = 0
-    eager = tiny_qwen2("eager")
+    mask[2, :45] = 0
+    eager = tiny_model(family, "eager")
     with torch.no_grad():
         sdpa_logits, eager_logits = (m(input_ids=ids, attention_mask=mask).logits for m in (model, eager))
     assert torch.allclose(sdpa_logits[mask.bool()], eager_logits[mask.bool()], atol=1e-4)
     assert not torch.isnan(sdpa_logits).any() and not torch.isnan(eager_logits).any()
+    processed = (inputs["output"] != inputs["hidden"]).any(-1)
+    assert processed.sum(1).tolist() == [6, 6, 6]
+    assert processed[1, :30].sum() == 0 and processed[2, 45:].all()
 
 
 def test_mixture_of_depths_settings_that_cannot_work_are_errors(tiny_base: Path, tmp_path: Path):
