@@ -65,10 +65,11 @@ class RoutedLayer(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool | None = False,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, **kwargs: Any) -> torch.Tensor:
-        _refuse_cached_decoding(cache, self.self_attn.layer_idx)
+        # earlier transformers 5 releases name the cache `past_key_values` (renamed `cache`, the old name goes in 5.40)
+        _refuse_cached_decoding(cache if cache is not None else kwargs.get("past_key_values"), self.self_attn.layer_idx)
         batch, length, width = hidden_states.shape
         scores = self.mod_router(hidden_states)
-        present = present_tokens(attention_mask, length)
+        present = _present_tokens(attention_mask, length)
         ranked = scores if present is None else scores.masked_fill(~present, float("-inf"))
         chosen = ranked.topk(routed_count(length, self.mod_capacity), dim=1).indices.sort(dim=1).values
         selected = _take(hidden_states, chosen)
@@ -174,7 +175,7 @@ def routes_tokens(model: PreTrainedModel) -> bool:
     return routing_record(model.config) is not None
 
 
-def present_tokens(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+def _present_tokens(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
     """(batch, length) booleans: the tokens that are not padding (they may attend to themselves);
     None where the mask says nothing is padding."""
     if attention_mask is None:
