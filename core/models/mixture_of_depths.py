@@ -198,7 +198,7 @@ def _route(model: PreTrainedModel, *, prefix: str, layers: list[int], capacity: 
         layer.__class__ = _routed_class(type(layer))
     # a KV cache cannot follow top-k routing token by token (see the module's docstring)
     model.config.use_cache = False
-    if model.generation_config is not None:
+    if model.can_generate():  # a scoring model (reward models) has no generation config
         model.generation_config.use_cache = False
 
 

@@ -173,3 +173,16 @@ def test_mixture_of_depths_settings_that_cannot_work_are_errors(tiny_base: Path,
     with pytest.raises(ConfigError, match="routes the decoder layers of the llama, mistral, qwen2 model families, and "
                                           "this model is 'gpt2'"):
         convert_to_mixture_of_depths(GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64)))
+
+
+def test_a_scoring_model_converts_too():
+    """Reward models (a one-output head, no generation config) route like causal LMs."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, num_labels=1, pad_token_id=0)
+    model = convert_to_mixture_of_depths(LlamaForSequenceClassification(config)).eval()
+    seen, _ = tokens_seen(model, [0, 1])
+    with torch.no_grad():
+        assert model(input_ids=torch.randint(1, 64, (2, 16))).logits.shape == (2, 1)
+    assert seen == {0: [16], 1: [2]}
