@@ -10,10 +10,11 @@ import torch
 
 from conftest import train_steps
 
-from tuneline.core.config import ModelConfig
+from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.loading import apply_finetuning, load_model
-from tuneline.core.models.mixture_of_depths import CAPACITY, RoutedLayer, convert_to_mixture_of_depths, routed_count
+from tuneline.core.models.mixture_of_depths import CAPACITY, RoutedLayer, convert_to_mixture_of_depths, routed_count, routes_tokens
+from tuneline.core.stages.preference import reference_model
 from tuneline.core.stages.registry import build_stage_config
 
 TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog sleeps on in the warm afternoon sun by the river.",
@@ -158,6 +159,11 @@ def test_mixture_of_depths_settings_that_cannot_work_are_errors(tiny_base: Path,
     routed.save_pretrained(tmp_path / "routed")
     with pytest.raises(ConfigError, match="is already a Mixture-of-Depths model; set 'mixture_of_depths: load'"):
         load_model(tmp_path / "routed", model=ModelConfig(mixture_of_depths="convert"))
+    # the key is the policy's: a reference model loads as it was saved, routed or not
+    for asked, ref_model, routes in (("load", tiny_base, False), ("convert", tmp_path / "routed", True)):
+        reference = reference_model(routed, FinetuningConfig(ref_model=str(ref_model)),
+                                    model_config=ModelConfig(mixture_of_depths=asked), vocab_size=None, training=None)
+        assert routes_tokens(reference) is routes
 
     # A folder whose config records routing but whose weights lost the routers is refused, never
     # loaded as an ordinary model with the routing silently gone.
