@@ -98,15 +98,8 @@ PENDING: tuple[Unavailable, ...] = (
                                             "profile_modules")),
 )
 
-BROKEN_UPSTREAM: tuple[tuple[Unavailable, str], ...] = (
-    (Unavailable("Mixture-of-Depths", keys=("mixture_of_depths",)),
-     "LLaMA-Factory runs it through the mixture-of-depth package (`from MoD import apply_mod_to_hf`, "
-     "AutoMoDModelForCausalLM; 1.2.0 of June 2024 is its latest release), which was written for transformers 4: "
-     "`import MoD` fails on transformers 5 (it imports TRANSFORMERS_CACHE, which transformers 5 removed), and its "
-     "routing layer expects decoder layers that return tuples and compute their own rotary embeddings from the "
-     "routed tokens' position_ids, where transformers 5's layers return a tensor and take the embeddings of every "
-     "token precomputed"),
-)
+# None at present (Mixture-of-Depths runs as tuneline's own, core/models/mixture_of_depths.py).
+BROKEN_UPSTREAM: tuple[tuple[Unavailable, str], ...] = ()
 
 REFUSED_KEYS: Mapping[str, Refused] = {key: refused for refused in REFUSED for key in refused.defaults}
 

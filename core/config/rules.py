@@ -26,6 +26,7 @@ def _value_problems(config: StageConfig) -> list[str]:
     if ft.use_llama_pro and ft.freeze_trainable_layers <= 0:
         problems.append(f"'use_llama_pro: true' reads 'freeze_trainable_layers' as the number of blocks the model was "
                         f"expanded by, which must be positive, got {ft.freeze_trainable_layers}.")
+    problems.extend(_mixture_of_depths_problems(config))
     if data.cutoff_len <= 0:
         problems.append(f"'cutoff_len' must be positive, got {data.cutoff_len}.")
     if data.val_size < 0:
@@ -48,6 +49,22 @@ def _value_problems(config: StageConfig) -> list[str]:
         probs, names = data.interleave_probs.split(","), data.dataset.split(",")
         if len(probs) != len(names):
             problems.append(f"'interleave_probs' has {len(probs)} values for {len(names)} datasets; give one per dataset.")
+    return problems
+
+
+def _mixture_of_depths_problems(config: StageConfig) -> list[str]:
+    mod, ft = config.model.mixture_of_depths, config.finetuning
+    if mod is None:
+        return []
+    problems = []
+    if mod == "convert" and ft.finetuning_type != "full":
+        problems.append(f"'mixture_of_depths: convert' adds a new router to every other decoder layer, which only "
+                        f"'finetuning_type: full' trains ('{ft.finetuning_type}' would leave the routers as they "
+                        "started); set finetuning_type: full, or train the converted model in full first and then load "
+                        "it with 'mixture_of_depths: load'.")
+    if config.model.flash_attn == "fa2":
+        problems.append(f"'mixture_of_depths: {mod}' routes tokens through the attention masks of SDPA and eager "
+                        "attention, not FlashAttention-2; set 'flash_attn: sdpa' or remove one of the two keys.")
     return problems
 
 

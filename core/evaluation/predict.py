@@ -96,8 +96,11 @@ def generation_kwargs(generating: GeneratingConfig, tokenizer: PreTrainedTokeniz
     if not generating.do_sample:
         for key in ("temperature", "top_p", "top_k"):
             values.pop(key)
+    from tuneline.core.models.mixture_of_depths import routes_tokens
+
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return {**values, "eos_token_id": stop_token_ids(tokenizer, model), "pad_token_id": pad, "use_cache": True}
+    cache = model is None or not routes_tokens(model)  # a routed model recomputes the whole text each step
+    return {**values, "eos_token_id": stop_token_ids(tokenizer, model), "pad_token_id": pad, "use_cache": cache}
 
 
 def generate_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Sequence[int]], *,

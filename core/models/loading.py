@@ -73,7 +73,8 @@ def load_model(
     """The model at `path` in the compute dtype, with the chosen attention, quantized when asked, its
     embeddings resized to `vocab_size` if larger: a causal LM (policies and references), or with
     `head="score"` the same backbone with a one-output scoring head (reward models; the head is new
-    and random unless `path` saved one). Both pass the same checks (pickle weights, remote code)."""
+    and random unless `path` saved one). Both pass the same checks (pickle weights, remote code).
+    A folder whose config records Mixture-of-Depths routing loads with its routers."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     model = model or ModelConfig()
@@ -82,12 +83,13 @@ def load_model(
     if problem:
         raise ConfigError(problem)
     config = _load_config(path, model, **({"num_labels": 1} if head == "score" else {}))
+    routing = _routing_of_folder(config, path=path, asked=model.mixture_of_depths)
     dtype = compute_dtype(training or {}, config=config)
     quantization = quantization_config(model, compute_dtype=dtype)
     _check_weights_format(path, model)
     model_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
     try:
-        with _new_head_expected(head):
+        with _new_head_expected(head), _routers_expected(routing):
             loaded = model_class.from_pretrained(
                 str(path),
                 config=config,
@@ -116,6 +118,10 @@ def load_model(
             raise
         raise ConfigError(f"'{KEY}: {path}' has weights that cannot be read ({_first_line(e)}); the *.safetensors "
                           "file is cut short or damaged: copy it again, or save the model again.") from e
+    if routing is not None:
+        from tuneline.core.models.mixture_of_depths import restore_routing
+
+        restore_routing(loaded, Path(path))
     if getattr(loaded, "hf_quantizer", None) is not None:  # set by transformers on quantized models only
         keep_4bit_layout_for_training(loaded)
     if vocab_size is not None and vocab_size > loaded.get_input_embeddings().num_embeddings:
@@ -130,6 +136,31 @@ def _new_head_expected(head: Head):
     from trl.trainer.reward_trainer import suppress_seqcls_warning
 
     return suppress_seqcls_warning()
+
+
+def _routing_of_folder(config: PretrainedConfig, *, path: str | Path, asked: str | None) -> Mapping[str, Any] | None:
+    """The Mixture-of-Depths routing `path` records (loaded with its routers whether or not
+    `mixture_of_depths: load` says so), checked against what the key asks for."""
+    from tuneline.core.models.mixture_of_depths import RECORD, routing_record
+
+    routing = routing_record(config)
+    if asked == "load" and routing is None:
+        raise ConfigError(f"'mixture_of_depths: load' reads a Mixture-of-Depths model, and '{KEY}: {path}' is an ordinary "
+                          f"one (its config.json has no '{RECORD}' entry); convert it with 'mixture_of_depths: convert' "
+                          "and 'finetuning_type: full', or remove the key.")
+    if asked == "convert" and routing is not None:
+        raise ConfigError(f"'mixture_of_depths: convert' was given '{KEY}: {path}', which is already a Mixture-of-Depths "
+                          "model; set 'mixture_of_depths: load' to train it further.")
+    return routing
+
+
+def _routers_expected(routing: Mapping[str, Any] | None):
+    """A routed model's router weights are not its class's own; transformers would report them as unexpected."""
+    if routing is None:
+        return contextlib.nullcontext()
+    from tuneline.core.models.mixture_of_depths import quiet_router_report
+
+    return quiet_router_report()
 
 
 def load_reward_model(
@@ -212,6 +243,10 @@ def apply_finetuning(
     if problems:
         raise ConfigError(problems)
     prepare_checkpointing(model, training or {})
+    if model_config.mixture_of_depths == "convert":
+        from tuneline.core.models.mixture_of_depths import convert_to_mixture_of_depths
+
+        convert_to_mixture_of_depths(model)
     if model_config.shift_attn:
         use_shifted_sparse_attention(model)
     methods = {

@@ -77,8 +77,9 @@ def _load_reference(
     from tuneline.core.models.adapters import adapter_paths, load_adapter
     from tuneline.core.models.loading import load_model
 
+    # `mixture_of_depths` converts or loads the policy; a reference loads as it was saved (routed or not)
     config = dataclasses.replace(model_config, model_name_or_path=finetuning.ref_model,
-                                 adapter_name_or_path=finetuning.ref_model_adapters)
+                                 adapter_name_or_path=finetuning.ref_model_adapters, mixture_of_depths=None)
     reference = load_model(finetuning.ref_model, model=config, vocab_size=vocab_size, training=training)
     for path in adapter_paths(config):
         reference = load_adapter(reference, path, model_config=config, trainable=False).merge_and_unload()

@@ -89,8 +89,7 @@ def test_every_name_is_accepted_or_refused_with_the_reason():
     assert set(ARGUMENTS["arguments"]) <= FIELDS | set(REFUSED_KEYS)
 
 
-def test_mixture_of_depths_is_refused_with_the_package_and_the_reason():
-    _, problems = read_stage_config({"mixture_of_depths": "load"})
-    assert len(problems) == 1
-    assert problems[0].startswith("'mixture_of_depths: load' asks for Mixture-of-Depths, which cannot run with this version")
-    assert "mixture-of-depth package" in problems[0] and "TRANSFORMERS_CACHE" in problems[0]
+def test_mixture_of_depths_is_accepted_with_full_training():
+    assert outcome("mixture_of_depths", "load") == ("accepted", [])
+    _, problems = read_stage_config({"mixture_of_depths": "convert", "finetuning_type": "full"})
+    assert problems == []
