@@ -103,9 +103,13 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
 def export(config_path: str, overrides: list[str]) -> Path:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "export_dir"), source=config_path)
-    return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=config.model.adapter_name_or_path or None,
+    adapter = config.model.adapter_name_or_path or None
+    if adapter and config.model.adapter_folder:  # the adapter's files sit in that subfolder of it
+        adapter = str(Path(adapter) / config.model.adapter_folder)
+    return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=adapter,
                          template=export_template(config), export_size_gb=config.export.export_size,
-                         overwrite=config.output.overwrite_output_dir)
+                         overwrite=config.output.overwrite_output_dir, infer_dtype=config.inference.infer_dtype,
+                         use_kv_cache=config.inference.use_kv_cache)
 
 
 def tokenizer_fingerprint(model_path: str) -> str:
