@@ -44,6 +44,11 @@ def apply_adapter(
     if resume:
         return load_adapter(model, adapters[-1], model_config=model_config, trainable=True)
     new_config = oft_config if finetuning.finetuning_type == "oft" else lora_config
+    if finetuning.pissa_init and finetuning.pissa_iter != -1 and not finetuning.pissa_convert:
+        print(f"pissa_iter: {finetuning.pissa_iter} takes PiSSA's components from the fast randomised SVD, which every "
+              "load of the saved adapter (merge, export, continued training) draws anew, so the reloaded model is close "
+              "to the trained one but not equal; 'pissa_iter: -1' (the exact SVD) or 'pissa_convert: true' (a plain "
+              "LoRA adapter in pissa_converted/) reload exactly.", flush=True)
     return get_peft_model(model, new_config(model, finetuning, head=head))
 
 
@@ -146,6 +151,9 @@ def load_adapter(model: PreTrainedModel, path: str, *, model_config: ModelConfig
     from peft import PeftModel
 
     subfolder = model_config.adapter_folder
+    if subfolder and Path(path).is_dir() and not (Path(path) / subfolder).is_dir():
+        raise ConfigError(f"'adapter_folder: {subfolder}' is not a folder inside 'adapter_name_or_path: {path}'; name the "
+                          "subfolder that holds the adapter's adapter_config.json, or remove adapter_folder.")
     check_adapter_folder(str(Path(path) / subfolder) if subfolder else path, allow_pickle=model_config.allow_pickle_weights)
     try:
         return PeftModel.from_pretrained(model, path, is_trainable=trainable, cache_dir=model_config.cache_dir,

@@ -37,12 +37,14 @@ TEXT_ROUTER_LOGITS_TYPES = frozenset(("glm4v_moe_text", "qwen3_moe"))
 TEXT_ROUTER_LOSS_TYPES = frozenset(("qwen3_moe",))
 
 
-def patch_config(config: PretrainedConfig, model: ModelConfig, *, model_max_length: int | None, trainable: bool) -> None:
-    """Apply `rope_scaling`, `moe_aux_loss_coef` (trainable models) and the KV cache to `config`."""
+def patch_config(config: PretrainedConfig, model: ModelConfig, *, model_max_length: int | None, trainable: bool,
+                 use_kv_cache: bool = True) -> None:
+    """Apply `rope_scaling`, `moe_aux_loss_coef` (trainable models) and the KV cache (`use_kv_cache`,
+    always off for training) to `config`."""
     scale_rope(config, model.rope_scaling, model_max_length=model_max_length)
     if trainable and model.moe_aux_loss_coef:
         set_router_loss(config, model.moe_aux_loss_coef)
-    set_kv_cache(config, enabled=model.use_kv_cache and not trainable)
+    set_kv_cache(config, enabled=use_kv_cache and not trainable)
 
 
 def scale_rope(config: PretrainedConfig, rope_type: str | None, *, model_max_length: int | None) -> None:

@@ -27,12 +27,11 @@ def write_hf_folder(model_dir: str | Path, out_dir: str | Path, *, template: str
     `use_kv_cache`."""
     import torch
 
-    from tuneline.core.config import ModelConfig
     from tuneline.core.models.loading import load_model, load_tokenizer
     from tuneline.core.templates.conversation import get_template, stop_token_ids
 
     tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, model=ModelConfig(use_kv_cache=use_kv_cache))
+    model = load_model(model_dir, use_kv_cache=use_kv_cache)
     if infer_dtype != "auto":
         model = model.to(getattr(torch, infer_dtype))
     model.generation_config.eos_token_id = stop_token_ids(get_template(template, tokenizer=tokenizer), tokenizer)

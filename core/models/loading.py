@@ -73,6 +73,7 @@ def load_model(
     head: Head = "causal_lm",
     trainable: bool = False,
     model_max_length: int | None = None,
+    use_kv_cache: bool = True,
 ) -> PreTrainedModel:
     """The model at `path` in the compute dtype, with the chosen attention, quantized when asked, its
     embeddings resized to `vocab_size` if larger: a causal LM (policies and references), or with
@@ -80,7 +81,8 @@ def load_model(
     and random unless `path` saved one). Both pass the same checks (pickle weights, remote code).
 
     Its config gets `rope_scaling` for `model_max_length` (None: for inference), and when `trainable`
-    (the model a stage trains) the router loss of `moe_aux_loss_coef` and no KV cache; with
+    (the model a stage trains) the router loss of `moe_aux_loss_coef` and no KV cache (otherwise
+    the cache as `use_kv_cache` says); with
     `train_from_scratch` a trainable model starts from random weights of the same architecture."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -90,7 +92,7 @@ def load_model(
     if problem:
         raise ConfigError(problem)
     config = _load_config(path, model, **({"num_labels": 1} if head == "score" else {}))
-    patch_config(config, model, model_max_length=model_max_length, trainable=trainable)
+    patch_config(config, model, model_max_length=model_max_length, trainable=trainable, use_kv_cache=use_kv_cache)
     dtype = compute_dtype(training or {}, config=config)
     quantization = quantization_config(model, compute_dtype=dtype)
     _check_weights_format(path, model)
