@@ -140,7 +140,8 @@ def loading_problems(config: StageConfig) -> list[str]:
     lost = [key for key, asked in (("use_dora", ft.use_dora), ("additional_target", ft.additional_target),
                                    ("stage: rm", ft.stage == "rm")) if asked]
     if ft.pissa_convert and lost:
-        problems.append(f"'pissa_convert: true' keeps only the LoRA matrices of the adapter, and {', '.join(lost)} adds "
+        problems.append(f"'pissa_convert: true' keeps only the LoRA matrices of the adapter, and "
+                        f"{', '.join(repr(key) for key in lost)} adds "
                         "parts it would drop (DoRA's magnitudes, modules trained in full, the reward head); remove "
                         "pissa_convert, or the other key.")
     if ft.loraplus_lr_embedding != FinetuningConfig.loraplus_lr_embedding and ft.loraplus_lr_ratio is None:

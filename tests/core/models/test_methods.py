@@ -266,7 +266,7 @@ def test_unknown_module_names_are_config_errors_that_list_the_real_ones(tiny_bas
     with pytest.raises(ConfigError) as lora:
         prepared(tiny_base, FinetuningConfig(lora_target="q_proj,qkv_proj"))
     assert "'lora_target' names qkv_proj" in str(lora.value)
-    assert "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or 'all')" in str(lora.value)
+    assert "down_proj, embed_tokens, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or 'all')" in str(lora.value)
 
     with pytest.raises(ConfigError) as freeze:
         prepared(tiny_base, FinetuningConfig(finetuning_type="freeze", freeze_trainable_modules="mlps",
