@@ -214,3 +214,26 @@ def test_pissa_convert_saves_a_plain_lora_adapter_equal_to_the_trained_pissa_mod
         assert torch.equal(model(input_ids=ids).logits, trained)  # converting left the trained model as it was
     saved = json.loads((tmp_path / "out/pissa_converted/adapter_config.json").read_text())
     assert saved["r"] == 8 and saved["init_lora_weights"] is True
+
+
+
+def test_the_stage_cutoff_reaches_the_policy_and_its_reference_as_ropes_training_length(tiny_base: Path, tmp_path: Path):
+    """cutoff_len travels in the job (as LLaMA-Factory's model_max_length) to the loaders of the stage kinds."""
+    from tuneline.core.models.loading import load_tokenizer
+    from tuneline.core.pipeline.stage_runs import train_job
+    from tuneline.core.stages.kind import ModelRequest
+    from tuneline.core.stages.preference import reference_model
+    from tuneline.core.stages.registry import build_stage_config, stage_kind
+    from tuneline.core.training.job import TrainJob
+
+    config = build_stage_config({"stage": "dpo", "finetuning_type": "full", "cutoff_len": 2500, "rope_scaling": "dynamic",
+                                 "ref_model": str(tiny_base)})
+    job = TrainJob.read(train_job(config, start_model=str(tiny_base), dataset_path="data", output_dir="out",
+                                  training={}).write(tmp_path / "job.json"))
+    assert job.model_max_length == 2500
+    policy = stage_kind("dpo").load_model(ModelRequest(
+        model_path=job.model_path, tokenizer=load_tokenizer(tiny_base), finetuning=config.finetuning,
+        model_config=config.model, training=job.training, model_max_length=job.model_max_length))
+    reference = reference_model(policy, config.finetuning, model_config=config.model, model_max_length=job.model_max_length)
+    for model in (policy, reference):
+        assert model.config.max_position_embeddings == 3072 and model.config.rope_parameters["rope_type"] == "dynamic"
