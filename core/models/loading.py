@@ -82,8 +82,8 @@ def load_model(
 
     Its config gets `rope_scaling` for `model_max_length` (None: for inference), and when `trainable`
     (the model a stage trains) the router loss of `moe_aux_loss_coef` and no KV cache (otherwise
-    the cache as `use_kv_cache` says); with
-    `train_from_scratch` a trainable model starts from random weights of the same architecture."""
+    the cache as `use_kv_cache` says); with `train_from_scratch` a trainable model starts from
+    random weights of the same architecture."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     model = model or ModelConfig()
