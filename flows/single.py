@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
-from tuneline.core.config import StageConfig, cache_root
+from tuneline.core.config import DataConfig, StageConfig, cache_root
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
@@ -109,7 +109,15 @@ def export(config_path: str, overrides: list[str]) -> Path:
     return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=adapter,
                          template=export_template(config), export_size_gb=config.export.export_size,
                          overwrite=config.output.overwrite_output_dir, infer_dtype=config.inference.infer_dtype,
-                         use_kv_cache=config.inference.use_kv_cache)
+                         use_kv_cache=config.inference.use_kv_cache, rope_scaling=config.model.rope_scaling,
+                         model_max_length=export_length(config))
+
+
+def export_length(config: StageConfig) -> int | None:
+    """The length an export's RoPE is scaled to, as LLaMA-Factory's export takes it: a `cutoff_len`
+    set away from its default when merging on the CPU, otherwise none (RoPE scaled by 2)."""
+    cutoff = config.data.cutoff_len
+    return cutoff if config.export.export_device == "cpu" and cutoff != DataConfig.cutoff_len else None
 
 
 def tokenizer_fingerprint(model_path: str) -> str:

@@ -138,24 +138,25 @@ def merge_into(output_dir: str | Path, *, start_model: str, adapter: str) -> dic
 
 
 def write_export(output_dir: str | Path, *, model: str, template: str, export_size_gb: int, infer_dtype: str = "auto",
-                 use_kv_cache: bool = True) -> None:
+                 use_kv_cache: bool = True, rope_scaling: str | None = None, model_max_length: int | None = None) -> None:
     """A standalone Hugging Face folder of the full-weight `model` in `output_dir`."""
     write_hf_folder(model, output_dir, template=template, export_size_gb=export_size_gb, infer_dtype=infer_dtype,
-                    use_kv_cache=use_kv_cache)
+                    use_kv_cache=use_kv_cache, rope_scaling=rope_scaling, model_max_length=model_max_length)
 
 
 def export_folder(model: str, export_dir: str | Path, *, adapter: str | None, template: str, export_size_gb: int,
-                  overwrite: bool = False, infer_dtype: str = "auto", use_kv_cache: bool = True) -> Path:
+                  overwrite: bool = False, infer_dtype: str = "auto", use_kv_cache: bool = True,
+                  rope_scaling: str | None = None, model_max_length: int | None = None) -> Path:
     """`tuneline export`: merge `adapter` (if any) into `model` beside `export_dir`, as the pipeline's
     merge stage does, then export the result as its export stage does, through a draft moved into
     place. An older export in `export_dir` is replaced; a folder of other files is refused unless
     `overwrite`, and keeps them even then (`core.store.user_folders`). The weights are written in
-    `infer_dtype`, the config's KV cache as `use_kv_cache` says."""
+    `infer_dtype`, the config's KV cache as `use_kv_cache` says, RoPE scaled by `rope_scaling`."""
     check_user_folder(Path(export_dir), key="export_dir", overwrite=overwrite)  # before the merge's work
 
     def export_into(draft: Path, model: str) -> None:
         write_export(draft, model=model, template=template, export_size_gb=export_size_gb, infer_dtype=infer_dtype,
-                     use_kv_cache=use_kv_cache)
+                     use_kv_cache=use_kv_cache, rope_scaling=rope_scaling, model_max_length=model_max_length)
 
     if adapter is None:
         return write_user_folder(export_dir, lambda draft: export_into(draft, model), key="export_dir", overwrite=overwrite)

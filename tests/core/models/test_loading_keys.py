@@ -170,15 +170,22 @@ def test_ref_and_reward_model_quantization_bit_load_them_in_4_bits(tiny_base: Pa
         assert reward(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 1)
 
 
-def test_export_writes_infer_dtype_weights_and_the_use_kv_cache_setting(tiny_base: Path, tmp_path: Path):
+def test_export_writes_infer_dtype_weights_the_use_kv_cache_setting_and_scaled_rope(tiny_base: Path, tmp_path: Path):
     from safetensors import safe_open
 
     from tuneline.core.pipeline.stage_runs import export_folder
+    from tuneline.core.stages.registry import build_stage_config
+    from tuneline.flows.single import export_length
 
     export = export_folder(str(tiny_base), tmp_path / "export", adapter=None, template="default", export_size_gb=1,
-                           infer_dtype="bfloat16", use_kv_cache=False)
+                           infer_dtype="bfloat16", use_kv_cache=False, rope_scaling="yarn", model_max_length=None)
     config = json.loads((export / "config.json").read_text())
     assert config["dtype"] == "bfloat16" and config["use_cache"] is False
+    assert config["max_position_embeddings"] == 2048 and config["rope_parameters"]["factor"] == 2.0
+    # LLaMA-Factory's export scales to cutoff_len only when it was set and the merge runs on the CPU
+    assert export_length(build_stage_config({"cutoff_len": 4096})) == 4096
+    assert export_length(build_stage_config({})) is None
+    assert export_length(build_stage_config({"cutoff_len": 4096, "export_device": "auto"})) is None
     with safe_open(str(export / "model.safetensors"), framework="pt") as weights:
         assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}
 
