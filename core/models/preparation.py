@@ -29,13 +29,31 @@ def prepare_for_training(model: PreTrainedModel, model_config: ModelConfig, trai
 
 def upcast_norms(model: PreTrainedModel) -> int:
     """The normalisation layers' weights in float32 (half-precision norms lose precision in the
-    variance); returns how many were upcast."""
+    variance); returns how many were upcast.
+
+    Each such layer hands its output back in its input's dtype: under autocast the next layer
+    would cast it so anyway, and without autocast (generation) a float32 output would meet
+    half-precision weights."""
     import torch
 
-    norms = [p for name, p in model.named_parameters() if p.ndim == 1 and any(part in name for part in NORM_NAME_PARTS)]
-    for parameter in norms:
-        parameter.data = parameter.data.to(torch.float32)
-    return len(norms)
+    upcast = 0
+    for name, module in model.named_modules():
+        norms = [p for short, p in module.named_parameters(recurse=False)
+                 if p.ndim == 1 and any(part in f"{name}.{short}" for part in NORM_NAME_PARTS)]
+        for parameter in norms:
+            parameter.data = parameter.data.to(torch.float32)
+        if norms:
+            module.register_forward_hook(_in_input_dtype)
+        upcast += len(norms)
+    return upcast
+
+
+def _in_input_dtype(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+    import torch
+
+    if args and torch.is_tensor(args[0]) and torch.is_tensor(output) and output.dtype != args[0].dtype:
+        return output.to(args[0].dtype)
+    return output
 
 
 def upcast_logits(model: PreTrainedModel) -> bool:

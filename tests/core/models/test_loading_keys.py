@@ -73,6 +73,8 @@ def test_precision_keys_upcast_norms_and_logits_turn_off_the_cache_and_print_the
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # how the trainer runs with bf16
         assert model(input_ids=ids).logits.dtype == torch.float32
         assert plain(input_ids=ids).logits.dtype == torch.bfloat16
+    with torch.no_grad():  # generation runs without autocast: the float32 norms still fit the bf16 layers
+        assert model.generate(input_ids=ids, max_new_tokens=2, do_sample=False).shape == (1, 6)
     assert model.config.use_cache is False
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("name: ")]
     assert len(lines) == len(list(model.named_parameters()))
