@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
-from tuneline.core.config import StageConfig, cache_root
+from tuneline.core.config import DataConfig, StageConfig, cache_root
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
@@ -103,9 +103,21 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
 def export(config_path: str, overrides: list[str]) -> Path:
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "export_dir"), source=config_path)
-    return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=config.model.adapter_name_or_path or None,
+    adapter = config.model.adapter_name_or_path or None
+    if adapter and config.model.adapter_folder:  # the adapter's files sit in that subfolder of it
+        adapter = str(Path(adapter) / config.model.adapter_folder)
+    return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=adapter,
                          template=export_template(config), export_size_gb=config.export.export_size,
-                         overwrite=config.output.overwrite_output_dir)
+                         overwrite=config.output.overwrite_output_dir, infer_dtype=config.inference.infer_dtype,
+                         use_kv_cache=config.inference.use_kv_cache, rope_scaling=config.model.rope_scaling,
+                         model_max_length=export_length(config))
+
+
+def export_length(config: StageConfig) -> int | None:
+    """The length an export's RoPE is scaled to, as LLaMA-Factory's export takes it: a `cutoff_len`
+    set away from its default when merging on the CPU, otherwise none (RoPE scaled by 2)."""
+    cutoff = config.data.cutoff_len
+    return cutoff if config.export.export_device == "cpu" and cutoff != DataConfig.cutoff_len else None
 
 
 def tokenizer_fingerprint(model_path: str) -> str:

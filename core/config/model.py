@@ -12,7 +12,7 @@ from tuneline.core.config.fields import documented as _doc
 class ModelConfig:
     model_name_or_path: str | None = _doc("Local model folder or hub id of the base model.", default=None)
     adapter_name_or_path: str | None = _doc("Adapter folder(s) to load on top of the base, comma-separated.", default=None)
-    adapter_folder: str | None = _doc("Folder holding extra adapter weights to load.", default=None)
+    adapter_folder: str | None = _doc("Subfolder of each adapter_name_or_path that holds the adapter.", default=None)
     cache_dir: str | None = _doc("Where hub downloads are cached.", default=None)
     model_revision: str = _doc("Hub revision (branch, tag or commit) of the model.", default="main")
     trust_remote_code: bool = _doc("Allow code shipped with the model to run. Off unless asked.", default=False)
@@ -25,7 +25,8 @@ class ModelConfig:
     init_special_tokens: Literal["noise_init", "desc_init", "desc_init_w_noise"] = _doc(
         "How the embedding rows of added tokens start: mean plus noise, or the mean embedding of a description.",
         default="noise_init")
-    low_cpu_mem_usage: bool = _doc("Load weights without a first full-size random initialisation.", default=True)
+    low_cpu_mem_usage: bool = _doc("Load weights without a first full-size random initialisation "
+                                       "(transformers 5 always does; the key is accepted, either value).", default=True)
     rope_scaling: Literal["linear", "dynamic", "yarn", "llama3"] | None = _doc(
         "Stretch RoPE positions for longer contexts than the model was trained on.", default=None)
     flash_attn: Literal["auto", "disabled", "sdpa", "fa2"] = _doc("Attention implementation.", default="auto")
@@ -42,7 +43,7 @@ class ModelConfig:
     upcast_layernorm: bool = _doc("Keep the normalisation layers' weights in float32.", default=False)
     upcast_lmhead_output: bool = _doc("Compute the output logits in float32.", default=False)
     train_from_scratch: bool = _doc("Start from randomly initialised weights of the model's architecture.", default=False)
-    print_param_status: bool = _doc("Print every parameter's name, shape, dtype and whether it trains.", default=False)
+    print_param_status: bool = _doc("Print every parameter's name, dtype, device and whether it trains.", default=False)
     hf_hub_token: str | None = _doc("Token for the Hugging Face Hub (a secret: masked in logs and MLflow).", default=None)
     ms_hub_token: str | None = _doc("Token for the ModelScope hub (a secret).", default=None)
     om_hub_token: str | None = _doc("Token for the Modelers hub (a secret).", default=None)
@@ -50,7 +51,8 @@ class ModelConfig:
     quantization_method: Literal["bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq"] = _doc("Quantization backend.", default="bnb")
     quantization_type: Literal["fp4", "nf4"] = _doc("4-bit data type of bitsandbytes.", default="nf4")
     double_quantization: bool = _doc("Quantize the quantization constants too (bitsandbytes).", default=True)
-    quantization_device_map: Literal["auto"] | None = _doc("Device map of a quantized model (inference only).", default=None)
-    offload_folder: str = _doc("Where weights that fit on no device are offloaded during inference.", default="offload")
+    quantization_device_map: Literal["auto"] | None = _doc("Device map of a quantized model for inference; refused, since every stage trains.", default=None)
+    offload_folder: str = _doc("Where weights that fit on no device are offloaded (handed to peft's adapter loading).",
+                                default="offload")
     allow_pickle_weights: bool = _doc("Load pickle (.bin) weights of the model or adapter when they have no safetensors; "
                                       "unpickling can run code, so only for files you trust.", default=False)

@@ -8,7 +8,8 @@ from tuneline.core.config.stage import StageConfig
 
 
 def conflicts(config: StageConfig) -> list[str]:
-    return [*_value_problems(config), *data_problems(config), *method_problems(config), *media_problems(config)]
+    return [*_value_problems(config), *data_problems(config), *method_problems(config), *loading_problems(config),
+            *media_problems(config)]
 
 
 def _value_problems(config: StageConfig) -> list[str]:
@@ -120,6 +121,66 @@ def method_problems(config: StageConfig) -> list[str]:
     if config.export.export_quantization_bit is not None and not config.export.export_quantization_dataset:
         problems.append(f"'export_quantization_bit: {config.export.export_quantization_bit}' needs calibration data in "
                         "'export_quantization_dataset'; set it.")
+    return problems
+
+
+def loading_problems(config: StageConfig) -> list[str]:
+    """Rules on the model-loading, precision and method keys (LLaMA-Factory's, and keys that would
+    otherwise ask for nothing without saying so)."""
+    model, ft, training = config.model, config.finetuning, config.training
+    problems = []
+    if model.quantization_device_map is not None:
+        problems.append(f"'quantization_device_map: {model.quantization_device_map}' spreads a quantized model over the "
+                        "devices for inference; training cannot use it (LLaMA-Factory refuses it in training too), and "
+                        "tuneline's inference commands load models unquantized; remove the key.")
+    if model.adapter_folder and not model.adapter_name_or_path:
+        problems.append(f"'adapter_folder: {model.adapter_folder}' names the subfolder of each 'adapter_name_or_path' "
+                        "to load, and adapter_name_or_path is not set; set it or remove adapter_folder.")
+    if model.train_from_scratch and model.quantization_bit is not None:
+        problems.append(f"'train_from_scratch: true' starts from random weights, which 'quantization_bit: "
+                        f"{model.quantization_bit}' cannot quantize (bitsandbytes quantizes weights as they load); "
+                        "remove one of the two.")
+    if model.disable_gradient_checkpointing and training.get("gradient_checkpointing"):
+        problems.append("'disable_gradient_checkpointing: true' and 'gradient_checkpointing: true' contradict each "
+                        "other; remove one of the two.")
+    reentrant = (training.get("gradient_checkpointing_kwargs") or {}).get("use_reentrant")
+    if reentrant is not None and reentrant != model.use_reentrant_gc:
+        problems.append(f"'gradient_checkpointing_kwargs' sets use_reentrant {reentrant} and 'use_reentrant_gc' is "
+                        f"{model.use_reentrant_gc}; keep one of the two.")
+    if ft.pissa_iter < -1:
+        problems.append(f"'pissa_iter' must be -1 (the exact SVD) or a number of fast-SVD iterations (0 or more), "
+                        f"got {ft.pissa_iter}.")
+    if ft.pissa_convert and not ft.pissa_init:
+        problems.append("'pissa_convert: true' converts a PiSSA adapter to a plain LoRA adapter, and 'pissa_init' is "
+                        "not set; set 'pissa_init: true' or remove pissa_convert.")
+    # peft's conversion rewrites the LoRA matrices only: it would drop these parts of the adapter
+    lost = [key for key, asked in (("use_dora", ft.use_dora), ("additional_target", ft.additional_target),
+                                   ("stage: rm", ft.stage == "rm")) if asked]
+    if ft.pissa_convert and lost:
+        problems.append(f"'pissa_convert: true' keeps only the LoRA matrices of the adapter, and "
+                        f"{', '.join(repr(key) for key in lost)} adds "
+                        "parts it would drop (DoRA's magnitudes, modules trained in full, the reward head); remove "
+                        "pissa_convert, or the other key.")
+    if ft.loraplus_lr_embedding != FinetuningConfig.loraplus_lr_embedding and ft.loraplus_lr_ratio is None:
+        problems.append(f"'loraplus_lr_embedding: {ft.loraplus_lr_embedding}' is the learning rate of LoRA+'s "
+                        "embedding group, and 'loraplus_lr_ratio' is not set; set it or remove loraplus_lr_embedding.")
+    problems.extend(_quantized_reference_problems(ft))
+    return problems
+
+
+def _quantized_reference_problems(ft: FinetuningConfig) -> list[str]:
+    problems = []
+    if ft.ref_model_quantization_bit is not None and not ft.ref_model:
+        problems.append(f"'ref_model_quantization_bit: {ft.ref_model_quantization_bit}' quantizes the model named by "
+                        "'ref_model', which is not set (the reference is then the policy itself); set ref_model or "
+                        "remove the key.")
+    adapters = [name for name in (ft.ref_model_adapters or "").split(",") if name.strip()]
+    if ft.ref_model_quantization_bit is not None and len(adapters) > 1:
+        problems.append(f"'ref_model_adapters' lists {len(adapters)} adapters, but a quantized reference "
+                        f"('ref_model_quantization_bit: {ft.ref_model_quantization_bit}') takes one; merge them first.")
+    if ft.reward_model_quantization_bit is not None and not ft.reward_model:
+        problems.append(f"'reward_model_quantization_bit: {ft.reward_model_quantization_bit}' quantizes the model named "
+                        "by 'reward_model', which is not set; set reward_model or remove the key.")
     return problems
 
 

@@ -44,6 +44,11 @@ def apply_adapter(
     if resume:
         return load_adapter(model, adapters[-1], model_config=model_config, trainable=True)
     new_config = oft_config if finetuning.finetuning_type == "oft" else lora_config
+    if finetuning.pissa_init and finetuning.pissa_iter != -1 and not finetuning.pissa_convert:
+        print(f"pissa_iter: {finetuning.pissa_iter} takes PiSSA's components from the fast randomised SVD, which every "
+              "load of the saved adapter (merge, export, continued training) draws anew, so the reloaded model is close "
+              "to the trained one but not equal; 'pissa_iter: -1' (the exact SVD) or 'pissa_convert: true' (a plain "
+              "LoRA adapter in pissa_converted/) reload exactly.", flush=True)
     return get_peft_model(model, new_config(model, finetuning, head=head))
 
 
@@ -53,9 +58,10 @@ def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: s
     With `head` it is a sequence classifier's adapter: the head is saved with the adapter
     (`modules_to_save`), never adapted.
 
-    PiSSA uses the exact SVD: peft recomputes the PiSSA residual of the base whenever the saved
-    adapter is loaded (merge, export, continued training), and only an exact SVD gives the same
-    residual again (the randomised `pissa_niter_*` would not).
+    PiSSA takes the principal components from the exact SVD with `pissa_iter: -1`, otherwise from
+    `pissa_iter` iterations of the fast randomised SVD (peft's `pissa_niter_N`). peft recomputes
+    them whenever the saved adapter is loaded (merge, export, continued training); only the exact
+    SVD gives the same residual base again, which is why `pissa_convert` exists.
     """
     from peft import LoraConfig, TaskType
 
@@ -69,8 +75,13 @@ def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: s
         modules_to_save=extra or None,
         use_rslora=finetuning.use_rslora,
         use_dora=finetuning.use_dora,
-        init_lora_weights="pissa" if finetuning.pissa_init else True,
+        init_lora_weights=pissa_init_weights(finetuning.pissa_iter) if finetuning.pissa_init else True,
     )
+
+
+def pissa_init_weights(iterations: int) -> str:
+    """peft's name of the PiSSA initialisation: the exact SVD for -1, the fast SVD otherwise."""
+    return "pissa" if iterations == -1 else f"pissa_niter_{iterations}"
 
 
 def oft_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None) -> OFTConfig:
@@ -107,12 +118,14 @@ def _targets(
     if value == "all":
         targets: str | list[str] = "all-linear"
     else:
+        # LoRA also adapts embedding layers, when named (never with 'all')
+        targetable = sorted({*available, *embedding_module_names(model)}) if key == "lora_target" else available
         targets = _names(value)
-        missing = [t for t in targets if t not in available]
+        missing = [t for t in targets if t not in targetable]
         if missing:
             raise ConfigError(
-                f"'{key}' names {', '.join(missing)}, which the model does not have as linear layers; "
-                f"modules available: {', '.join(available)} (or 'all')."
+                f"'{key}' names {', '.join(missing)}, which the model does not have as layers the adapter can target; "
+                f"modules available: {', '.join(targetable)} (or 'all')."
             )
     extra = _names(finetuning.additional_target)
     module_names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
@@ -133,12 +146,19 @@ def adapter_paths(model_config: ModelConfig) -> list[str]:
 
 
 def load_adapter(model: PreTrainedModel, path: str, *, model_config: ModelConfig, trainable: bool) -> PeftModel:
-    """A saved adapter on `model`; local folders must hold safetensors unless pickle is allowed."""
+    """A saved adapter on `model` (from the `adapter_folder` subfolder of `path` when set); local
+    folders must hold safetensors unless pickle is allowed."""
     from peft import PeftModel
 
-    check_adapter_folder(path, allow_pickle=model_config.allow_pickle_weights)
+    subfolder = model_config.adapter_folder
+    if subfolder and Path(path).is_dir() and not (Path(path) / subfolder).is_dir():
+        raise ConfigError(f"'adapter_folder: {subfolder}' is not a folder inside 'adapter_name_or_path: {path}'; name the "
+                          "subfolder that holds the adapter's adapter_config.json, or remove adapter_folder.")
+    check_adapter_folder(str(Path(path) / subfolder) if subfolder else path, allow_pickle=model_config.allow_pickle_weights)
     try:
-        return PeftModel.from_pretrained(model, path, is_trainable=trainable, cache_dir=model_config.cache_dir)
+        return PeftModel.from_pretrained(model, path, is_trainable=trainable, cache_dir=model_config.cache_dir,
+                                         offload_folder=model_config.offload_folder,
+                                         **({"subfolder": subfolder} if subfolder else {}))
     except (OSError, ValueError) as e:
         if Path(path).is_dir():
             raise
@@ -172,8 +192,9 @@ def pickle_weights_message(key: str, path: str | Path, files: list[str]) -> str:
 def loraplus_optimizer(
     model: PeftModel, *, finetuning: FinetuningConfig, args: TrainingArguments
 ) -> torch.optim.Optimizer | None:
-    """LoRA+ (B matrices, and biases, learn `loraplus_lr_ratio` times faster than A matrices) with
-    the optimizer the trainer arguments name; None leaves the trainer's own optimizer in place."""
+    """LoRA+ (B matrices, and biases, learn `loraplus_lr_ratio` times faster than A matrices; the
+    LoRA matrices of embedding layers learn at `loraplus_lr_embedding`) with the optimizer the
+    trainer arguments name; None leaves the trainer's own optimizer in place."""
     if finetuning.loraplus_lr_ratio is None:
         return None
     if args.deepspeed or args.fsdp:
@@ -185,7 +206,8 @@ def loraplus_optimizer(
     optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     kwargs = {key: value for key, value in kwargs.items() if key != "lr"}
     return create_loraplus_optimizer(model, optimizer_cls, lr=args.learning_rate, loraplus_lr_ratio=finetuning.loraplus_lr_ratio,
-                                     loraplus_weight_decay=args.weight_decay, **kwargs)
+                                     loraplus_weight_decay=args.weight_decay,
+                                     loraplus_lr_embedding=finetuning.loraplus_lr_embedding, **kwargs)
 
 
 def linear_module_names(model: PreTrainedModel) -> list[str]:
@@ -193,6 +215,14 @@ def linear_module_names(model: PreTrainedModel) -> list[str]:
     on a model already wrapped by peft, the names of the wrapped layers."""
     names = {name.rsplit(".", 1)[-1] for name, _ in _linear_modules(model)}
     return sorted(names - {"lm_head"})
+
+
+def embedding_module_names(model: PreTrainedModel) -> list[str]:
+    """Distinct short names of the embedding layers, which `lora_target` may also name."""
+    import torch
+
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Embedding) and ".lora_" not in name})
 
 
 def _linear_modules(model: PreTrainedModel) -> list[tuple[str, torch.nn.Linear]]:

@@ -17,7 +17,9 @@ from tuneline.core.models.adapters import (ADAPTER_CONFIG, adapter_paths, apply_
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.folders import model_folder_problem, tokenizer_folder_problem
+from tuneline.core.models.config_patches import patch_config
 from tuneline.core.models.freeze import apply_freeze, apply_full
+from tuneline.core.models.preparation import prepare_for_training, print_parameter_status
 from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
 from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config, quantized_device_map
 
@@ -69,12 +71,20 @@ def load_model(
     vocab_size: int | None = None,
     training: Mapping[str, Any] | None = None,
     head: Head = "causal_lm",
+    trainable: bool = False,
+    model_max_length: int | None = None,
+    use_kv_cache: bool = True,
 ) -> PreTrainedModel:
     """The model at `path` in the compute dtype, with the chosen attention, quantized when asked, its
     embeddings resized to `vocab_size` if larger: a causal LM (policies and references), or with
     `head="score"` the same backbone with a one-output scoring head (reward models; the head is new
     and random unless `path` saved one). Both pass the same checks (pickle weights, remote code).
-    A folder whose config records Mixture-of-Depths routing loads with its routers."""
+    A folder whose config records Mixture-of-Depths routing loads with its routers.
+
+    Its config gets `rope_scaling` for `model_max_length` (None: for inference), and when `trainable`
+    (the model a stage trains) the router loss of `moe_aux_loss_coef` and no KV cache (otherwise
+    the cache as `use_kv_cache` says); with `train_from_scratch` a trainable model starts from
+    random weights of the same architecture."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     model = model or ModelConfig()
@@ -84,10 +94,14 @@ def load_model(
         raise ConfigError(problem)
     config = _load_config(path, model, **({"num_labels": 1} if head == "score" else {}))
     routing = _routing_of_folder(config, path=path, asked=model.mixture_of_depths)
+    patch_config(config, model, model_max_length=model_max_length, trainable=trainable, use_kv_cache=use_kv_cache)
     dtype = compute_dtype(training or {}, config=config)
     quantization = quantization_config(model, compute_dtype=dtype)
     _check_weights_format(path, model)
     model_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
+    if trainable and model.train_from_scratch:
+        return _resized(model_class.from_config(config, dtype=dtype, attn_implementation=attention_implementation(
+            model.flash_attn), trust_remote_code=model.trust_remote_code), vocab_size)
     try:
         with _new_head_expected(head), _routers_expected(routing):
             loaded = model_class.from_pretrained(
@@ -124,9 +138,13 @@ def load_model(
         restore_routing(loaded, Path(path))
     if getattr(loaded, "hf_quantizer", None) is not None:  # set by transformers on quantized models only
         keep_4bit_layout_for_training(loaded)
-    if vocab_size is not None and vocab_size > loaded.get_input_embeddings().num_embeddings:
-        loaded.resize_token_embeddings(vocab_size)
-    return loaded
+    return _resized(loaded, vocab_size)
+
+
+def _resized(model: PreTrainedModel, vocab_size: int | None) -> PreTrainedModel:
+    if vocab_size is not None and vocab_size > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(vocab_size)
+    return model
 
 
 def _new_head_expected(head: Head):
@@ -171,7 +189,8 @@ def load_reward_model(
     `path` holds full weights, or a LoRA adapter whose base is `base_model` (default: the base
     recorded in the adapter's config). `model` holds the rm stage's model settings: the adapters its
     `adapter_name_or_path` lists were merged into the base before training, and are merged again
-    here, then the reward adapter.
+    here, then the reward adapter. With `quantization_bit` the base loads quantized and the reward
+    adapter stays unmerged on it (merging into quantized weights loses precision).
     """
     folder = Path(path)
     model = model or ModelConfig()
@@ -183,7 +202,9 @@ def load_reward_model(
         reward = load_model(base, model=model, vocab_size=len(tokenizer), head="score")
         for adapter in adapter_paths(model):
             reward = load_adapter(reward, adapter, model_config=model, trainable=False).merge_and_unload()
-        reward = PeftModel.from_pretrained(reward, str(folder)).merge_and_unload()
+        reward = PeftModel.from_pretrained(reward, str(folder))
+        if model.quantization_bit is None:
+            reward = reward.merge_and_unload()
     else:
         reward = load_model(folder, model=model, vocab_size=len(tokenizer), head="score")
     reward.config.pad_token_id = tokenizer.pad_token_id
@@ -242,7 +263,7 @@ def apply_finetuning(
     problems = method_problems(model_config, finetuning)
     if problems:
         raise ConfigError(problems)
-    prepare_checkpointing(model, training or {})
+    prepare_for_training(model, model_config, training or {})
     if model_config.mixture_of_depths == "convert":
         from tuneline.core.models.mixture_of_depths import convert_to_mixture_of_depths
 
@@ -262,6 +283,8 @@ def apply_finetuning(
         model.get_submodule(head).requires_grad_(True)
     if upcast:
         upcast_trainable(model)
+    if model_config.print_param_status:
+        print_parameter_status(model)
     return model
 
 
@@ -295,17 +318,6 @@ def method_problems(model: ModelConfig, finetuning: FinetuningConfig) -> list[st
         problems.append(f"'loraplus_lr_ratio: {ratio}' needs 'finetuning_type: lora' and a positive ratio "
                         "(typically 16); fix it or remove the key.")
     return problems
-
-
-def prepare_checkpointing(model: PreTrainedModel, training: Mapping[str, Any]) -> None:
-    """With gradient checkpointing asked for, turn off the KV cache and make the embeddings' output
-    require grad: with frozen embeddings, reentrant checkpointing would otherwise drop the
-    gradients of every trainable parameter inside the checkpointed layers. The trainer itself
-    switches checkpointing on from the same key."""
-    if not (training.get("gradient_checkpointing") or training.get("activation_checkpointing")):
-        return
-    model.config.use_cache = False
-    model.enable_input_require_grads()
 
 
 def upcast_trainable(model: PreTrainedModel) -> None:

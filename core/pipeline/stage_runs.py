@@ -81,6 +81,7 @@ def train_job(
         run_id=run_id,
         keep_checkpoints=keep_checkpoints,
         overwrite_output_dir=overwrite_output_dir,
+        model_max_length=config.data.cutoff_len,
     )
 
 
@@ -136,30 +137,35 @@ def merge_into(output_dir: str | Path, *, start_model: str, adapter: str) -> dic
     return merge_adapter(start_model, adapter, output_dir)
 
 
-def write_export(output_dir: str | Path, *, model: str, template: str, export_size_gb: int) -> None:
+def write_export(output_dir: str | Path, *, model: str, template: str, export_size_gb: int, infer_dtype: str = "auto",
+                 use_kv_cache: bool = True, rope_scaling: str | None = None, model_max_length: int | None = None) -> None:
     """A standalone Hugging Face folder of the full-weight `model` in `output_dir`."""
-    write_hf_folder(model, output_dir, template=template, export_size_gb=export_size_gb)
+    write_hf_folder(model, output_dir, template=template, export_size_gb=export_size_gb, infer_dtype=infer_dtype,
+                    use_kv_cache=use_kv_cache, rope_scaling=rope_scaling, model_max_length=model_max_length)
 
 
 def export_folder(model: str, export_dir: str | Path, *, adapter: str | None, template: str, export_size_gb: int,
-                  overwrite: bool = False) -> Path:
+                  overwrite: bool = False, infer_dtype: str = "auto", use_kv_cache: bool = True,
+                  rope_scaling: str | None = None, model_max_length: int | None = None) -> Path:
     """`tuneline export`: merge `adapter` (if any) into `model` beside `export_dir`, as the pipeline's
     merge stage does, then export the result as its export stage does, through a draft moved into
     place. An older export in `export_dir` is replaced; a folder of other files is refused unless
-    `overwrite`, and keeps them even then (`core.store.user_folders`)."""
+    `overwrite`, and keeps them even then (`core.store.user_folders`). The weights are written in
+    `infer_dtype`, the config's KV cache as `use_kv_cache` says, RoPE scaled by `rope_scaling`."""
     check_user_folder(Path(export_dir), key="export_dir", overwrite=overwrite)  # before the merge's work
+
+    def export_into(draft: Path, model: str) -> None:
+        write_export(draft, model=model, template=template, export_size_gb=export_size_gb, infer_dtype=infer_dtype,
+                     use_kv_cache=use_kv_cache, rope_scaling=rope_scaling, model_max_length=model_max_length)
+
     if adapter is None:
-        return _export_into(export_dir, model=model, template=template, export_size_gb=export_size_gb, overwrite=overwrite)
+        return write_user_folder(export_dir, lambda draft: export_into(draft, model), key="export_dir", overwrite=overwrite)
     export_dir = Path(export_dir)
     merged = export_dir.with_name(f".{export_dir.name}.merged")
     shutil.rmtree(merged, ignore_errors=True)  # our own scratch folder, left by a killed run
     try:
         merge_into(merged, start_model=model, adapter=adapter)
-        return _export_into(export_dir, model=str(merged), template=template, export_size_gb=export_size_gb, overwrite=overwrite)
+        return write_user_folder(export_dir, lambda draft: export_into(draft, str(merged)), key="export_dir",
+                                 overwrite=overwrite)
     finally:
         shutil.rmtree(merged, ignore_errors=True)
-
-
-def _export_into(export_dir: str | Path, *, model: str, template: str, export_size_gb: int, overwrite: bool) -> Path:
-    return write_user_folder(export_dir, lambda draft: write_export(draft, model=model, template=template, export_size_gb=export_size_gb),
-                             key="export_dir", overwrite=overwrite)

@@ -24,7 +24,7 @@ def load_policy(request: ModelRequest) -> PreTrainedModel:
     from tuneline.core.models.loading import apply_finetuning, load_model
 
     model = load_model(request.model_path, model=request.model_config, vocab_size=len(request.tokenizer),
-                       training=request.training)
+                       training=request.training, trainable=True, model_max_length=request.model_max_length)
     return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
                             upcast=not request.optimizer.use_badam)
 
@@ -72,7 +72,7 @@ def build_language_model_trainer(request: TrainerRequest) -> Trainer:
         from tuneline.core.stages.sft_trainers import AnchoredSFTTrainer
 
         reference = reference_model(model, finetuning, model_config=request.model_config, vocab_size=len(request.tokenizer),
-                                    training=dtype_keys(request.args))
+                                    training=dtype_keys(request.args), model_max_length=request.model_max_length)
         trainer = AnchoredSFTTrainer(reference=reference, asft_alpha=finetuning.asft_alpha, **shared)
     else:
         trainer = Trainer(compute_loss_func=loss_function(finetuning), **shared)

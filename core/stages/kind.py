@@ -41,6 +41,8 @@ class ModelRequest:
     model_config: ModelConfig
     training: Mapping[str, Any]
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    model_max_length: int | None = None
+    """The longest sequence the stage trains on (its cutoff_len), which `rope_scaling` stretches RoPE to."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class TrainerRequest:
     callbacks: Sequence[TrainerCallback] = ()
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """The memory-saving optimizer asked for (GaLore, APOLLO, BAdam, Adam-mini, Muon), if any."""
+    model_max_length: int | None = None
+    """As in `ModelRequest`: what a reference model loaded beside the policy is scaled to."""
 
 
 @dataclass(frozen=True)

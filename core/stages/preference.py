@@ -58,31 +58,40 @@ def reference_model(
     model_config: ModelConfig | None = None,
     vocab_size: int | None = None,
     training: dict[str, Any] | None = None,
+    model_max_length: int | None = None,
 ) -> PreTrainedModel | None:
     """The frozen model the policy is compared with (dpo, kto, ppo), or None where the trainer needs no
-    model of its own: LoRA policies, whose adapter is switched off instead."""
+    model of its own: LoRA policies, whose adapter is switched off instead. `ref_model` loads with the
+    policy's model settings (RoPE scaled to `model_max_length`), in `ref_model_quantization_bit` bits
+    when set."""
     from peft import PeftModel
 
     if finetuning.ref_model:
         return _load_reference(finetuning, model_config=model_config or ModelConfig(), vocab_size=vocab_size,
-                               training=training)
+                               training=training, model_max_length=model_max_length)
     if isinstance(model, PeftModel):
         return None
     return _frozen(copy.deepcopy(model))
 
 
 def _load_reference(
-    finetuning: FinetuningConfig, *, model_config: ModelConfig, vocab_size: int | None, training: dict[str, Any] | None
+    finetuning: FinetuningConfig, *, model_config: ModelConfig, vocab_size: int | None, training: dict[str, Any] | None,
+    model_max_length: int | None,
 ) -> PreTrainedModel:
+    """A quantized reference keeps its one adapter unmerged (merging into quantized weights loses precision)."""
     from tuneline.core.models.adapters import adapter_paths, load_adapter
     from tuneline.core.models.loading import load_model
 
     # `mixture_of_depths` converts or loads the policy; a reference loads as it was saved (routed or not)
     config = dataclasses.replace(model_config, model_name_or_path=finetuning.ref_model,
-                                 adapter_name_or_path=finetuning.ref_model_adapters, mixture_of_depths=None)
-    reference = load_model(finetuning.ref_model, model=config, vocab_size=vocab_size, training=training)
+                                 adapter_name_or_path=finetuning.ref_model_adapters,
+                                 quantization_bit=finetuning.ref_model_quantization_bit, mixture_of_depths=None)
+    reference = load_model(finetuning.ref_model, model=config, vocab_size=vocab_size, training=training,
+                           model_max_length=model_max_length)
     for path in adapter_paths(config):
-        reference = load_adapter(reference, path, model_config=config, trainable=False).merge_and_unload()
+        reference = load_adapter(reference, path, model_config=config, trainable=False)
+        if config.quantization_bit is None:
+            reference = reference.merge_and_unload()
     return _frozen(reference)
 
 
@@ -94,7 +103,8 @@ def _frozen(model: PreTrainedModel) -> PreTrainedModel:
 def with_reference(trainer_class: Any, request: TrainerRequest, *, config: Any, convert: Any) -> Trainer:
     """A TRL trainer that scores against a reference model (DPO, KTO), its data converted by `convert`."""
     reference = reference_model(request.model, request.finetuning, model_config=request.model_config,
-                                vocab_size=len(request.tokenizer), training=dtype_keys(config))
+                                vocab_size=len(request.tokenizer), training=dtype_keys(config),
+                                model_max_length=request.model_max_length)
     trainer = trl_trainer(trainer_class, request, config=config, convert=convert, ref_model=reference)
     drop_unneeded_ref_adapter(trainer.model)
     return trainer

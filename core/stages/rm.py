@@ -59,7 +59,8 @@ def load_reward_base(request: ModelRequest) -> PreTrainedModel:
     from tuneline.core.models.loading import apply_finetuning, load_model
 
     model = load_model(request.model_path, model=request.model_config, vocab_size=len(request.tokenizer),
-                       training=request.training, head="score")
+                       training=request.training, head="score", trainable=True,
+                       model_max_length=request.model_max_length)
     return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
                             head=head_name(model), upcast=not request.optimizer.use_badam)
 

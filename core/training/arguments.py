@@ -17,9 +17,11 @@ if TYPE_CHECKING:
     from transformers import Seq2SeqTrainingArguments, TrainingArguments
 
 
-def training_arguments(output_dir: str, training: Mapping[str, Any], *, sequential: bool = False) -> Seq2SeqTrainingArguments:
+def training_arguments(output_dir: str, training: Mapping[str, Any], *, sequential: bool = False,
+                       use_reentrant_gc: bool = True) -> Seq2SeqTrainingArguments:
     """Seq2SeqTrainingArguments from LLaMA-Factory keys; the project does its own reporting.
-    `sequential` (`disable_shuffling`) reads the training rows in order: transformers' sequential sampler."""
+    `sequential` (`disable_shuffling`) reads the training rows in order: transformers' sequential sampler.
+    Gradient checkpointing, when asked for, is reentrant or not as `use_reentrant_gc` says."""
     import os
     import sys
 
@@ -55,6 +57,9 @@ def training_arguments(output_dir: str, training: Mapping[str, Any], *, sequenti
     values.pop("save_total_limit", None)
     if values.get("save_steps") and "save_strategy" not in training:
         values["save_strategy"] = "steps"
+    if values.get("gradient_checkpointing"):
+        values["gradient_checkpointing_kwargs"] = {"use_reentrant": use_reentrant_gc,
+                                                   **(values.get("gradient_checkpointing_kwargs") or {})}
     try:
         return Seq2SeqTrainingArguments(**values)
     except (ValueError, TypeError) as e:

@@ -182,9 +182,15 @@ def plot_loss(output_dir: str | Path) -> Path | None:
 
 def loop_callbacks(finetuning: FinetuningConfig) -> list[TrainerCallback]:
     """The callbacks the method's training-loop keys ask for: `early_stopping_steps` stops training when
-    `metric_for_best_model` has not improved for that many evaluations (transformers' EarlyStoppingCallback)."""
+    `metric_for_best_model` has not improved for that many evaluations (transformers' EarlyStoppingCallback);
+    `pissa_convert` saves the PiSSA adapter converted to a plain LoRA adapter at the end."""
     from transformers import EarlyStoppingCallback
 
-    if finetuning.early_stopping_steps is None:
-        return []
-    return [EarlyStoppingCallback(early_stopping_patience=finetuning.early_stopping_steps)]
+    from tuneline.core.training.pissa_conversion import PissaConversion
+
+    callbacks: list[TrainerCallback] = []
+    if finetuning.early_stopping_steps is not None:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=finetuning.early_stopping_steps))
+    if finetuning.pissa_convert:
+        callbacks.append(PissaConversion())
+    return callbacks

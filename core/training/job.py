@@ -38,6 +38,7 @@ class TrainJob:
     keep_checkpoints: bool = True
     world_size: int = 1  # processes the launcher starts (NPROC_PER_NODE x NNODES); the worker checks it
     overwrite_output_dir: bool = False  # start over instead of resuming from output_dir's checkpoints
+    model_max_length: int | None = None  # the stage's cutoff_len, which rope_scaling stretches RoPE to
 
     def write(self, path: str | Path) -> Path:
         """A tracking URI taken from MLFLOW_TRACKING_URI (it may hold a password) is written as a

@@ -28,10 +28,11 @@ def run_training(job: TrainJob) -> dict[str, float]:
     from tuneline.core.models.loading import load_tokenizer
 
     finetuning = FinetuningConfig(**job.finetuning)
-    args = training_arguments(job.output_dir, job.training, sequential=finetuning.disable_shuffling)
-    checkpoint = prepare_run(job, args)
-    set_seed(args.seed)  # before the adapter's random init, so equal seeds give equal runs
     model_config = ModelConfig(**job.model)
+    args = training_arguments(job.output_dir, job.training, sequential=finetuning.disable_shuffling,
+                              use_reentrant_gc=model_config.use_reentrant_gc)
+    checkpoint = prepare_run(job, args)
+    set_seed(args.seed)  # before the adapter's random init (and a from-scratch model's), so equal seeds give equal runs
     kind = stage_kind(finetuning.stage)
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
     datasets = load_from_disk(job.dataset_path)
@@ -53,7 +54,8 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
 
     optimizer = OptimizerConfig(**job.optimizer)
     model = kind.load_model(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
-                                         model_config=model_config, training=job.training, optimizer=optimizer))
+                                         model_config=model_config, training=job.training, optimizer=optimizer,
+                                         model_max_length=job.model_max_length))
     print(trainable_summary(model), flush=True)
     callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id),
                  CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning)]
@@ -61,7 +63,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
         eval_dataset=datasets["validation"] if "validation" in datasets else None,
         finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks,
-        optimizer=optimizer))
+        optimizer=optimizer, model_max_length=job.model_max_length))
     LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)

@@ -354,7 +354,8 @@ def train_ppo(request: LoopRequest) -> dict[str, float]:
     checkpoint, finetuning, model_config = request.checkpoint, request.finetuning, request.model_config
     accelerator = Accelerator(cpu=args.use_cpu, mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no")
     policy = load_policy(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
-                                      model_config=model_config, training=job.training))
+                                      model_config=model_config, training=job.training,
+                                      model_max_length=job.model_max_length))
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or
                                              {"use_reentrant": False})
@@ -362,12 +363,12 @@ def train_ppo(request: LoopRequest) -> dict[str, float]:
     model = ValueHeadModel(policy)
     print(trainable_summary(model), flush=True)
     reference = reference_model(policy, finetuning, model_config=model_config, vocab_size=len(tokenizer),
-                                training=job.training)
-    reward_model, reward_tokenizer = load_reward_model(finetuning.reward_model,
-                                                       model=ModelConfig(trust_remote_code=model_config.trust_remote_code))
+                                training=job.training, model_max_length=job.model_max_length)
+    reward_model, reward_tokenizer = load_reward_model(finetuning.reward_model, model=ModelConfig(
+        trust_remote_code=model_config.trust_remote_code, quantization_bit=finetuning.reward_model_quantization_bit))
     _check_same_vocabulary(tokenizer, reward_tokenizer, reward_path=finetuning.reward_model)
     for frozen in (reference, reward_model):
-        if frozen is not None:
+        if frozen is not None and getattr(frozen, "hf_quantizer", None) is None:  # quantized ones load in place
             frozen.to(accelerator.device)
     if checkpoint:
         load_checkpoint(Path(checkpoint), model=model, optimizer=None, trainer=None)

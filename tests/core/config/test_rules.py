@@ -66,6 +66,30 @@ RULES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
                                        ("dpo_label_smoothing", "pref_loss")),
     "export quantization without calibration data": ({"export_quantization_bit": 4}, ("export_quantization_bit",
                                                                                       "export_quantization_dataset")),
+    "quantization_device_map in training": ({"quantization_device_map": "auto"}, ("quantization_device_map",)),
+    "adapter_folder without an adapter": ({"adapter_folder": "best"}, ("adapter_folder", "adapter_name_or_path")),
+    "train_from_scratch with quantization": ({"train_from_scratch": True, "quantization_bit": 4},
+                                             ("train_from_scratch", "quantization_bit")),
+    "gradient checkpointing both disabled and asked for": ({"disable_gradient_checkpointing": True,
+                                                            "gradient_checkpointing": True},
+                                                           ("disable_gradient_checkpointing", "gradient_checkpointing")),
+    "use_reentrant_gc against gradient_checkpointing_kwargs": ({"use_reentrant_gc": False, "gradient_checkpointing_kwargs":
+                                                                {"use_reentrant": True}},
+                                                               ("use_reentrant_gc", "gradient_checkpointing_kwargs")),
+    "pissa_iter below -1": ({"pissa_init": True, "pissa_iter": -2}, ("pissa_iter",)),
+    "pissa_convert without pissa_init": ({"pissa_convert": True}, ("pissa_convert", "pissa_init")),
+    "pissa_convert with dora": ({"pissa_init": True, "pissa_convert": True, "use_dora": True}, ("pissa_convert", "use_dora")),
+    "pissa_convert with a reward head": ({"stage": "rm", "pissa_init": True, "pissa_convert": True},
+                                         ("pissa_convert", "stage: rm")),
+    "loraplus_lr_embedding without loraplus_lr_ratio": ({"loraplus_lr_embedding": 1e-5},
+                                                        ("loraplus_lr_embedding", "loraplus_lr_ratio")),
+    "ref_model_quantization_bit without ref_model": ({"stage": "dpo", "ref_model_quantization_bit": 4},
+                                                     ("ref_model_quantization_bit", "ref_model")),
+    "quantized reference with several adapters": ({"stage": "dpo", "ref_model": "m", "ref_model_quantization_bit": 4,
+                                                   "ref_model_adapters": "a,b"},
+                                                  ("ref_model_adapters", "ref_model_quantization_bit")),
+    "reward_model_quantization_bit without reward_model": ({"reward_model_quantization_bit": 4},
+                                                           ("reward_model_quantization_bit", "reward_model")),
     "image_max_pixels below image_min_pixels": ({"image_max_pixels": 100, "image_min_pixels": 1000},
                                                 ("image_max_pixels", "image_min_pixels")),
     "video_max_pixels below video_min_pixels": ({"video_max_pixels": 100, "video_min_pixels": 1000},
@@ -85,7 +109,13 @@ def test_each_refused_combination_names_every_key_involved(case: str):
 def test_the_allowed_counterparts_pass():
     for raw in ({"stage": "dpo", "pref_loss": "simpo", "pissa_init": True}, {"stage": "sft", "neat_packing": True},
                 {"do_eval": True, "dataset": "a", "val_size": 0.1}, {"streaming": True, "max_steps": 10},
-                {"stage": "ppo", "reward_model": "saves/rm", "finetuning_type": "full", "reward_model_type": "full"}):
+                {"stage": "ppo", "reward_model": "saves/rm", "finetuning_type": "full", "reward_model_type": "full"},
+                {"stage": "dpo", "ref_model": "m", "ref_model_quantization_bit": 4, "ref_model_adapters": "a"},
+                {"stage": "ppo", "reward_model": "saves/rm", "reward_model_quantization_bit": 4},
+                {"pissa_init": True, "pissa_iter": -1, "pissa_convert": True},
+                {"loraplus_lr_ratio": 16, "loraplus_lr_embedding": 1e-5, "lora_target": "q_proj,embed_tokens"},
+                {"rope_scaling": "yarn", "upcast_layernorm": True, "upcast_lmhead_output": True, "train_from_scratch": True,
+                 "use_reentrant_gc": False, "gradient_checkpointing": True, "print_param_status": True}):
         build_stage_config(raw)
 
 

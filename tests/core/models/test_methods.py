@@ -124,10 +124,11 @@ def test_lora_variants_train_only_their_adapter(tiny_base: Path, batch, variant:
 
 @pytest.mark.slow
 def test_pissa_keeps_the_function_at_start_and_its_saved_adapter_reloads(tiny_base: Path, batch, tmp_path: Path):
+    """With the exact SVD (`pissa_iter: -1`) a reload recomputes the same residual base."""
     from peft import PeftModel
 
     base_logits = logits(load_model(tiny_base), batch)
-    model = prepared(tiny_base, FinetuningConfig(lora_rank=4, pissa_init=True))
+    model = prepared(tiny_base, FinetuningConfig(lora_rank=4, pissa_init=True, pissa_iter=-1))
     assert torch.allclose(logits(model, batch), base_logits, atol=1e-4)
     assert all(p.abs().sum() > 0 for name, p in model.named_parameters() if "lora_B" in name)  # principal components, not zeros
     train_steps(model, batch, steps=3)
@@ -265,7 +266,7 @@ def test_unknown_module_names_are_config_errors_that_list_the_real_ones(tiny_bas
     with pytest.raises(ConfigError) as lora:
         prepared(tiny_base, FinetuningConfig(lora_target="q_proj,qkv_proj"))
     assert "'lora_target' names qkv_proj" in str(lora.value)
-    assert "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or 'all')" in str(lora.value)
+    assert "down_proj, embed_tokens, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or 'all')" in str(lora.value)
 
     with pytest.raises(ConfigError) as freeze:
         prepared(tiny_base, FinetuningConfig(finetuning_type="freeze", freeze_trainable_modules="mlps",
