@@ -76,8 +76,6 @@ NEEDS_CUDA: tuple[Unavailable, ...] = (
 
 PENDING: tuple[Unavailable, ...] = (
     *NEEDS_CUDA,  # where CUDA is present, these are not implemented yet either
-    Unavailable("added tokens", keys=("add_tokens", "add_special_tokens", "new_special_tokens_config", "init_special_tokens")),
-    Unavailable("splitting special tokens", keys=("split_special_tokens",)),
     Unavailable("model loading options", keys=("adapter_folder", "low_cpu_mem_usage", "rope_scaling", "train_from_scratch",
                                                 "print_param_status", "moe_aux_loss_coef", "quantization_device_map",
                                                 "offload_folder")),

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 
+    from tuneline.core.models.vocabulary import NewTokens
     from tuneline.core.training.job import TrainJob
 
 # The shapes of tokenized examples, named as `core.data.encoding` names its encoders.
@@ -41,6 +42,8 @@ class ModelRequest:
     model_config: ModelConfig
     training: Mapping[str, Any]
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    new_tokens: NewTokens | None = None
+    """The tokens the tokenize stage added to the tokenizer, whose embedding rows start and train anew."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class LoopRequest:
     checkpoint: str | None
     finetuning: FinetuningConfig
     model_config: ModelConfig
+    new_tokens: NewTokens | None = None
 
 
 def no_problems(config: StageConfig) -> list[str]:
