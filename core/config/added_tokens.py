@@ -49,7 +49,8 @@ def read_token_descriptions(path: str | Path) -> dict[str, str]:
     if not path.is_file():
         raise ConfigError(f"'{KEY}: {path}' does not exist (relative paths are read from the current folder); {fix}.")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open(encoding="utf-8") as handle:  # a stream, so that YAML's message names the file and line
+            loaded = yaml.safe_load(handle)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"'{KEY}: {path}' is not valid YAML ({' '.join(str(e).split())}); {fix}.") from e
     if not isinstance(loaded, dict) or not loaded:
