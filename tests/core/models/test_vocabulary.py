@@ -1,6 +1,6 @@
 """Added tokens on the tiny model: one id each in the tokenized rows, embeddings grown in steps of
 64 with the rows started as `init_special_tokens` says, and with LoRA exactly those rows trained,
-saved with the adapter, reloaded and merged."""
+saved with the adapter, reloaded, continued and merged."""
 
 from __future__ import annotations
 
@@ -118,7 +118,8 @@ def test_lora_trains_exactly_the_new_rows_saves_reloads_and_merges_them(tokenize
 
     from tests.conftest import train_steps
     from tuneline.core.models.export import merge_adapter, write_hf_folder
-    from tuneline.core.models.loading import load_model
+    from tuneline.core.errors import ConfigError
+    from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.causal_lm import load_policy
     from tuneline.core.stages.kind import ModelRequest
 
@@ -147,6 +148,20 @@ def test_lora_trains_exactly_the_new_rows_saves_reloads_and_merges_them(tokenize
     with torch.no_grad():
         assert torch.allclose(reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, adapted,
                               atol=1e-5)
+
+    lora = FinetuningConfig(finetuning_type="lora", lora_rank=4)
+    grown = load_model(tiny_base)
+    rows = grow_vocabulary(grown, vocab_size=len(tokenizer))
+    continued = apply_finetuning(grown, lora, model_config=ModelConfig(adapter_name_or_path=str(tmp_path / "adapter")),
+                                 new_token_rows=rows)
+    assert torch.equal(continued.get_input_embeddings().token_adapter.trainable_tokens_delta["default"], trained)
+    plain = apply_finetuning(load_model(tiny_base), lora)  # an adapter made without the added tokens
+    plain.save_pretrained(tmp_path / "plain")
+    grown = load_model(tiny_base)
+    with pytest.raises(ConfigError, match=r"was not trained with the added tokens \(embedding rows 1024\.\.1087\).*"
+                                          "'create_new_adapter: true'"):
+        apply_finetuning(grown, lora, model_config=ModelConfig(adapter_name_or_path=str(tmp_path / "plain")),
+                         new_token_rows=grow_vocabulary(grown, vocab_size=len(tokenizer)))
 
     merge_adapter(tiny_base, tmp_path / "adapter", tmp_path / "merged")
     write_hf_folder(tmp_path / "merged", tmp_path / "export", template="default")
