@@ -1,6 +1,7 @@
 """Token-exact against LLaMA-Factory 0.9.5: every row of tests/data/golden/ encodes to its ids.
 
-Each golden file holds raw demo rows, their dataset_info.json entry, the arguments and the
+Each golden file holds raw rows (demo rows, or the rows of tests/data/make_token_golden.py), their
+dataset_info.json entry, the arguments (`{shared}` standing for the shared assets folder) and the
 input_ids/labels that LLaMA-Factory's own preprocessing wrote for them (the file records the
 command). The rows go through tuneline's whole path: the registry reader and converter, the
 template with its tokenizer fixes, and the batch encoder the tokenize stage runs.
