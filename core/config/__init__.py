@@ -1,7 +1,8 @@
 """Stage configuration with LLaMA-Factory's key names: one frozen dataclass per concern
 (`model`, `data`, `method`, `optimizer`, `generation`, `media`, `output`), the whole stage
-(`stage`), how a YAML is read and checked (`reading`, `coercion`, `rules`), and LLaMA-Factory's
-keys that cannot run here (`llamafactory`). The names below are the package's interface."""
+(`stage`), how a YAML is read and checked (`reading`, `coercion`, `rules`), the tokens a stage
+adds to its tokenizer (`added_tokens`), and LLaMA-Factory's keys that cannot run here
+(`llamafactory`). The names below are the package's interface."""
 
 from tuneline.core.config.coercion import coerce, coerce_fields
 from tuneline.core.config.data import DataConfig

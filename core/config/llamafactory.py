@@ -76,8 +76,6 @@ NEEDS_CUDA: tuple[Unavailable, ...] = (
 
 PENDING: tuple[Unavailable, ...] = (
     *NEEDS_CUDA,  # where CUDA is present, these are not implemented yet either
-    Unavailable("added tokens", keys=("add_tokens", "add_special_tokens", "new_special_tokens_config", "init_special_tokens")),
-    Unavailable("splitting special tokens", keys=("split_special_tokens",)),
     Unavailable("hub tokens", keys=("hf_hub_token", "ms_hub_token", "om_hub_token")),
     Unavailable("template options", keys=("default_system", "tool_format", "enable_thinking", "preserve_thinking")),
     Unavailable("data options", keys=("buffer_size", "eval_num_beams", "ignore_pad_token_for_loss", "eval_on_each_dataset")),

@@ -3,13 +3,14 @@ together. The checks of one stage kind live in its module (core/stages/)."""
 
 from __future__ import annotations
 
+from tuneline.core.config.added_tokens import added_token_problems
 from tuneline.core.config.method import FinetuningConfig
 from tuneline.core.config.stage import StageConfig
 
 
 def conflicts(config: StageConfig) -> list[str]:
     return [*_value_problems(config), *data_problems(config), *method_problems(config), *loading_problems(config),
-            *media_problems(config)]
+            *media_problems(config), *added_token_problems(config.model)]
 
 
 def _value_problems(config: StageConfig) -> list[str]:

@@ -21,9 +21,10 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuneline.core.config import StageConfig
+from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
 from tuneline.core.data.mixing import mix_rows
@@ -35,9 +36,11 @@ from tuneline.core.data.dataset_info import (
 )
 from tuneline.core.data.dataset_info import iter_rows as registry_iter_rows
 from tuneline.core.errors import ConfigError
+from tuneline.core.models.vocabulary import NewTokens, describe_new_tokens
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.templates.check import check_template, vocabulary_problems
 from tuneline.core.templates.conversation import chat_template_jinja, fix_tokenizer, get_template
+from tuneline.core.templates.spec import Template
 
 _LOG = logging.getLogger(__name__)
 TOKENIZER_DIR = "tokenizer"
@@ -89,10 +92,20 @@ def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadRe
     yield from mix_rows(per_dataset, strategy=data.mix_strategy, probs=probs, seed=int(config.training.get("seed", 42)))
 
 
-def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
-    """The tokenizer as the template needs it (eos, pad, stop words, chat template), the template,
-    and the warning when a named template renders differently from the tokenizer's own chat
-    template (None when they agree).
+class PreparedTokenizer(NamedTuple):
+    tokenizer: Any
+    template: Template
+    warning: str | None
+    """Set when a named template renders differently from the tokenizer's own chat template."""
+    new_tokens: NewTokens | None
+    """The tokens added to the loaded tokenizer (by the added-token keys and the template)."""
+
+
+def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path) -> PreparedTokenizer:
+    """The tokenizer as the stage needs it (the added-token keys' tokens, then the template's eos,
+    pad, stop words and chat template), the template, the warning when a named template renders
+    differently from the tokenizer's own chat template (None when they agree), and the record of
+    the tokens added.
 
     LLaMA-Factory trains such combinations (llama2 on Llama-2, vicuna on Qwen2.5), so the
     difference is a warning, or an error with `strict_template`. It is always an error when the
@@ -102,11 +115,15 @@ def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
     from tuneline.core.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path, model=config.model)
+    first_new_id = len(tokenizer)
+    added = add_tokens(tokenizer, added_tokens(config.model))
     template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
     difference = check_template(template, tokenizer) if tokenizer.chat_template else None
     original_vocab = set(tokenizer.get_vocab())
     fix_tokenizer(template, tokenizer)
-    problems = vocabulary_problems(template, tokenizer, original_vocab=original_vocab, resize_vocab=config.model.resize_vocab)
+    # added tokens grow the embeddings as resize_vocab does (LLaMA-Factory turns it on for them)
+    problems = vocabulary_problems(template, tokenizer, original_vocab=original_vocab,
+                                   resize_vocab=config.model.resize_vocab or added > 0)
     if difference and config.data.strict_template:
         problems.append(f"{difference} 'strict_template: true' makes this an error; remove it to train with a warning.")
     if problems:
@@ -114,7 +131,21 @@ def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
     if difference:
         _LOG.warning("%s", difference)
     tokenizer.chat_template = chat_template_jinja(template, tokenizer)
-    return tokenizer, template, difference
+    return PreparedTokenizer(tokenizer, template, difference, new_tokens_of(config, tokenizer, first_new_id=first_new_id))
+
+
+def add_tokens(tokenizer, tokens: AddedTokens) -> int:
+    """Add the plain, then the special tokens to `tokenizer` (LLaMA-Factory's order); how many were new."""
+    return (tokenizer.add_tokens(list(tokens.plain), special_tokens=False)
+            + tokenizer.add_tokens(list(tokens.special), special_tokens=True))
+
+
+def new_tokens_of(config: StageConfig, tokenizer, *, first_new_id: int) -> NewTokens | None:
+    """The record of the tokens that `prepare_tokenizer` added beyond the loaded tokenizer's
+    `first_new_id`, with the ids of their descriptions; None where none was added."""
+    if len(tokenizer) <= first_new_id:
+        return None
+    return describe_new_tokens(tokenizer, first_id=first_new_id, descriptions=added_tokens(config.model).descriptions)
 
 
 def tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
@@ -141,7 +172,7 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 
 def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
-    tokenizer, template, template_warning = prepare_tokenizer(config, tokenizer_path)
+    tokenizer, template, template_warning, new_tokens = prepare_tokenizer(config, tokenizer_path)
     output_dir = Path(output_dir)
     spec = EncodingSpec.from_config(config, template=template, examples=examples)
     counters: Counter = Counter()
@@ -173,6 +204,8 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
                           "raise cutoff_len or check the dataset.")
     write_dataset_dict(output_dir, [name for name, writer in writers.items() if writer.rows])
     tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
+    if new_tokens is not None:
+        new_tokens.write(output_dir)
     (output_dir / PREVIEW_FILE).write_text(render_preview(first_example, tokenizer), encoding="utf-8")
     if template_warning:
         (output_dir / TEMPLATE_WARNING_FILE).write_text(template_warning + "\n", encoding="utf-8")

@@ -10,6 +10,7 @@ starts on top, as LLaMA-Factory does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,12 +29,15 @@ ADAPTER_PICKLE = "adapter_model.bin"
 
 
 def apply_adapter(
-    model: PreTrainedModel, finetuning: FinetuningConfig, *, model_config: ModelConfig, head: str | None = None
+    model: PreTrainedModel, finetuning: FinetuningConfig, *, model_config: ModelConfig, head: str | None = None,
+    new_token_rows: Sequence[int] = (),
 ) -> PeftModel:
     """A trainable LoRA or OFT adapter on `model`: the last of `adapter_name_or_path` continued, or a new one.
 
     With `head` (a sequence classifier's scoring head) every adapter listed is merged into the base
     (an SFT adapter, typically) and a new adapter starts, training the head in full.
+    `new_token_rows` are the embedding rows of added tokens, which a new adapter trains and saves;
+    a continued adapter must already hold them.
     """
     from peft import get_peft_model
 
@@ -42,21 +46,26 @@ def apply_adapter(
     for path in adapters[:-1] if resume else adapters:
         model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
     if resume:
-        return load_adapter(model, adapters[-1], model_config=model_config, trainable=True)
+        continued = load_adapter(model, adapters[-1], model_config=model_config, trainable=True)
+        _check_continued_rows(continued, new_token_rows, path=adapters[-1])
+        return continued
     new_config = oft_config if finetuning.finetuning_type == "oft" else lora_config
     if finetuning.pissa_init and finetuning.pissa_iter != -1 and not finetuning.pissa_convert:
         print(f"pissa_iter: {finetuning.pissa_iter} takes PiSSA's components from the fast randomised SVD, which every "
               "load of the saved adapter (merge, export, continued training) draws anew, so the reloaded model is close "
               "to the trained one but not equal; 'pissa_iter: -1' (the exact SVD) or 'pissa_convert: true' (a plain "
               "LoRA adapter in pissa_converted/) reload exactly.", flush=True)
-    return get_peft_model(model, new_config(model, finetuning, head=head))
+    return get_peft_model(model, new_config(model, finetuning, head=head, new_token_rows=new_token_rows))
 
 
-def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None) -> LoraConfig:
+def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None,
+                new_token_rows: Sequence[int] = ()) -> LoraConfig:
     """peft's LoraConfig from the LoRA keys, target and extra module names checked against `model`.
 
     With `head` it is a sequence classifier's adapter: the head is saved with the adapter
-    (`modules_to_save`), never adapted.
+    (`modules_to_save`), never adapted. `new_token_rows` train and are saved as peft's trainable
+    tokens (`trainable_token_indices`) in the input embeddings and an untied output head, unless
+    `additional_target` already trains that module in full.
 
     PiSSA takes the principal components from the exact SVD with `pissa_iter: -1`, otherwise from
     `pissa_iter` iterations of the fast randomised SVD (peft's `pissa_niter_N`). peft recomputes
@@ -76,6 +85,7 @@ def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: s
         use_rslora=finetuning.use_rslora,
         use_dora=finetuning.use_dora,
         init_lora_weights=pissa_init_weights(finetuning.pissa_iter) if finetuning.pissa_init else True,
+        trainable_token_indices=_trainable_tokens(model, new_token_rows, trained_in_full=extra),
     )
 
 
@@ -84,12 +94,17 @@ def pissa_init_weights(iterations: int) -> str:
     return "pissa" if iterations == -1 else f"pissa_niter_{iterations}"
 
 
-def oft_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None) -> OFTConfig:
+def oft_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None,
+               new_token_rows: Sequence[int] = ()) -> OFTConfig:
     """peft's OFTConfig from the OFT keys: `oft_rank` blocks per layer, or (oft_rank 0, LLaMA-Factory's
-    default) blocks of `oft_block_size` features, their number derived from each layer's width."""
+    default) blocks of `oft_block_size` features, their number derived from each layer's width.
+    peft's OFT has no trainable tokens, so with `new_token_rows` the embeddings (and an untied output
+    head) train and are saved in full unless `additional_target` names modules, as LLaMA-Factory does."""
     from peft import OFTConfig, TaskType
 
     targets, extra = _targets(model, finetuning, key="oft_target", value=finetuning.oft_target, head=head)
+    if new_token_rows and not finetuning.additional_target:
+        extra = [*extra, *embedding_module_names(model)]
     short_names = set(linear_module_names(model)) if targets == "all-linear" else {t.rsplit(".", 1)[-1] for t in targets}
     widths = sorted({module.in_features for name, module in _linear_modules(model) if name.rsplit(".", 1)[-1] in short_names})
     size, blocks = finetuning.oft_block_size, finetuning.oft_rank
@@ -119,7 +134,7 @@ def _targets(
         targets: str | list[str] = "all-linear"
     else:
         # LoRA also adapts embedding layers, when named (never with 'all')
-        targetable = sorted({*available, *embedding_module_names(model)}) if key == "lora_target" else available
+        targetable = sorted({*available, *embedding_layer_names(model)}) if key == "lora_target" else available
         targets = _names(value)
         missing = [t for t in targets if t not in targetable]
         if missing:
@@ -139,6 +154,40 @@ def _targets(
         targets = expanded_layer_modules(model, available if targets == "all-linear" else targets,
                                          expanded_blocks=finetuning.freeze_trainable_layers)
     return targets, extra
+
+
+def embedding_module_names(model: PreTrainedModel) -> list[str]:
+    """Short names of the input embeddings and of a separate output head, as module lists name them."""
+    modules = [model.get_input_embeddings()]
+    output = model.get_output_embeddings()
+    if output is not None and output.weight is not modules[0].weight:
+        modules.append(output)
+    names = {id(module): name.rsplit(".", 1)[-1] for name, module in model.named_modules() if name}
+    return [names[id(module)] for module in modules]
+
+
+def _trainable_tokens(model: PreTrainedModel, rows: Sequence[int], *, trained_in_full: Sequence[str]
+                      ) -> dict[str, list[int]] | None:
+    """peft's `trainable_token_indices`: `rows` of each embedding matrix not trained in full already
+    (a tied output head follows the input embeddings in peft)."""
+    chosen = {name: list(rows) for name in embedding_module_names(model) if name not in trained_in_full}
+    return chosen if rows and chosen else None
+
+
+def _check_continued_rows(adapter: PeftModel, rows: Sequence[int], *, path: str) -> None:
+    """A continued adapter trains the rows of added tokens only if it was made with them."""
+    from peft import LoraConfig
+
+    config = adapter.peft_config[adapter.active_adapter]
+    if not rows or set(embedding_module_names(adapter.get_base_model())) <= set(config.modules_to_save or ()):
+        return
+    indices = (config.trainable_token_indices if isinstance(config, LoraConfig) else None) or {}
+    held = {row for value in (indices.values() if isinstance(indices, dict) else [indices]) for row in value}
+    missing = sorted(set(rows) - held)
+    if missing:
+        raise ConfigError(f"'adapter_name_or_path: {path}' was not trained with the added tokens (embedding rows "
+                          f"{missing[0]}..{missing[-1]}), so continuing it would leave them untrained; set "
+                          "'create_new_adapter: true' to merge it and train a new adapter with them.")
 
 
 def adapter_paths(model_config: ModelConfig) -> list[str]:
@@ -217,7 +266,7 @@ def linear_module_names(model: PreTrainedModel) -> list[str]:
     return sorted(names - {"lm_head"})
 
 
-def embedding_module_names(model: PreTrainedModel) -> list[str]:
+def embedding_layer_names(model: PreTrainedModel) -> list[str]:
     """Distinct short names of the embedding layers, which `lora_target` may also name."""
     import torch
 

@@ -8,7 +8,7 @@ from safetensors only, unless `allow_pickle_weights` trusts pickle (.bin) files.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,6 +22,7 @@ from tuneline.core.models.freeze import apply_freeze, apply_full
 from tuneline.core.models.preparation import prepare_for_training, print_parameter_status
 from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
 from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config, quantized_device_map
+from tuneline.core.models.vocabulary import grow_vocabulary
 
 if TYPE_CHECKING:
     import torch
@@ -40,8 +41,11 @@ KEY = "model_name_or_path"  # the key that names the folders loaded here, for me
 
 
 def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer at `path`; given `model`, with its `split_special_tokens` (which a saved
+    tokenizer keeps, so one loaded without `model` splits as it did when saved)."""
     from transformers import AutoTokenizer
 
+    splitting = {"split_special_tokens": model.split_special_tokens} if model is not None else {}
     model = model or ModelConfig()
     local = Path(path).is_dir()
     problem = tokenizer_folder_problem(Path(path), key=KEY, trust_remote_code=model.trust_remote_code) if local else None
@@ -54,6 +58,7 @@ def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> Pre
             trust_remote_code=model.trust_remote_code,
             revision=model.model_revision,
             cache_dir=model.cache_dir,
+            **splitting,
         )
     except OSError as e:
         raise ConfigError(_unreachable_model_message(KEY, path)) from e
@@ -76,7 +81,7 @@ def load_model(
     use_kv_cache: bool = True,
 ) -> PreTrainedModel:
     """The model at `path` in the compute dtype, with the chosen attention, quantized when asked, its
-    embeddings resized to `vocab_size` if larger: a causal LM (policies and references), or with
+    embeddings grown to `vocab_size` if larger (`core/models/vocabulary.py`): a causal LM (policies and references), or with
     `head="score"` the same backbone with a one-output scoring head (reward models; the head is new
     and random unless `path` saved one). Both pass the same checks (pickle weights, remote code).
     A folder whose config records Mixture-of-Depths routing loads with its routers.
@@ -142,8 +147,8 @@ def load_model(
 
 
 def _resized(model: PreTrainedModel, vocab_size: int | None) -> PreTrainedModel:
-    if vocab_size is not None and vocab_size > model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(vocab_size)
+    if vocab_size is not None:
+        grow_vocabulary(model, vocab_size=vocab_size)
     return model
 
 
@@ -251,6 +256,7 @@ def apply_finetuning(
     training: Mapping[str, Any] | None = None,
     head: str | None = None,
     upcast: bool = True,
+    new_token_rows: Sequence[int] = (),
 ) -> PreTrainedModel:
     """Make the chosen parameters trainable (LoRA, OFT, freeze or full) in float32; refuse a setup in
     which the method would train nothing. `upcast=False` leaves them in the loaded dtype, for BAdam,
@@ -258,6 +264,8 @@ def apply_finetuning(
 
     `head` names a sequence classifier's scoring head, which trains in full whatever the method:
     with an adapter it is saved inside a new adapter (see `apply_adapter`), otherwise it is unfrozen.
+    `new_token_rows`, the embedding rows of added tokens, train and are saved with an adapter; the
+    other methods train them with the embeddings or not at all, as they train those.
     """
     model_config = model_config or ModelConfig()
     problems = method_problems(model_config, finetuning)
@@ -271,8 +279,8 @@ def apply_finetuning(
     if model_config.shift_attn:
         use_shifted_sparse_attention(model)
     methods = {
-        "lora": lambda: apply_adapter(model, finetuning, model_config=model_config, head=head),
-        "oft": lambda: apply_adapter(model, finetuning, model_config=model_config, head=head),
+        "lora": lambda: apply_adapter(model, finetuning, model_config=model_config, head=head, new_token_rows=new_token_rows),
+        "oft": lambda: apply_adapter(model, finetuning, model_config=model_config, head=head, new_token_rows=new_token_rows),
         "freeze": lambda: apply_freeze(model, finetuning),
         "full": lambda: apply_full(model, finetuning),
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 from tuneline.core.models.base_model import build_base_model
 from tuneline.core.config import StageConfig
+from tuneline.core.config.added_tokens import added_tokens
 from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, read_rows
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
 from tuneline.core.data.sources import dataset_file_paths
@@ -117,14 +118,19 @@ def run_build_base(stage: BaseStage, output_dir: Path) -> dict[str, int]:
 def tokenize_key(
     stage: TrainingStage, *, tokenizer_key: str, fingerprints: Mapping[str, str] | None = None
 ) -> tuple[str, dict[str, str]]:
-    """Decided by the data settings, the stage kind, the split seed, the tokenizer and the data;
-    `fingerprints` (the run's digests of the stage's datasets) saves hashing them again."""
+    """Decided by the data settings, the stage kind, the split seed, the tokenizer, how it splits
+    special tokens and the tokens added to it (the tokens and descriptions a
+    new_special_tokens_config file holds, not its path), and the data; `fingerprints` (the run's
+    digests of the stage's datasets) saves hashing them again."""
     config = stage.config
+    tokens = added_tokens(config.model)
     relevant = {
         **dataclasses.asdict(config.data),
         "stage": config.finetuning.stage,
         "seed": config.training.get("seed", 42),
         "use_fast_tokenizer": config.model.use_fast_tokenizer,
+        "split_special_tokens": config.model.split_special_tokens,
+        "added_tokens": {"plain": list(tokens.plain), "special": list(tokens.special), "descriptions": dict(tokens.descriptions)},
     }
     inputs = dict(fingerprints) if fingerprints is not None else dataset_fingerprints(config)
     return stage_key("tokenize", config=output_relevant(relevant), upstream={"tokenizer": tokenizer_key}, inputs=inputs), inputs

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 
+    from tuneline.core.models.vocabulary import NewTokens
     from tuneline.core.training.job import TrainJob
 
 # The shapes of tokenized examples, named as `core.data.encoding` names its encoders.
@@ -43,6 +44,8 @@ class ModelRequest:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     model_max_length: int | None = None
     """The longest sequence the stage trains on (its cutoff_len), which `rope_scaling` stretches RoPE to."""
+    new_tokens: NewTokens | None = None
+    """The tokens the tokenize stage added to the tokenizer, whose embedding rows start and train anew."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class LoopRequest:
     checkpoint: str | None
     finetuning: FinetuningConfig
     model_config: ModelConfig
+    new_tokens: NewTokens | None = None
 
 
 def no_problems(config: StageConfig) -> list[str]:

@@ -136,7 +136,13 @@ def vocabulary_problems(
     problems = []
     for kind, word in [*(("marker", m) for m in markers), *(("stop word", w) for w in template.stop_words)]:
         ids = tokenizer(word, add_special_tokens=False)["input_ids"]
-        if len(ids) != 1:
+        if len(ids) != 1 and tokenizer.split_special_tokens:
+            problems.append(
+                f"template '{template.name}' writes the {kind} {word!r}, which 'split_special_tokens: true' splits into "
+                f"{len(ids)} tokens, so the model would learn its control token as text (LLaMA-Factory trains it so); "
+                "remove split_special_tokens, or use a template that writes no special-token text (default, alpaca)."
+            )
+        elif len(ids) != 1:
             problems.append(
                 f"template '{template.name}' writes the {kind} {word!r}, which this tokenizer splits into {len(ids)} "
                 "tokens, so the model would learn its control token as text; use the template that matches the "

@@ -27,15 +27,17 @@ def merge_starts(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
 
     Added tokens are cut out of the text before normalisation and pre-tokenisation, so two texts
     that meet at one of them encode the same joined or apart (unless the token strips whitespace
-    to its left, must stand alone, or is matched after normalisation).
+    to its left, must stand alone, or is matched after normalisation). With `split_special_tokens`
+    the special ones are text like any other and are not cut out.
     """
     cached = _MERGE_STARTS.get(tokenizer)
     if cached is not None and cached[0] == len(tokenizer):
         return cached[1]
+    splits_special = tokenizer.split_special_tokens
     starts = tuple(
         token.content
         for token in tokenizer.added_tokens_decoder.values()
-        if token.content and not (token.lstrip or token.single_word or token.normalized)
+        if token.content and not (token.lstrip or token.single_word or token.normalized or (token.special and splits_special))
     )
     _MERGE_STARTS[tokenizer] = (len(tokenizer), starts)
     return starts

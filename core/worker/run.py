@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from tuneline.core.config import FinetuningConfig, ModelConfig, OptimizerConfig
+from tuneline.core.models.vocabulary import NewTokens
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
 from tuneline.core.stages.registry import stage_kind
 from tuneline.core.training.arguments import global_batch_size, prepare_run, training_arguments
@@ -35,18 +36,19 @@ def run_training(job: TrainJob) -> dict[str, float]:
     set_seed(args.seed)  # before the adapter's random init (and a from-scratch model's), so equal seeds give equal runs
     kind = stage_kind(finetuning.stage)
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
+    new_tokens = NewTokens.read(job.dataset_path)
     datasets = load_from_disk(job.dataset_path)
     if kind.train_loop is not None:
         metrics = kind.train_loop(LoopRequest(job=job, args=args, tokenizer=tokenizer, datasets=datasets, checkpoint=checkpoint,
-                                              finetuning=finetuning, model_config=model_config))
+                                              finetuning=finetuning, model_config=model_config, new_tokens=new_tokens))
         finish_outputs(job, main=args.process_index == 0)
         return metrics
     return _train_with_trainer(kind, job, args, checkpoint=checkpoint, tokenizer=tokenizer, datasets=datasets,
-                               finetuning=finetuning, model_config=model_config)
+                               finetuning=finetuning, model_config=model_config, new_tokens=new_tokens)
 
 
 def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tokenizer, datasets, finetuning: FinetuningConfig,
-                        model_config: ModelConfig) -> dict[str, float]:
+                        model_config: ModelConfig, new_tokens: NewTokens | None) -> dict[str, float]:
     from tuneline.core.models.loading import trainable_summary
     from tuneline.core.training.callbacks import LogCallback, loop_callbacks
     from tuneline.core.training.throughput import effective_tokens_per_second
@@ -55,7 +57,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     optimizer = OptimizerConfig(**job.optimizer)
     model = kind.load_model(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
                                          model_config=model_config, training=job.training, optimizer=optimizer,
-                                         model_max_length=job.model_max_length))
+                                         model_max_length=job.model_max_length, new_tokens=new_tokens))
     print(trainable_summary(model), flush=True)
     callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id),
                  CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning)]

@@ -40,6 +40,17 @@ def test_missing_dataset_file_exits_2_naming_the_file_and_the_entry(tmp_path: Pa
     assert "Traceback" not in result.stderr
 
 
+def test_malformed_token_file_exits_2_naming_the_file_and_the_key(tmp_path: Path):
+    (tmp_path / "tokens.yaml").write_text('"<|a|>": "one"\n"<|b|>: "unclosed\n')
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({"stage": "sft", "new_special_tokens_config": "tokens.yaml", "add_tokens": "<think>"}))
+    result = run_cli("train", str(config), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "'new_special_tokens_config: tokens.yaml' is not valid YAML" in result.stderr
+    assert '"tokens.yaml", line 2' in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_pipeline_with_a_cycle_exits_2_naming_the_stages(tmp_path: Path):
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(yaml.safe_dump({"name": "p", "stages": [

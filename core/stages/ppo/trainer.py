@@ -355,7 +355,7 @@ def train_ppo(request: LoopRequest) -> dict[str, float]:
     accelerator = Accelerator(cpu=args.use_cpu, mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no")
     policy = load_policy(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
                                       model_config=model_config, training=job.training,
-                                      model_max_length=job.model_max_length))
+                                      model_max_length=job.model_max_length, new_tokens=request.new_tokens))
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or
                                              {"use_reentrant": False})

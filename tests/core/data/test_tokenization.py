@@ -153,3 +153,16 @@ def test_truncation_is_counted(shared_dir: Path, tmp_path: Path):
         counters = tokenize_stage_data(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / f"out{packing}")
         assert counters["rows_truncated"] == 1 and counters["responses_cut"] == 1
         assert counters["examples"] == 2  # packed: the long row fills a pack on its own
+
+
+def test_split_special_tokens_is_kept_by_the_saved_tokenizer_and_refuses_templates_it_would_split(shared_dir: Path,
+                                                                                                  tiny_base: Path, tmp_path: Path):
+    from transformers import AutoTokenizer
+
+    config = _config(dataset="demo_alpaca", max_samples=4, split_special_tokens=True)
+    tokenize_stage_data(config, tokenizer_path=shared_dir / "tokenizers/gpt2", output_dir=tmp_path / "out")
+    saved = AutoTokenizer.from_pretrained(tmp_path / "out/tokenizer")
+    assert saved("a<|endoftext|>", add_special_tokens=False)["input_ids"] == [64, 27, 91, 437, 1659, 5239, 91, 29]
+    with pytest.raises(ConfigError, match=r"'split_special_tokens: true' splits into \d+ tokens"):
+        tokenize_stage_data(_config(dataset="demo_alpaca", max_samples=4, split_special_tokens=True, template="chatml"),
+                            tokenizer_path=tiny_base, output_dir=tmp_path / "chatml")

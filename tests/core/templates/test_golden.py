@@ -1,6 +1,7 @@
 """Token-exact against LLaMA-Factory 0.9.5: every row of tests/data/golden/ encodes to its ids.
 
-Each golden file holds raw demo rows, their dataset_info.json entry, the arguments and the
+Each golden file holds raw rows (demo rows, or the rows of tests/data/make_token_golden.py), their
+dataset_info.json entry, the arguments (`{shared}` standing for the shared assets folder) and the
 input_ids/labels that LLaMA-Factory's own preprocessing wrote for them (the file records the
 command). The rows go through tuneline's whole path: the registry reader and converter, the
 template with its tokenizer fixes, and the batch encoder the tokenize stage runs.
@@ -27,16 +28,18 @@ def prepared(shared_dir: Path):
     cache: dict[tuple[str, str], tuple] = {}
 
     def _prepared(config, tokenizer_name: str):
-        pair = (tokenizer_name, config.data.template)
+        model = config.model
+        pair = (tokenizer_name, config.data.template, model.split_special_tokens, model.add_tokens, model.add_special_tokens,
+                model.new_special_tokens_config)
         if pair not in cache:
-            tokenizer, template, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
+            tokenizer, template, _, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
             cache[pair] = (tokenizer, template)
         return cache[pair]
 
     return _prepared
 
 
-def _encode(golden: dict, prepared, dataset_dir: Path) -> list[dict]:
+def _encode(golden: dict, prepared, dataset_dir: Path, shared_dir: Path) -> list[dict]:
     from tuneline.core.data.encoding import EncodingSpec, encode_batch
     from tuneline.core.data.tokenization import read_rows
     from tuneline.core.stages.registry import build_stage_config, stage_kind
@@ -44,7 +47,8 @@ def _encode(golden: dict, prepared, dataset_dir: Path) -> list[dict]:
     (dataset_dir / "rows.json").write_text(json.dumps(golden["rows"], ensure_ascii=False), encoding="utf-8")
     entry = {**golden["dataset_info_entry"], "file_name": "rows.json"}
     (dataset_dir / "dataset_info.json").write_text(json.dumps({"golden": entry}), encoding="utf-8")
-    arguments = golden["arguments"]
+    arguments = {key: value.replace("{shared}", str(shared_dir)) if isinstance(value, str) else value  # the assets folder
+                 for key, value in golden["arguments"].items()}
     config = build_stage_config({**arguments, "dataset": "golden", "dataset_dir": str(dataset_dir),
                                  "stage": _STAGES[arguments["stage"]]})
     tokenizer, template = prepared(config, golden["tokenizer"])
@@ -61,9 +65,9 @@ def test_golden_files_cover_every_tokenizer(shared_dir: Path):
 
 
 @pytest.mark.parametrize("path", GOLDEN_FILES, ids=[path.stem for path in GOLDEN_FILES])
-def test_ids_equal_llamafactory(path: Path, prepared, tmp_path: Path):
+def test_ids_equal_llamafactory(path: Path, prepared, tmp_path: Path, shared_dir: Path):
     golden = json.loads(path.read_text(encoding="utf-8"))
-    examples = _encode(golden, prepared, tmp_path)
+    examples = _encode(golden, prepared, tmp_path, shared_dir)
     expected = golden["examples"]
     assert len(examples) == len(expected)
     for i, (ours, theirs) in enumerate(zip(examples, expected)):
@@ -81,8 +85,29 @@ def test_llamafactory_combinations_train_with_a_warning_where_they_differ(shared
     from tuneline.core.stages.registry import build_stage_config
 
     config = build_stage_config({"stage": "sft", "template": template_name})
-    _, _, warning = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
+    _, _, warning, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
     assert (warning is not None) == warns
     if warns:
         assert warning.startswith(f"template '{template_name}' does not write what this tokenizer's own chat template")
         assert "first differ at position" in warning and "(ids [" in warning
+
+
+def test_added_tokens_and_split_special_tokens_as_llamafactory_reads_them(shared_dir: Path):
+    """tokens_cfg.yaml gives LLaMA-Factory's special tokens in its order; an added token is one id in
+    LLaMA-Factory's rows; split_special_tokens writes special-token text as pieces."""
+    from tuneline.core.config.added_tokens import added_tokens
+    from tuneline.core.stages.registry import build_stage_config
+
+    added = json.loads((GOLDEN_DIR / "qwen2.5__qwen__sft_added_tokens.json").read_text(encoding="utf-8"))
+    config_file = added["arguments"]["new_special_tokens_config"].replace("{shared}", str(shared_dir))
+    tokens = added_tokens(build_stage_config({"stage": "sft", "new_special_tokens_config": config_file}).model)
+    assert list(tokens.special) == added["added_special_tokens"] and len(tokens.special) == 16
+    first_new = added["tokenizer_length"] - 18  # <think>, </think> and the 16 of the file
+    written = {token for example in added["examples"] for token in example["input_ids"] if token >= first_new}
+    assert {first_new, first_new + 1, first_new + 2} <= written  # <think>, </think>, <|START_OF_SVG|>
+
+    split, whole = (json.loads((GOLDEN_DIR / f"llama2__llama2__sft_{name}.json").read_text(encoding="utf-8"))
+                    for name in ("split", "nosplit"))
+    eos_id = 2
+    assert [example["input_ids"].count(eos_id) for example in whole["examples"]] == [3, 3]  # two in the text, one closing
+    assert [example["input_ids"].count(eos_id) for example in split["examples"]] == [1, 1]  # the closing eos only
