@@ -94,3 +94,16 @@ def test_mixture_of_depths_is_refused_with_the_package_and_the_reason():
     assert len(problems) == 1
     assert problems[0].startswith("'mixture_of_depths: load' asks for Mixture-of-Depths, which cannot run with this version")
     assert "mixture-of-depth package" in problems[0] and "TRANSFORMERS_CACHE" in problems[0]
+
+
+def test_every_default_is_llamafactorys():
+    """A key left out means what it means in LLaMA-Factory 0.9.5; `stage` alone reads None, which the
+    registry turns into its default kind (sft, LLaMA-Factory's default too)."""
+    import dataclasses
+
+    from tuneline.core.stages.registry import DEFAULT_STAGE
+
+    ours = {f.name: f.default for group in GROUPS.values() for f in dataclasses.fields(group)}
+    differing = {name: (ours[name], spec["default"]) for name, spec in ARGUMENTS["arguments"].items()
+                 if name in ours and ours[name] != spec["default"]}
+    assert differing == {"stage": (None, "sft")} and DEFAULT_STAGE == "sft"
