@@ -56,12 +56,14 @@ def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
     (a changed column mapping changes the rows as surely as changed data)."""
     names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
     attrs = get_dataset_attrs(names, config.data.dataset_dir)
-    return {attr.name: entry_fingerprint(attr, config.data.dataset_dir) for attr in attrs}
+    return {attr.name: entry_fingerprint(attr, config.data.dataset_dir, token=config.model.hf_hub_token) for attr in attrs}
 
 
-def entry_fingerprint(attr, dataset_dir: str) -> str:
+def entry_fingerprint(attr, dataset_dir: str, *, token: str | None = None) -> str:
+    """`token`, a hub dataset's Hugging Face Hub token, reaches the files, never the digest."""
     entry = hashlib.sha256(json.dumps(dataclasses.asdict(attr), sort_keys=True, default=str).encode()).hexdigest()
-    return hashlib.sha256(f"{entry}:{tree_fingerprint(dataset_file_paths(attr, dataset_dir))}".encode()).hexdigest()
+    files = dataset_file_paths(attr, dataset_dir, token=token)
+    return hashlib.sha256(f"{entry}:{tree_fingerprint(files)}".encode()).hexdigest()
 
 
 def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]:
@@ -78,11 +80,12 @@ def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadRe
         for attr in attrs:
             reports.append(LoadReport(dataset=attr.name))
             yield from registry_iter_rows(attr, data.dataset_dir, on_bad_row=data.on_bad_row,
-                                          max_samples=data.max_samples, report=reports[-1])
+                                          max_samples=data.max_samples, report=reports[-1], token=config.model.hf_hub_token)
         return
     per_dataset = []
     for attr in attrs:
-        rows, report = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples)
+        rows, report = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
+                                             token=config.model.hf_hub_token)
         per_dataset.append(rows)
         reports.append(report)
     probs = [float(p) for p in data.interleave_probs.split(",")] if data.interleave_probs else None

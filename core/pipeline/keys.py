@@ -56,29 +56,31 @@ def pipeline_dataset_fingerprints(pipeline: Pipeline) -> PipelineFingerprints:
     """Hash every dataset any stage of `pipeline` reads, each (folder, entry) once."""
     digests: dict[tuple[str, str], str] = {}
 
-    def digest(names: list[str], dataset_dir: str) -> dict[str, str]:
+    def digest(names: list[str], dataset_dir: str, token: str | None = None) -> dict[str, str]:
         for attr in get_dataset_attrs(names, dataset_dir):
             if (dataset_dir, attr.name) not in digests:
-                digests[dataset_dir, attr.name] = entry_fingerprint(attr, dataset_dir)
+                digests[dataset_dir, attr.name] = entry_fingerprint(attr, dataset_dir, token=token)
         return {name: digests[dataset_dir, name] for name in names}
 
-    stages = {stage.name: digest(stage_datasets(stage), stage_dataset_dir(stage)) for stage in pipeline.stages}
+    stages = {stage.name: digest(stage_datasets(stage), stage_dataset_dir(stage), stage_hub_token(stage))
+              for stage in pipeline.stages}
     heldout: dict[str, str] = {}
     if pipeline.evaluate and pipeline.evaluate.dataset:
         config = pipeline.stage(pipeline.evaluate.stage).config
-        heldout = digest([pipeline.evaluate.dataset], config.data.dataset_dir)
+        heldout = digest([pipeline.evaluate.dataset], config.data.dataset_dir, config.model.hf_hub_token)
     return PipelineFingerprints(stages=stages, heldout=heldout)
 
 
 def check_pipeline_datasets(pipeline: Pipeline) -> None:
     """Every dataset entry the pipeline names exists and its files are there, checked without
     reading them (the flow's register_datasets hashes them, once)."""
-    named = [(stage_datasets(stage), stage_dataset_dir(stage)) for stage in pipeline.stages]
+    named = [(stage_datasets(stage), stage_dataset_dir(stage), stage_hub_token(stage)) for stage in pipeline.stages]
     if pipeline.evaluate and pipeline.evaluate.dataset:
-        named.append(([pipeline.evaluate.dataset], pipeline.stage(pipeline.evaluate.stage).config.data.dataset_dir))
-    for names, dataset_dir in named:
+        config = pipeline.stage(pipeline.evaluate.stage).config
+        named.append(([pipeline.evaluate.dataset], config.data.dataset_dir, config.model.hf_hub_token))
+    for names, dataset_dir, token in named:
         for attr in get_dataset_attrs(names, dataset_dir):
-            dataset_file_paths(attr, dataset_dir)
+            dataset_file_paths(attr, dataset_dir, token=token)
 
 
 def stage_datasets(stage: BaseStage | TrainingStage) -> list[str]:
@@ -89,6 +91,11 @@ def stage_datasets(stage: BaseStage | TrainingStage) -> list[str]:
 
 def stage_dataset_dir(stage: BaseStage | TrainingStage) -> str:
     return stage.dataset_dir if isinstance(stage, BaseStage) else stage.config.data.dataset_dir
+
+
+def stage_hub_token(stage: BaseStage | TrainingStage) -> str | None:
+    """The stage's `hf_hub_token` for its hub datasets (a base stage reads the project's own corpus)."""
+    return None if isinstance(stage, BaseStage) else stage.config.model.hf_hub_token
 
 
 # -- build_base --------------------------------------------------------------------------------
@@ -170,7 +177,7 @@ def heldout_fingerprints(settings: EvaluateSettings, config: StageConfig) -> dic
     if not settings.dataset:
         return {}
     attrs = get_dataset_attrs([settings.dataset], config.data.dataset_dir)
-    return {a.name: entry_fingerprint(a, config.data.dataset_dir) for a in attrs}
+    return {a.name: entry_fingerprint(a, config.data.dataset_dir, token=config.model.hf_hub_token) for a in attrs}
 
 
 # -- merge and export --------------------------------------------------------------------------
