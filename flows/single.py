@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
-from tuneline.core.config import StageConfig, cache_root
+from tuneline.core.config import StageConfig, cache_root, trains
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
@@ -32,7 +32,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     config = load_stage_config(config_path, overrides)
-    _require(config, ("model_name_or_path", "dataset", "output_dir"), source=config_path)
+    # a prediction config (do_predict without do_train) reads only its predict set
+    _require(config, ("model_name_or_path", "dataset", "output_dir") if trains(config.training) else
+             ("model_name_or_path", "output_dir"), source=config_path)
     plan = plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
     problems = check_parallel_settings(config.training)
     problems += parallel_problems(config.optimizer, config.training, world_size=plan.world_size)

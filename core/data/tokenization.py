@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.config import StageConfig
+from tuneline.core.config import StageConfig, trains
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
 from tuneline.core.data.mixing import mix_rows
@@ -123,7 +123,7 @@ def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
 def tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
     """Write the tokenized splits (rows encoded as `examples`, a stage kind's shape) and the fixed
     tokenizer to `output_dir`; return the counters."""
-    if not config.data.dataset:
+    if not config.data.dataset and trains(config.training):  # a prediction config may name only eval_dataset
         raise ConfigError("'dataset' is not set; name one or more entries of dataset_info.json.")
     with _cyclic_gc_paused():
         return _tokenize_dataset(config, examples=examples, tokenizer_path=tokenizer_path, output_dir=output_dir)
@@ -165,14 +165,15 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
                                                        workers=config.data.preprocessing_num_workers or 1):
         writers[split].write(examples)
         counters.update({f"{split}_{k}" if split != "train" else k: v for k, v in batch_counters.items()})
-        if first_example is None and split == "train" and examples:
-            first_example = examples[0]
+        if first_example is None and examples and (split == "train" or not trains(config.training)):
+            first_example = examples[0]  # what the preview shows: a training example, or one to predict
     for writer in writers.values():
         writer.close()
     for report in reports:
         counters.update({"rows_dropped_" + re.sub(r"\W+", "_", reason).strip("_"): n for reason, n in report.dropped.items()})
     if first_example is None:
-        raise ConfigError(f"no training example is left after tokenization with cutoff_len {config.data.cutoff_len}; "
+        what = "training example" if trains(config.training) else "example to predict"
+        raise ConfigError(f"no {what} is left after tokenization with cutoff_len {config.data.cutoff_len}; "
                           "raise cutoff_len or check the dataset.")
     write_dataset_dict(output_dir, [name for name, writer in writers.items() if writer.rows])
     tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.models.base_model import build_base_model
-from tuneline.core.config import StageConfig
+from tuneline.core.config import StageConfig, trains
 from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, read_rows
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
 from tuneline.core.data.sources import dataset_file_paths
@@ -133,6 +133,8 @@ def tokenize_key(
         "seed": config.training.get("seed", 42),
         "use_fast_tokenizer": config.model.use_fast_tokenizer,
     }
+    if config.training.get("do_predict") and not trains(config.training):
+        relevant["prediction_prompts"] = True  # prompts alone are encoded, apart from training examples
     inputs = dict(fingerprints) if fingerprints is not None else dataset_fingerprints(config)
     return stage_key("tokenize", config=output_relevant(relevant), upstream={"tokenizer": tokenizer_key}, inputs=inputs), inputs
 

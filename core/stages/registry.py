@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.config import StageConfig, parse_overrides, read_stage_config, read_yaml
+from tuneline.core.config import StageConfig, parse_overrides, read_stage_config, read_yaml, trains
 from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.models.loading import method_problems
 from tuneline.core.stages.dpo import DPO
@@ -87,6 +87,9 @@ def predict_problems(config: StageConfig, kind: StageKind) -> list[str]:
         problems.append(f"'predict_with_generate: true' is for stage {predicting}, not '{kind.name}'; remove it.")
     if do_predict and with_generate and not (config.data.eval_dataset or config.data.val_size):
         problems.append("'do_predict: true' needs a predict set: name 'eval_dataset' or hold rows out with 'val_size'.")
+    if not trains(config.training) and not do_predict and kind.train_loop is None:
+        problems.append("'do_train: false' without 'do_predict: true' leaves the stage nothing to do; remove do_train, or "
+                        "set 'do_predict: true' (with 'predict_with_generate: true') to only predict.")
     if do_predict and with_generate and config.data.train_on_prompt:
         problems.append("'do_predict: true' finds where each prompt ends from the label mask, which 'train_on_prompt: true' "
                         "removes; remove one of the two.")

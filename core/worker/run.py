@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tuneline.core.config import FinetuningConfig, ModelConfig, OptimizerConfig
+from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, trains
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
 from tuneline.core.stages.registry import stage_kind
 from tuneline.core.training.arguments import global_batch_size, prepare_run, training_arguments
@@ -29,6 +29,8 @@ def run_training(job: TrainJob) -> dict[str, float]:
 
     finetuning = FinetuningConfig(**job.finetuning)
     args = training_arguments(job.output_dir, job.training, sequential=finetuning.disable_shuffling)
+    if not trains(job.training):
+        return run_prediction(job, args)
     checkpoint = prepare_run(job, args)
     set_seed(args.seed)  # before the adapter's random init, so equal seeds give equal runs
     model_config = ModelConfig(**job.model)
@@ -83,6 +85,36 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     for split, values in results.items() if main else ():
         save_results(job.output_dir, split, values)
     finish_outputs(job, main=main)
+    return metrics
+
+
+def run_prediction(job: TrainJob, args) -> dict[str, float]:
+    """`do_predict` without training: the base with `adapter_name_or_path` merged answers the predict
+    set (LLaMA-Factory's prediction configs); rank 0 writes generated_predictions.jsonl and
+    predict_results.json."""
+    from datasets import load_from_disk
+    from transformers import set_seed
+
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.evaluation.predict import do_predict
+    from tuneline.core.models.adapters import adapter_paths, load_adapter
+    from tuneline.core.models.loading import load_model, load_tokenizer
+
+    if args.process_index != 0:
+        return {}
+    set_seed(args.seed)  # sampling (do_sample) draws the same answers on a rerun
+    model_config = ModelConfig(**job.model)
+    tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
+    datasets = load_from_disk(job.dataset_path)
+    model = load_model(job.model_path, model=model_config, vocab_size=len(tokenizer), training=job.training)
+    for path in adapter_paths(model_config):
+        model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
+    if getattr(model, "hf_quantizer", None) is None:  # a quantized model is already placed
+        model = model.to(args.device)
+    metrics = do_predict(model, tokenizer, datasets["validation"] if "validation" in datasets else None,
+                         output_dir=job.output_dir, generating=GeneratingConfig(**job.generating),
+                         batch_size=args.per_device_eval_batch_size)
+    save_results(job.output_dir, "predict", metrics)
     return metrics
 
 
