@@ -91,10 +91,6 @@ PENDING: tuple[Unavailable, ...] = (
     Unavailable("quantized reference and reward models", keys=("ref_model_quantization_bit", "reward_model_quantization_bit")),
     Unavailable("pushing the export to a hub", keys=("export_hub_model_id",)),
     Unavailable("GPTQ quantization of the export", keys=("export_quantization_bit",)),
-    Unavailable("the torch profiler", keys=("enable_torch_profiler", "profiler_output_dir", "profiler_wait_steps",
-                                            "profiler_warmup_steps", "profiler_active_steps", "profiler_repeat",
-                                            "profiler_record_shapes", "profiler_profile_memory", "profiler_with_stack",
-                                            "profile_modules")),
 )
 
 BROKEN_UPSTREAM: tuple[tuple[Unavailable, str], ...] = (

@@ -8,7 +8,21 @@ from tuneline.core.config.stage import StageConfig
 
 
 def conflicts(config: StageConfig) -> list[str]:
-    return [*_value_problems(config), *data_problems(config), *method_problems(config), *media_problems(config)]
+    return [*_value_problems(config), *data_problems(config), *method_problems(config), *media_problems(config),
+            *profiler_problems(config)]
+
+
+def profiler_problems(config: StageConfig) -> list[str]:
+    """torch.profiler's schedule counts steps: none negative, and at least one recorded per cycle."""
+    runtime = config.runtime
+    if not runtime.enable_torch_profiler:
+        return []
+    problems = [f"'{key}' must be 0 or more, got {getattr(runtime, key)}."
+                for key in ("profiler_wait_steps", "profiler_warmup_steps", "profiler_repeat") if getattr(runtime, key) < 0]
+    if runtime.profiler_active_steps <= 0:
+        problems.append(f"'profiler_active_steps' must be positive (the steps recorded per cycle), got "
+                        f"{runtime.profiler_active_steps}.")
+    return problems
 
 
 def _value_problems(config: StageConfig) -> list[str]:

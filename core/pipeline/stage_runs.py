@@ -77,6 +77,7 @@ def train_job(
         model={**dataclasses.asdict(config.model), "model_name_or_path": start_model},
         generating=dataclasses.asdict(config.generating),
         optimizer=dataclasses.asdict(config.optimizer),
+        runtime=dataclasses.asdict(config.runtime),
         tracking_uri=tracking_uri,
         run_id=run_id,
         keep_checkpoints=keep_checkpoints,

@@ -125,10 +125,12 @@ def training_loop_problems(config: StageConfig, kind: StageKind) -> list[str]:
         problems.append("'compute_accuracy: true' scores the logits of each position and 'predict_with_generate: true' "
                         "generates answers instead; they cannot go together, remove one of them.")
     if kind.train_loop is not None:
-        asked = [key for key in ("disable_shuffling", "include_effective_tokens_per_second") if getattr(ft, key)]
-        asked += ["early_stopping_steps"] if ft.early_stopping_steps is not None else []
-        problems.extend(f"'{key}: {getattr(ft, key)}' is a key of the trainer-based stages; stage '{kind.name}' runs its "
-                        "own loop and does not read it; remove it." for key in asked)
+        asked = {key: getattr(ft, key) for key in ("disable_shuffling", "include_effective_tokens_per_second") if getattr(ft, key)}
+        asked.update({"early_stopping_steps": ft.early_stopping_steps} if ft.early_stopping_steps is not None else {})
+        asked.update({key: getattr(config.runtime, key) for key in ("enable_torch_profiler", "profile_modules")
+                      if getattr(config.runtime, key)})  # the profiler hooks into the transformers Trainer
+        problems.extend(f"'{key}: {value}' is a key of the trainer-based stages; stage '{kind.name}' runs its "
+                        "own loop and does not read it; remove it." for key, value in asked.items())
     elif ft.early_stopping_steps is not None:
         problems.extend(early_stopping_problems(config))
     return problems

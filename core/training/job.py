@@ -41,6 +41,7 @@ class TrainJob:
     model: dict[str, Any] = field(default_factory=dict)
     generating: dict[str, Any] = field(default_factory=dict)  # GeneratingConfig for do_predict
     optimizer: dict[str, Any] = field(default_factory=dict)  # OptimizerConfig: GaLore, APOLLO, BAdam, Adam-mini, Muon
+    runtime: dict[str, Any] = field(default_factory=dict)  # RuntimeConfig: the profiler keys
     tracking_uri: str | None = None
     run_id: str | None = None
     keep_checkpoints: bool = True

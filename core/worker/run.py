@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, trains
+from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, RuntimeConfig, trains
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
 from tuneline.core.stages.registry import stage_kind
 from tuneline.core.training.arguments import global_batch_size, prepare_run, training_arguments
@@ -52,13 +52,16 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     from tuneline.core.training.callbacks import LogCallback, loop_callbacks
     from tuneline.core.training.throughput import effective_tokens_per_second
     from tuneline.core.training.checkpoint_record import CheckpointRecord
+    from tuneline.core.training.profiler import profiler_callbacks
 
     optimizer = OptimizerConfig(**job.optimizer)
     model = kind.load_model(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
                                          model_config=model_config, training=job.training, optimizer=optimizer))
     print(trainable_summary(model), flush=True)
     callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id),
-                 CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning)]
+                 CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning),
+                 *profiler_callbacks(RuntimeConfig(**job.runtime), output_dir=job.output_dir, tracking_uri=job.tracking_uri,
+                                     run_id=job.run_id)]
     trainer = kind.build_trainer(TrainerRequest(
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
         eval_dataset=datasets["validation"] if "validation" in datasets else None,

@@ -70,6 +70,12 @@ RULES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
                                                 ("image_max_pixels", "image_min_pixels")),
     "video_max_pixels below video_min_pixels": ({"video_max_pixels": 100, "video_min_pixels": 1000},
                                                 ("video_max_pixels", "video_min_pixels")),
+    "do_train false without do_predict": ({"do_train": False}, ("do_train", "do_predict")),
+    "profiler recording no step": ({"enable_torch_profiler": True, "profiler_active_steps": 0}, ("profiler_active_steps",)),
+    "profiler with a negative wait": ({"enable_torch_profiler": True, "profiler_wait_steps": -1}, ("profiler_wait_steps",)),
+    "profiler with ppo": ({"stage": "ppo", "reward_model": "saves/rm", "enable_torch_profiler": True},
+                          ("enable_torch_profiler",)),
+    "profile_modules with ppo": ({"stage": "ppo", "reward_model": "saves/rm", "profile_modules": "*.mlp"}, ("profile_modules",)),
 }
 
 
@@ -85,7 +91,9 @@ def test_each_refused_combination_names_every_key_involved(case: str):
 def test_the_allowed_counterparts_pass():
     for raw in ({"stage": "dpo", "pref_loss": "simpo", "pissa_init": True}, {"stage": "sft", "neat_packing": True},
                 {"do_eval": True, "dataset": "a", "val_size": 0.1}, {"streaming": True, "max_steps": 10},
-                {"stage": "ppo", "reward_model": "saves/rm", "finetuning_type": "full", "reward_model_type": "full"}):
+                {"stage": "ppo", "reward_model": "saves/rm", "finetuning_type": "full", "reward_model_type": "full"},
+                {"do_predict": True, "predict_with_generate": True, "eval_dataset": "a", "adapter_name_or_path": "saves/lora"},
+                {"enable_torch_profiler": True, "profiler_wait_steps": 0, "profiler_repeat": 0, "profile_modules": "*.mlp"}):
         build_stage_config(raw)
 
 
