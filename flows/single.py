@@ -22,7 +22,8 @@ from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, export_template, train_job
+from tuneline.core.models.gptq import gptq_machine_problems
+from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, train_job
 from tuneline.core.training.job import LOG_FILE
 from tuneline.core.training.optimizers.rules import parallel_problems
 
@@ -103,11 +104,14 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
 
 
 def export(config_path: str, overrides: list[str]) -> Path:
+    import torch
+
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "export_dir"), source=config_path)
-    return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=config.model.adapter_name_or_path or None,
-                         template=export_template(config), export_size_gb=config.export.export_size,
-                         overwrite=config.output.overwrite_output_dir)
+    problems = gptq_machine_problems(config.export, has_cuda=torch.cuda.is_available)  # before any work
+    if problems:
+        raise ConfigError(problems, source=config_path)
+    return export_folder(config)
 
 
 def tokenizer_fingerprint(model_path: str) -> str:

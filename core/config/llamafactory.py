@@ -89,8 +89,6 @@ PENDING: tuple[Unavailable, ...] = (
     Unavailable("PiSSA options", keys=("pissa_iter", "pissa_convert")),
     Unavailable("LoRA+ embedding learning rate", keys=("loraplus_lr_embedding",)),
     Unavailable("quantized reference and reward models", keys=("ref_model_quantization_bit", "reward_model_quantization_bit")),
-    Unavailable("pushing the export to a hub", keys=("export_hub_model_id",)),
-    Unavailable("GPTQ quantization of the export", keys=("export_quantization_bit",)),
 )
 
 BROKEN_UPSTREAM: tuple[tuple[Unavailable, str], ...] = (

@@ -114,9 +114,20 @@ def method_problems(config: StageConfig) -> list[str]:
     for key in ("ref_model_quantization_bit", "reward_model_quantization_bit"):
         if getattr(ft, key) not in (None, 4, 8):
             problems.append(f"'{key}' must be 4 or 8, got {getattr(ft, key)}.")
-    if config.export.export_quantization_bit is not None and not config.export.export_quantization_dataset:
-        problems.append(f"'export_quantization_bit: {config.export.export_quantization_bit}' needs calibration data in "
+    export_bit = config.export.export_quantization_bit
+    if export_bit is not None and not config.export.export_quantization_dataset:
+        problems.append(f"'export_quantization_bit: {export_bit}' needs calibration data in "
                         "'export_quantization_dataset'; set it.")
+    if export_bit not in (None, 2, 3, 4, 8):
+        problems.append(f"'export_quantization_bit' must be 2, 3, 4 or 8 (GPTQ's widths), got {export_bit}.")
+    if export_bit is not None and model.adapter_name_or_path:
+        problems.append(f"'export_quantization_bit: {export_bit}' quantizes a full model, and 'adapter_name_or_path' asks "
+                        "for a merge in the same export (LLaMA-Factory refuses it too); export the merged model first, then "
+                        "quantize that export with it as model_name_or_path and no adapter.")
+    if export_bit is not None and (config.export.export_quantization_nsamples <= 0
+                                   or config.export.export_quantization_maxlen <= 0):
+        problems.append("'export_quantization_nsamples' and 'export_quantization_maxlen' must be positive, got "
+                        f"{config.export.export_quantization_nsamples} and {config.export.export_quantization_maxlen}.")
     return problems
 
 

@@ -199,3 +199,12 @@ def test_ppo_stage_needs_an_rm_stage_as_its_reward_model():
     ))
     assert any(p.startswith("stage 'ppo': 'stage: ppo' needs 'reward_model'") for p in problems), problems
     assert any(p.startswith("stage 'ppo2' has 'reward_model: sft', but stage 'sft' is a sft stage") for p in problems), problems
+
+
+def test_export_keys_of_tuneline_export_are_refused_in_a_pipeline_stage():
+    raw = _pipeline([{"name": "a", "stage": "sft", "model_name_or_path": "m", "export_hub_model_id": "me/model",
+                      "export_quantization_bit": 4, "export_quantization_dataset": "c.json"}])
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(raw, overrides={})
+    problems = [p for p in caught.value.problems if "is a key of `tuneline export`" in p]
+    assert [p.split("'")[3] for p in problems] == ["export_hub_model_id: me/model", "export_quantization_bit: 4"]
