@@ -27,6 +27,7 @@ _NOT_OUTPUT = frozenset({
     "logging_strategy", "report_to", "plot_loss", "dataloader_num_workers", "disable_tqdm", "run_name",
     "save_steps", "save_strategy", "save_total_limit", "save_only_model", "resume_from_checkpoint",
     "tokenized_path", "export_dir", "do_train", "do_eval", "do_predict",
+    "hf_hub_token", "ms_hub_token", "om_hub_token", "hub_token",  # credentials, not settings
 })
 
 
