@@ -87,6 +87,10 @@ def predict_problems(config: StageConfig, kind: StageKind) -> list[str]:
         problems.append(f"'predict_with_generate: true' is for stage {predicting}, not '{kind.name}'; remove it.")
     if do_predict and with_generate and not (config.data.eval_dataset or config.data.val_size):
         problems.append("'do_predict: true' needs a predict set: name 'eval_dataset' or hold rows out with 'val_size'.")
+    profiled = [key for key in ("enable_torch_profiler", "profile_modules") if getattr(config.runtime, key)]
+    if not trains(config.training) and do_predict and profiled:
+        problems.extend(f"'{key}: {getattr(config.runtime, key)}' profiles training steps, and this config only predicts "
+                        "(do_predict without do_train); remove it." for key in profiled)
     if not trains(config.training) and not do_predict and kind.train_loop is None:
         problems.append("'do_train: false' without 'do_predict: true' leaves the stage nothing to do; remove do_train, or "
                         "set 'do_predict: true' (with 'predict_with_generate: true') to only predict.")

@@ -80,6 +80,8 @@ RULES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "profiler with a negative wait": ({"enable_torch_profiler": True, "profiler_wait_steps": -1}, ("profiler_wait_steps",)),
     "profiler with ppo": ({"stage": "ppo", "reward_model": "saves/rm", "enable_torch_profiler": True},
                           ("enable_torch_profiler",)),
+    "profiler while only predicting": ({"do_predict": True, "predict_with_generate": True, "eval_dataset": "a",
+                                        "enable_torch_profiler": True}, ("enable_torch_profiler",)),
     "profile_modules with ppo": ({"stage": "ppo", "reward_model": "saves/rm", "profile_modules": "*.mlp"}, ("profile_modules",)),
 }
 
