@@ -110,9 +110,12 @@ def run_prediction(job: TrainJob, args) -> dict[str, float]:
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
     datasets = load_from_disk(job.dataset_path)
     model = load_model(job.model_path, model=model_config, vocab_size=len(tokenizer), training=job.training)
+    quantized = getattr(model, "hf_quantizer", None) is not None  # placed on its device already
     for path in adapter_paths(model_config):
-        model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
-    if getattr(model, "hf_quantizer", None) is None:  # a quantized model is already placed
+        model = load_adapter(model, path, model_config=model_config, trainable=False)
+        if not quantized:  # a quantized base keeps its one adapter beside it (as LLaMA-Factory does)
+            model = model.merge_and_unload()
+    if not quantized:
         model = model.to(args.device)
     metrics = do_predict(model, tokenizer, datasets["validation"] if "validation" in datasets else None,
                          output_dir=job.output_dir, generating=GeneratingConfig(**job.generating),
