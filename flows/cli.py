@@ -160,7 +160,8 @@ def add_chat_parser(commands: argparse._SubParsersAction) -> None:
     chat.add_argument("--system", default=None, help="system prompt")
     chat.add_argument("--template", default=None, help="render with this tuneline template instead of the tokenizer's own")
     chat.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"(default {defaults.max_new_tokens})")
-    chat.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    chat.add_argument("--do-sample", action=argparse.BooleanOptionalAction, default=defaults.do_sample,
+                      help=f"sample, or --no-do-sample for greedy decoding (default {defaults.do_sample})")
     chat.add_argument("--temperature", type=float, default=defaults.temperature, help=f"(default {defaults.temperature})")
     chat.add_argument("--top-p", type=float, default=defaults.top_p, help=f"(default {defaults.top_p})")
     chat.add_argument("--top-k", type=int, default=defaults.top_k, help=f"(default {defaults.top_k})")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
-from tuneline.core.config import DataConfig, StageConfig, cache_root
+from tuneline.core.config import StageConfig, cache_root, trains
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
@@ -22,7 +22,8 @@ from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, export_template, train_job
+from tuneline.core.models.gptq import gptq_machine_problems
+from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, train_job
 from tuneline.core.training.job import LOG_FILE
 from tuneline.core.training.optimizers.rules import parallel_problems
 
@@ -32,7 +33,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     config = load_stage_config(config_path, overrides)
-    _require(config, ("model_name_or_path", "dataset", "output_dir"), source=config_path)
+    # a prediction config (do_predict without do_train) reads only its predict set
+    _require(config, ("model_name_or_path", "dataset", "output_dir") if trains(config.training) else
+             ("model_name_or_path", "output_dir"), source=config_path)
     plan = plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
     problems = check_parallel_settings(config.training)
     problems += parallel_problems(config.optimizer, config.training, world_size=plan.world_size)
@@ -101,23 +104,14 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
 
 
 def export(config_path: str, overrides: list[str]) -> Path:
+    import torch
+
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "export_dir"), source=config_path)
-    adapter = config.model.adapter_name_or_path or None
-    if adapter and config.model.adapter_folder:  # the adapter's files sit in that subfolder of it
-        adapter = str(Path(adapter) / config.model.adapter_folder)
-    return export_folder(config.model.model_name_or_path, config.export.export_dir, adapter=adapter,
-                         template=export_template(config), export_size_gb=config.export.export_size,
-                         overwrite=config.output.overwrite_output_dir, infer_dtype=config.inference.infer_dtype,
-                         use_kv_cache=config.inference.use_kv_cache, rope_scaling=config.model.rope_scaling,
-                         model_max_length=export_length(config))
-
-
-def export_length(config: StageConfig) -> int | None:
-    """The length an export's RoPE is scaled to, as LLaMA-Factory's export takes it: a `cutoff_len`
-    set away from its default when merging on the CPU, otherwise none (RoPE scaled by 2)."""
-    cutoff = config.data.cutoff_len
-    return cutoff if config.export.export_device == "cpu" and cutoff != DataConfig.cutoff_len else None
+    problems = gptq_machine_problems(config.export, has_cuda=torch.cuda.is_available)  # before any work
+    if problems:
+        raise ConfigError(problems, source=config_path)
+    return export_folder(config)
 
 
 def tokenizer_fingerprint(model_path: str) -> str:

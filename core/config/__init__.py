@@ -13,10 +13,10 @@ from tuneline.core.config.model import ModelConfig
 from tuneline.core.config.optimizer import OptimizerConfig
 from tuneline.core.config.output import ExportConfig, OutputConfig, RuntimeConfig
 from tuneline.core.config.reading import cache_root, parse_overrides, read_stage_config, read_yaml, training_fields, valid_keys
-from tuneline.core.config.stage import GROUPS, StageConfig
+from tuneline.core.config.stage import GROUPS, StageConfig, trains
 
 __all__ = [
     "GROUPS", "DataConfig", "ExportConfig", "FinetuningConfig", "GeneratingConfig", "InferenceConfig", "MediaConfig",
     "ModelConfig", "OptimizerConfig", "OutputConfig", "RuntimeConfig", "StageConfig", "cache_root", "coerce",
-    "coerce_fields", "parse_overrides", "read_stage_config", "read_yaml", "training_fields", "valid_keys",
+    "coerce_fields", "parse_overrides", "read_stage_config", "read_yaml", "trains", "training_fields", "valid_keys",
 ]

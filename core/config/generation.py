@@ -1,4 +1,8 @@
-"""Keys of generation (predictions, chat, PPO rollouts) and of the inference engine that serves it."""
+"""Keys of generation (predictions, chat, PPO rollouts) and of the inference engine that serves it.
+
+The defaults are LLaMA-Factory 0.9.5's GeneratingArguments: sampling at temperature 0.95, top_p 0.7,
+top_k 50, up to 1024 new tokens.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ from tuneline.core.config.fields import documented as _doc
 
 @dataclass(frozen=True)
 class GeneratingConfig:
-    max_new_tokens: int = _doc("Tokens generated per answer.", default=512)
+    max_new_tokens: int = _doc("Tokens generated per answer (0 or less: max_length bounds prompt plus answer instead).",
+                               default=1024)
     max_length: int = _doc("Longest prompt plus answer; max_new_tokens wins when both are set.", default=1024)
-    do_sample: bool = _doc("Sample instead of greedy decoding.", default=False)
+    do_sample: bool = _doc("Sample (temperature, top_p, top_k) instead of greedy decoding.", default=True)
     temperature: float = _doc("Sampling temperature.", default=0.95)
     top_p: float = _doc("Nucleus sampling mass.", default=0.7)
     top_k: int = _doc("Top-k sampling.", default=50)

@@ -76,15 +76,8 @@ NEEDS_CUDA: tuple[Unavailable, ...] = (
 
 PENDING: tuple[Unavailable, ...] = (
     *NEEDS_CUDA,  # where CUDA is present, these are not implemented yet either
-    Unavailable("hub tokens", keys=("hf_hub_token", "ms_hub_token", "om_hub_token")),
     Unavailable("template options", keys=("default_system", "tool_format", "enable_thinking", "preserve_thinking")),
     Unavailable("data options", keys=("buffer_size", "eval_num_beams", "ignore_pad_token_for_loss", "eval_on_each_dataset")),
-    Unavailable("pushing the export to a hub", keys=("export_hub_model_id",)),
-    Unavailable("GPTQ quantization of the export", keys=("export_quantization_bit",)),
-    Unavailable("the torch profiler", keys=("enable_torch_profiler", "profiler_output_dir", "profiler_wait_steps",
-                                            "profiler_warmup_steps", "profiler_active_steps", "profiler_repeat",
-                                            "profiler_record_shapes", "profiler_profile_memory", "profiler_with_stack",
-                                            "profile_modules")),
 )
 
 # None at present (Mixture-of-Depths runs as tuneline's own, core/models/mixture_of_depths.py).

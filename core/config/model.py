@@ -44,9 +44,12 @@ class ModelConfig:
     upcast_lmhead_output: bool = _doc("Compute the output logits in float32.", default=False)
     train_from_scratch: bool = _doc("Start from randomly initialised weights of the model's architecture.", default=False)
     print_param_status: bool = _doc("Print every parameter's name, dtype, device and whether it trains.", default=False)
-    hf_hub_token: str | None = _doc("Token for the Hugging Face Hub (a secret: masked in logs and MLflow).", default=None)
-    ms_hub_token: str | None = _doc("Token for the ModelScope hub (a secret).", default=None)
-    om_hub_token: str | None = _doc("Token for the Modelers hub (a secret).", default=None)
+    hf_hub_token: str | None = _doc("Token of every Hugging Face Hub download and upload (models, adapters, datasets, "
+                                    "export_hub_model_id); a secret, masked wherever the config is recorded.", default=None)
+    ms_hub_token: str | None = _doc("Token for the ModelScope hub; read and masked, but tuneline loads nothing from that hub.",
+                                    default=None)
+    om_hub_token: str | None = _doc("Token for the Modelers hub; read and masked, but tuneline loads nothing from that hub.",
+                                    default=None)
     quantization_bit: int | None = _doc("Load the base in 4 or 8 bits (QLoRA).", default=None)
     quantization_method: Literal["bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq"] = _doc("Quantization backend.", default="bnb")
     quantization_type: Literal["fp4", "nf4"] = _doc("4-bit data type of bitsandbytes.", default="nf4")

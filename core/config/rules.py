@@ -10,7 +10,21 @@ from tuneline.core.config.stage import StageConfig
 
 def conflicts(config: StageConfig) -> list[str]:
     return [*_value_problems(config), *data_problems(config), *method_problems(config), *loading_problems(config),
-            *media_problems(config), *added_token_problems(config.model)]
+            *media_problems(config), *added_token_problems(config.model),
+            *profiler_problems(config)]
+
+
+def profiler_problems(config: StageConfig) -> list[str]:
+    """torch.profiler's schedule counts steps: none negative, and at least one recorded per cycle."""
+    runtime = config.runtime
+    if not runtime.enable_torch_profiler:
+        return []
+    problems = [f"'{key}' must be 0 or more, got {getattr(runtime, key)}."
+                for key in ("profiler_wait_steps", "profiler_warmup_steps", "profiler_repeat") if getattr(runtime, key) < 0]
+    if runtime.profiler_active_steps <= 0:
+        problems.append(f"'profiler_active_steps' must be positive (the steps recorded per cycle), got "
+                        f"{runtime.profiler_active_steps}.")
+    return problems
 
 
 def _value_problems(config: StageConfig) -> list[str]:
@@ -119,9 +133,20 @@ def method_problems(config: StageConfig) -> list[str]:
     for key in ("ref_model_quantization_bit", "reward_model_quantization_bit"):
         if getattr(ft, key) not in (None, 4, 8):
             problems.append(f"'{key}' must be 4 or 8, got {getattr(ft, key)}.")
-    if config.export.export_quantization_bit is not None and not config.export.export_quantization_dataset:
-        problems.append(f"'export_quantization_bit: {config.export.export_quantization_bit}' needs calibration data in "
+    export_bit = config.export.export_quantization_bit
+    if export_bit is not None and not config.export.export_quantization_dataset:
+        problems.append(f"'export_quantization_bit: {export_bit}' needs calibration data in "
                         "'export_quantization_dataset'; set it.")
+    if export_bit not in (None, 2, 3, 4, 8):
+        problems.append(f"'export_quantization_bit' must be 2, 3, 4 or 8 (GPTQ's widths), got {export_bit}.")
+    if export_bit is not None and model.adapter_name_or_path:
+        problems.append(f"'export_quantization_bit: {export_bit}' quantizes a full model, and 'adapter_name_or_path' asks "
+                        "for a merge in the same export (LLaMA-Factory refuses it too); export the merged model first, then "
+                        "quantize that export with it as model_name_or_path and no adapter.")
+    if export_bit is not None and (config.export.export_quantization_nsamples <= 0
+                                   or config.export.export_quantization_maxlen <= 0):
+        problems.append("'export_quantization_nsamples' and 'export_quantization_maxlen' must be positive, got "
+                        f"{config.export.export_quantization_nsamples} and {config.export.export_quantization_maxlen}.")
     return problems
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,16 @@ class StageConfig:
             merged.update(dataclasses.asdict(getattr(self, name)))
         merged.update(self.training)
         return merged
+
+
+def trains(training: Mapping[str, Any]) -> bool:
+    """Whether a stage with these trainer settings trains: `do_train` when it is set. Left out, it is
+    true, as tuneline's configs expect, except beside `do_predict: true`: there it is false, as in
+    LLaMA-Factory (whose default is false), so a prediction config (an adapter, `eval_dataset`,
+    `do_predict`) only predicts."""
+    if "do_train" in training:
+        return bool(training["do_train"])
+    return not training.get("do_predict")
 
 
 # StageConfig's attribute -> the dataclass of its keys

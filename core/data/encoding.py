@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tuneline.core.config import StageConfig
+from tuneline.core.config import StageConfig, trains
 from tuneline.core.data.packing import pack_examples, pack_room
 from tuneline.core.data.processors import (
     RowEncoding,
@@ -58,7 +58,7 @@ class EncodingSpec:
                                  train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history),
             packing=config.data.packing,
             neat_packing=config.data.neat_packing,
-            predict=bool(training.get("do_predict")) and not training.get("do_train", True),
+            predict=bool(training.get("do_predict")) and not trains(training),
             batch_size=int(training.get("per_device_train_batch_size", 8)),
         )
 

@@ -3,6 +3,7 @@
 `subset`, `folder`, `split` and `revision` become load_dataset's `name`, `data_dir`, `split` and
 `revision`. Without a network (or with HF_HUB_OFFLINE=1) only datasets already in the local
 `datasets` cache load; anything else is a DataError that says how to use a local file instead.
+`token` is the config's `hf_hub_token` (None: huggingface_hub's own login or HF_TOKEN).
 ModelScope (`ms_hub_url`) and Modelers (`om_hub_url`) hubs are not used: their ids name other
 repositories than the Hugging Face Hub's, so an entry with only those is refused.
 """
@@ -23,10 +24,10 @@ LOAD_FROM_KEYS = {"ms_hub": "ms_hub_url", "om_hub": "om_hub_url", "script": "scr
                   "cloud_file": "cloud_file_name"}
 
 
-def open_hub(attr: DatasetAttr, *, entry: str,
-             streaming: bool = False) -> Callable[[], Iterator[Record]]:
+def open_hub(attr: DatasetAttr, *, entry: str, streaming: bool = False,
+             token: str | None = None) -> Callable[[], Iterator[Record]]:
     """A function that iterates the hub dataset's rows (again on each call)."""
-    dataset = _load(attr, entry=entry, streaming=streaming)
+    dataset = _load(attr, entry=entry, streaming=streaming, token=token)
     source = f"hub dataset '{attr.hf_hub_url}' (split '{attr.split}')"
 
     def records() -> Iterator[Record]:
@@ -36,9 +37,9 @@ def open_hub(attr: DatasetAttr, *, entry: str,
     return records
 
 
-def hub_cache_files(attr: DatasetAttr, *, entry: str) -> list[Path]:
+def hub_cache_files(attr: DatasetAttr, *, entry: str, token: str | None = None) -> list[Path]:
     """The Arrow files in the local `datasets` cache that hold the hub dataset's split."""
-    dataset = _load(attr, entry=entry, streaming=False)
+    dataset = _load(attr, entry=entry, streaming=False, token=token)
     return sorted(Path(item["filename"]) for item in dataset.cache_files)
 
 
@@ -60,13 +61,13 @@ def check_hub_source(attr: DatasetAttr, *, entry: str) -> None:
     )
 
 
-def _load(attr: DatasetAttr, *, entry: str, streaming: bool) -> Any:
+def _load(attr: DatasetAttr, *, entry: str, streaming: bool, token: str | None) -> Any:
     import datasets
 
     try:
         return datasets.load_dataset(
             path=attr.hf_hub_url, name=attr.subset, data_dir=attr.folder, split=attr.split,
-            revision=attr.revision, streaming=streaming,
+            revision=attr.revision, streaming=streaming, token=token,
         )
     except Exception as e:  # load_dataset raises many kinds; each means "not available"
         raise DataError(_failure_message(attr, entry=entry, error=e)) from e

@@ -66,20 +66,21 @@ class LoadReport:
 
 
 def load_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRow = "error",
-              max_samples: int | None = None) -> list[dict]:
-    """The dataset's rows in the standard shape (see `tuneline.core.data.converters`)."""
+              max_samples: int | None = None, token: str | None = None) -> list[dict]:
+    """The dataset's rows in the standard shape (see `tuneline.core.data.converters`); `token`
+    is the Hugging Face Hub token of a hub dataset."""
     rows, _ = load_rows_with_report(attr, dataset_dir, on_bad_row=on_bad_row,
-                                    max_samples=max_samples)
+                                    max_samples=max_samples, token=token)
     return rows
 
 
 def load_rows_with_report(attr: DatasetAttr, dataset_dir: str | Path, *,
                           on_bad_row: OnBadRow = "error",
-                          max_samples: int | None = None) -> tuple[list[dict], LoadReport]:
+                          max_samples: int | None = None, token: str | None = None) -> tuple[list[dict], LoadReport]:
     """The dataset's standard rows and what was read and dropped; see `load_rows`."""
     entry = entry_label(attr, dataset_dir)
     records, source = _open(attr, dataset_dir, entry=entry, on_bad_row=on_bad_row,
-                            streaming=False)
+                            streaming=False, token=token)
     report = LoadReport(dataset=attr.name)
     rows: list[dict] = []
     for record in _selected(records, num_samples=attr.num_samples, max_samples=max_samples):
@@ -94,7 +95,8 @@ def load_rows_with_report(attr: DatasetAttr, dataset_dir: str | Path, *,
 
 
 def iter_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRow = "error",
-              max_samples: int | None = None, report: LoadReport | None = None) -> Iterator[dict]:
+              max_samples: int | None = None, report: LoadReport | None = None,
+              token: str | None = None) -> Iterator[dict]:
     """The dataset's standard rows one at a time, in bounded memory (for `streaming: true`).
 
     JSON lines, JSON lists (incrementally, by ijson), CSV, Parquet, Arrow and text files are read
@@ -104,7 +106,7 @@ def iter_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRo
     """
     entry = entry_label(attr, dataset_dir)
     records, source = _open(attr, dataset_dir, entry=entry, on_bad_row=on_bad_row,
-                            streaming=True)
+                            streaming=True, token=token)
     return _iter_rows(attr, records, entry=entry, source=source, on_bad_row=on_bad_row,
                       max_samples=max_samples,
                       report=report if report is not None else LoadReport(dataset=attr.name))
@@ -129,13 +131,13 @@ def _iter_rows(attr: DatasetAttr, records: Callable[[], Iterator[Record]], *, en
 
 
 def _open(attr: DatasetAttr, dataset_dir: str | Path, *, entry: str, on_bad_row: str,
-          streaming: bool) -> tuple[Callable[[], Iterator[Record]], str]:
+          streaming: bool, token: str | None) -> tuple[Callable[[], Iterator[Record]], str]:
     if on_bad_row not in ON_BAD_ROW:
         raise ConfigError(f"on_bad_row must be one of {', '.join(ON_BAD_ROW)}, not "
                           f"{on_bad_row!r}: 'error' refuses bad rows, 'skip' drops and counts "
                           "them.")
     _check_loadable(attr, entry=entry)
-    return open_records(attr, dataset_dir, streaming=streaming)
+    return open_records(attr, dataset_dir, streaming=streaming, token=token)
 
 
 def _selected(records: Callable[[], Iterator[Record]], *, num_samples: int | None,

@@ -56,24 +56,24 @@ def dataset_file(attr: DatasetAttr, dataset_dir: str | Path) -> Path:
     return name if name.is_absolute() else dataset_folder(dataset_dir) / name
 
 
-def dataset_file_paths(attr: DatasetAttr, dataset_dir: str | Path) -> list[Path]:
+def dataset_file_paths(attr: DatasetAttr, dataset_dir: str | Path, *, token: str | None = None) -> list[Path]:
     """The files that hold `attr`'s rows: its file, every file of its folder sorted by name,
     or, for a hub dataset, the Arrow files of its split in the local `datasets` cache."""
     entry = entry_label(attr, dataset_dir)
     check_hub_source(attr, entry=entry)
     if attr.load_from == "hf_hub":
-        return hub_cache_files(attr, entry=entry)
+        return hub_cache_files(attr, entry=entry, token=token)
     return _local_files(attr, dataset_dir, entry=entry)
 
 
-def open_records(attr: DatasetAttr, dataset_dir: str | Path, *,
-                 streaming: bool = False) -> tuple[Callable[[], Iterator[Record]], str]:
+def open_records(attr: DatasetAttr, dataset_dir: str | Path, *, streaming: bool = False,
+                 token: str | None = None) -> tuple[Callable[[], Iterator[Record]], str]:
     """A function that iterates the dataset's raw rows (from the start on each call), and
     the files or hub dataset they come from, for messages."""
     entry = entry_label(attr, dataset_dir)
     check_hub_source(attr, entry=entry)
     if attr.load_from == "hf_hub":
-        return (open_hub(attr, entry=entry, streaming=streaming),
+        return (open_hub(attr, entry=entry, streaming=streaming, token=token),
                 f"hub dataset '{attr.hf_hub_url}' (split '{attr.split}')")
     _check_local_options(attr, entry=entry)
     paths = _local_files(attr, dataset_dir, entry=entry)

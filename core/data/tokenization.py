@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tuneline.core.config import StageConfig
+from tuneline.core.config import StageConfig, trains
 from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
@@ -59,12 +59,14 @@ def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
     (a changed column mapping changes the rows as surely as changed data)."""
     names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
     attrs = get_dataset_attrs(names, config.data.dataset_dir)
-    return {attr.name: entry_fingerprint(attr, config.data.dataset_dir) for attr in attrs}
+    return {attr.name: entry_fingerprint(attr, config.data.dataset_dir, token=config.model.hf_hub_token) for attr in attrs}
 
 
-def entry_fingerprint(attr, dataset_dir: str) -> str:
+def entry_fingerprint(attr, dataset_dir: str, *, token: str | None = None) -> str:
+    """`token`, a hub dataset's Hugging Face Hub token, reaches the files, never the digest."""
     entry = hashlib.sha256(json.dumps(dataclasses.asdict(attr), sort_keys=True, default=str).encode()).hexdigest()
-    return hashlib.sha256(f"{entry}:{tree_fingerprint(dataset_file_paths(attr, dataset_dir))}".encode()).hexdigest()
+    files = dataset_file_paths(attr, dataset_dir, token=token)
+    return hashlib.sha256(f"{entry}:{tree_fingerprint(files)}".encode()).hexdigest()
 
 
 def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]:
@@ -81,11 +83,12 @@ def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadRe
         for attr in attrs:
             reports.append(LoadReport(dataset=attr.name))
             yield from registry_iter_rows(attr, data.dataset_dir, on_bad_row=data.on_bad_row,
-                                          max_samples=data.max_samples, report=reports[-1])
+                                          max_samples=data.max_samples, report=reports[-1], token=config.model.hf_hub_token)
         return
     per_dataset = []
     for attr in attrs:
-        rows, report = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples)
+        rows, report = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
+                                             token=config.model.hf_hub_token)
         per_dataset.append(rows)
         reports.append(report)
     probs = [float(p) for p in data.interleave_probs.split(",")] if data.interleave_probs else None
@@ -151,7 +154,7 @@ def new_tokens_of(config: StageConfig, tokenizer, *, first_new_id: int) -> NewTo
 def tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
     """Write the tokenized splits (rows encoded as `examples`, a stage kind's shape) and the fixed
     tokenizer to `output_dir`; return the counters."""
-    if not config.data.dataset:
+    if not config.data.dataset and trains(config.training):  # a prediction config may name only eval_dataset
         raise ConfigError("'dataset' is not set; name one or more entries of dataset_info.json.")
     with _cyclic_gc_paused():
         return _tokenize_dataset(config, examples=examples, tokenizer_path=tokenizer_path, output_dir=output_dir)
@@ -193,14 +196,15 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
                                                        workers=config.data.preprocessing_num_workers or 1):
         writers[split].write(examples)
         counters.update({f"{split}_{k}" if split != "train" else k: v for k, v in batch_counters.items()})
-        if first_example is None and split == "train" and examples:
-            first_example = examples[0]
+        if first_example is None and examples and (split == "train" or not trains(config.training)):
+            first_example = examples[0]  # what the preview shows: a training example, or one to predict
     for writer in writers.values():
         writer.close()
     for report in reports:
         counters.update({"rows_dropped_" + re.sub(r"\W+", "_", reason).strip("_"): n for reason, n in report.dropped.items()})
     if first_example is None:
-        raise ConfigError(f"no training example is left after tokenization with cutoff_len {config.data.cutoff_len}; "
+        what = "training example" if trains(config.training) else "example to predict"
+        raise ConfigError(f"no {what} is left after tokenization with cutoff_len {config.data.cutoff_len}; "
                           "raise cutoff_len or check the dataset.")
     write_dataset_dict(output_dir, [name for name, writer in writers.items() if writer.rows])
     tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)

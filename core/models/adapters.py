@@ -44,7 +44,8 @@ def apply_adapter(
     adapters = adapter_paths(model_config)
     resume = bool(adapters) and not finetuning.create_new_adapter and head is None
     for path in adapters[:-1] if resume else adapters:
-        model = load_adapter(model, path, model_config=model_config, trainable=False).merge_and_unload()
+        # an SFT adapter merges into a reward model's backbone as well: its task is not the head's
+        model = load_adapter(model, path, model_config=model_config, trainable=False, any_task=head is not None).merge_and_unload()
     if resume:
         continued = load_adapter(model, adapters[-1], model_config=model_config, trainable=True)
         _check_continued_rows(continued, new_token_rows, path=adapters[-1])
@@ -194,20 +195,30 @@ def adapter_paths(model_config: ModelConfig) -> list[str]:
     return _names(model_config.adapter_name_or_path)
 
 
-def load_adapter(model: PreTrainedModel, path: str, *, model_config: ModelConfig, trainable: bool) -> PeftModel:
+def load_adapter(model: PreTrainedModel, path: str, *, model_config: ModelConfig, trainable: bool,
+                 any_task: bool = False) -> PeftModel:
     """A saved adapter on `model` (from the `adapter_folder` subfolder of `path` when set); local
-    folders must hold safetensors unless pickle is allowed."""
-    from peft import PeftModel
+    folders must hold safetensors unless pickle is allowed.
+
+    peft wraps a model in the class of the task the adapter was trained for, and a causal LM's
+    wrapper fails on a sequence classifier; `any_task` loads it as a plain PeftModel instead, for
+    an adapter that is only merged into the backbone the two share.
+    """
+    from peft import PeftConfig, PeftModel
 
     subfolder = model_config.adapter_folder
     if subfolder and Path(path).is_dir() and not (Path(path) / subfolder).is_dir():
         raise ConfigError(f"'adapter_folder: {subfolder}' is not a folder inside 'adapter_name_or_path: {path}'; name the "
                           "subfolder that holds the adapter's adapter_config.json, or remove adapter_folder.")
     check_adapter_folder(str(Path(path) / subfolder) if subfolder else path, allow_pickle=model_config.allow_pickle_weights)
+    token, where = model_config.hf_hub_token, {"subfolder": subfolder} if subfolder else {}
     try:
-        return PeftModel.from_pretrained(model, path, is_trainable=trainable, cache_dir=model_config.cache_dir,
-                                         offload_folder=model_config.offload_folder,
-                                         **({"subfolder": subfolder} if subfolder else {}))
+        config = None
+        if any_task:
+            config = PeftConfig.from_pretrained(path, cache_dir=model_config.cache_dir, token=token, **where)
+            config.task_type = None  # a fresh copy read for this load alone
+        return PeftModel.from_pretrained(model, path, config=config, is_trainable=trainable, cache_dir=model_config.cache_dir,
+                                         token=token, offload_folder=model_config.offload_folder, **where)
     except (OSError, ValueError) as e:
         if Path(path).is_dir():
             raise

@@ -2,8 +2,13 @@
 
 Freeze trains the last `freeze_trainable_layers` decoder layers (the first ones when negative),
 within them only `freeze_trainable_modules` ('all', or names such as mlp, self_attn), plus the
-`freeze_extra_modules` outside the layers (embed_tokens, norm, lm_head). Names match whole module
-names, so 'norm' is the final norm and never a layer's input_layernorm.
+`freeze_extra_modules` outside the layers (embed_tokens, norm, lm_head). The names must be modules
+the model has, and match as LLaMA-Factory 0.9.5 matches them: a layer module is the start of a
+parameter's name within a chosen layer (`<layers>.<i>.mlp`), an extra module is anywhere in a
+parameter's name, so `norm` trains the final norm and every layer's input_layernorm and
+post_attention_layernorm too. One difference: a layer pattern reads only the decoder layers' list,
+where LLaMA-Factory's `.<i>.` also catches other numbered lists (such as a mixture of experts'
+`experts.<i>.` in every layer).
 
 With `use_llama_pro` the trainable layers are instead the blocks that `expand_blocks` added: the
 model's layers fall into `freeze_trainable_layers` equal groups, and the last layer of each trains
@@ -40,13 +45,11 @@ def apply_freeze(model: PreTrainedModel, finetuning: FinetuningConfig) -> PreTra
     if problems:
         raise ConfigError(problems)
     n = finetuning.freeze_trainable_layers
-    layers = set(expanded_layer_ids(n, count) if finetuning.use_llama_pro else trainable_layer_ids(n, count))
-    every_module = "all" in modules
+    layers = expanded_layer_ids(n, count) if finetuning.use_llama_pro else trainable_layer_ids(n, count)
+    starts = tuple(f"{prefix}.{index}.{'' if module == 'all' else module}" for module in modules for index in layers)
     model.requires_grad_(False)
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        index, module = places[name]
-        chosen_inner = index in layers and (every_module or module in modules)
-        if chosen_inner or (index is None and module in extras):
+        if name.startswith(starts) or any(extra in name for extra in extras):
             parameter.requires_grad_(True)  # a tied weight trains when either of its names is chosen
     return model
 

@@ -1,8 +1,9 @@
 """Loading tokenizers and models, and making the chosen parameters trainable.
 
 Local folders load as they are; anything else is treated as a hub id, which needs the network:
-offline, the failure names the id and says how to point at a local folder instead. Weights load
-from safetensors only, unless `allow_pickle_weights` trusts pickle (.bin) files.
+offline, the failure names the id and says how to point at a local folder instead; `hf_hub_token`
+is the token of every hub download. Weights load from safetensors only, unless
+`allow_pickle_weights` trusts pickle (.bin) files.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> Pre
             revision=model.model_revision,
             cache_dir=model.cache_dir,
             **splitting,
+            token=model.hf_hub_token,
         )
     except OSError as e:
         raise ConfigError(_unreachable_model_message(KEY, path)) from e
@@ -119,6 +121,7 @@ def load_model(
                 trust_remote_code=model.trust_remote_code,
                 revision=model.model_revision,
                 cache_dir=model.cache_dir,
+                token=model.hf_hub_token,
                 use_safetensors=None if model.allow_pickle_weights else True,
             )
     except OSError as e:
@@ -206,7 +209,7 @@ def load_reward_model(
         base = base_model or PeftConfig.from_pretrained(str(folder)).base_model_name_or_path
         reward = load_model(base, model=model, vocab_size=len(tokenizer), head="score")
         for adapter in adapter_paths(model):
-            reward = load_adapter(reward, adapter, model_config=model, trainable=False).merge_and_unload()
+            reward = load_adapter(reward, adapter, model_config=model, trainable=False, any_task=True).merge_and_unload()
         reward = PeftModel.from_pretrained(reward, str(folder))
         if model.quantization_bit is None:
             reward = reward.merge_and_unload()
@@ -360,7 +363,8 @@ def _load_config(path: str | Path, model: ModelConfig, **overrides: Any) -> Pret
 
     try:
         return AutoConfig.from_pretrained(str(path), trust_remote_code=model.trust_remote_code,
-                                          revision=model.model_revision, cache_dir=model.cache_dir, **overrides)
+                                          revision=model.model_revision, cache_dir=model.cache_dir,
+                                          token=model.hf_hub_token, **overrides)
     except OSError as e:
         raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
     except ValueError as e:

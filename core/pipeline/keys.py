@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.models.base_model import build_base_model
-from tuneline.core.config import StageConfig
+from tuneline.core.config import StageConfig, trains
 from tuneline.core.config.added_tokens import added_tokens
 from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, read_rows
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
@@ -28,6 +28,7 @@ _NOT_OUTPUT = frozenset({
     "logging_strategy", "report_to", "plot_loss", "dataloader_num_workers", "disable_tqdm", "run_name",
     "save_steps", "save_strategy", "save_total_limit", "save_only_model", "resume_from_checkpoint",
     "tokenized_path", "export_dir", "do_train", "do_eval", "do_predict",
+    "hf_hub_token", "ms_hub_token", "om_hub_token", "hub_token",  # credentials, not settings
 })
 
 
@@ -57,29 +58,31 @@ def pipeline_dataset_fingerprints(pipeline: Pipeline) -> PipelineFingerprints:
     """Hash every dataset any stage of `pipeline` reads, each (folder, entry) once."""
     digests: dict[tuple[str, str], str] = {}
 
-    def digest(names: list[str], dataset_dir: str) -> dict[str, str]:
+    def digest(names: list[str], dataset_dir: str, token: str | None = None) -> dict[str, str]:
         for attr in get_dataset_attrs(names, dataset_dir):
             if (dataset_dir, attr.name) not in digests:
-                digests[dataset_dir, attr.name] = entry_fingerprint(attr, dataset_dir)
+                digests[dataset_dir, attr.name] = entry_fingerprint(attr, dataset_dir, token=token)
         return {name: digests[dataset_dir, name] for name in names}
 
-    stages = {stage.name: digest(stage_datasets(stage), stage_dataset_dir(stage)) for stage in pipeline.stages}
+    stages = {stage.name: digest(stage_datasets(stage), stage_dataset_dir(stage), stage_hub_token(stage))
+              for stage in pipeline.stages}
     heldout: dict[str, str] = {}
     if pipeline.evaluate and pipeline.evaluate.dataset:
         config = pipeline.stage(pipeline.evaluate.stage).config
-        heldout = digest([pipeline.evaluate.dataset], config.data.dataset_dir)
+        heldout = digest([pipeline.evaluate.dataset], config.data.dataset_dir, config.model.hf_hub_token)
     return PipelineFingerprints(stages=stages, heldout=heldout)
 
 
 def check_pipeline_datasets(pipeline: Pipeline) -> None:
     """Every dataset entry the pipeline names exists and its files are there, checked without
     reading them (the flow's register_datasets hashes them, once)."""
-    named = [(stage_datasets(stage), stage_dataset_dir(stage)) for stage in pipeline.stages]
+    named = [(stage_datasets(stage), stage_dataset_dir(stage), stage_hub_token(stage)) for stage in pipeline.stages]
     if pipeline.evaluate and pipeline.evaluate.dataset:
-        named.append(([pipeline.evaluate.dataset], pipeline.stage(pipeline.evaluate.stage).config.data.dataset_dir))
-    for names, dataset_dir in named:
+        config = pipeline.stage(pipeline.evaluate.stage).config
+        named.append(([pipeline.evaluate.dataset], config.data.dataset_dir, config.model.hf_hub_token))
+    for names, dataset_dir, token in named:
         for attr in get_dataset_attrs(names, dataset_dir):
-            dataset_file_paths(attr, dataset_dir)
+            dataset_file_paths(attr, dataset_dir, token=token)
 
 
 def stage_datasets(stage: BaseStage | TrainingStage) -> list[str]:
@@ -90,6 +93,11 @@ def stage_datasets(stage: BaseStage | TrainingStage) -> list[str]:
 
 def stage_dataset_dir(stage: BaseStage | TrainingStage) -> str:
     return stage.dataset_dir if isinstance(stage, BaseStage) else stage.config.data.dataset_dir
+
+
+def stage_hub_token(stage: BaseStage | TrainingStage) -> str | None:
+    """The stage's `hf_hub_token` for its hub datasets (a base stage reads the project's own corpus)."""
+    return None if isinstance(stage, BaseStage) else stage.config.model.hf_hub_token
 
 
 # -- build_base --------------------------------------------------------------------------------
@@ -132,6 +140,8 @@ def tokenize_key(
         "split_special_tokens": config.model.split_special_tokens,
         "added_tokens": {"plain": list(tokens.plain), "special": list(tokens.special), "descriptions": dict(tokens.descriptions)},
     }
+    if config.training.get("do_predict") and not trains(config.training):
+        relevant["prediction_prompts"] = True  # prompts alone are encoded, apart from training examples
     inputs = dict(fingerprints) if fingerprints is not None else dataset_fingerprints(config)
     return stage_key("tokenize", config=output_relevant(relevant), upstream={"tokenizer": tokenizer_key}, inputs=inputs), inputs
 
@@ -176,7 +186,7 @@ def heldout_fingerprints(settings: EvaluateSettings, config: StageConfig) -> dic
     if not settings.dataset:
         return {}
     attrs = get_dataset_attrs([settings.dataset], config.data.dataset_dir)
-    return {a.name: entry_fingerprint(a, config.data.dataset_dir) for a in attrs}
+    return {a.name: entry_fingerprint(a, config.data.dataset_dir, token=config.model.hf_hub_token) for a in attrs}
 
 
 # -- merge and export --------------------------------------------------------------------------

@@ -213,6 +213,12 @@ def _build_stage(
     except ConfigError as e:
         problems.extend(f"stage '{name}': {p}" for p in e.problems)
         return None
+    export = config.export
+    problems.extend(f"stage '{name}': '{key}: {value}' is a key of `tuneline export`; a pipeline writes its model with "
+                    "its 'export' section, which does not quantize or push; remove it, or run `tuneline export` on the "
+                    "exported folder." for key, value in (("export_hub_model_id", export.export_hub_model_id),
+                                                           ("export_quantization_bit", export.export_quantization_bit))
+                    if value is not None)
     parent = values.get("from")
     return TrainingStage(name=name, parent=None if parent is None else str(parent), config=config,
                          references=stage_references(config))

@@ -13,15 +13,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.config import StageConfig
+from tuneline.core.config import DataConfig, ExportConfig, ModelConfig, StageConfig
 from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TEMPLATE_WARNING_FILE
 from tuneline.core.models.export import merge_adapter, write_hf_folder
+from tuneline.core.models.hub_push import push_export
 from tuneline.core.pipeline.keys import tokenize_key
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft, find_artifact, write_artifact
 from tuneline.core.stages.registry import tokenize_stage_data
 from tuneline.core.store.cache import Damage, serve_or_compute
-from tuneline.core.store.user_folders import check_user_folder, write_user_folder
+from tuneline.core.store.user_folders import WRITTEN_RECORD, check_user_folder, write_user_folder, written_entries
 from tuneline.core.training.job import TrainJob
 
 TOKENIZED_KIND = "tokenized"
@@ -78,6 +79,7 @@ def train_job(
         model={**dataclasses.asdict(config.model), "model_name_or_path": start_model},
         generating=dataclasses.asdict(config.generating),
         optimizer=dataclasses.asdict(config.optimizer),
+        runtime=dataclasses.asdict(config.runtime),
         tracking_uri=tracking_uri,
         run_id=run_id,
         keep_checkpoints=keep_checkpoints,
@@ -133,40 +135,68 @@ def export_template(config: StageConfig | None) -> str:
     return (config.data.template if config is not None else None) or DEFAULT_TEMPLATE
 
 
-def merge_into(output_dir: str | Path, *, start_model: str, adapter: str) -> dict[str, int]:
+def merge_into(output_dir: str | Path, *, start_model: str, adapter: str, model_config: ModelConfig | None = None) -> dict[str, int]:
     """Fold a LoRA adapter into the model it was trained from, written to `output_dir`."""
-    return merge_adapter(start_model, adapter, output_dir)
+    return merge_adapter(start_model, adapter, output_dir, model_config=model_config)
 
 
-def write_export(output_dir: str | Path, *, model: str, template: str, export_size_gb: int, infer_dtype: str = "auto",
-                 use_kv_cache: bool = True, rope_scaling: str | None = None, model_max_length: int | None = None) -> None:
-    """A standalone Hugging Face folder of the full-weight `model` in `output_dir`."""
-    write_hf_folder(model, output_dir, template=template, export_size_gb=export_size_gb, infer_dtype=infer_dtype,
-                    use_kv_cache=use_kv_cache, rope_scaling=rope_scaling, model_max_length=model_max_length)
+def write_export(output_dir: str | Path, *, model: str, template: str, export_size_gb: int,
+                 export: ExportConfig | None = None, model_config: ModelConfig | None = None, infer_dtype: str = "auto",
+                 use_kv_cache: bool = True, model_max_length: int | None = None) -> None:
+    """A standalone Hugging Face folder of the full-weight `model` in `output_dir` (GPTQ-quantized
+    when `export` asks; see `write_hf_folder` for the other settings)."""
+    write_hf_folder(model, output_dir, template=template, export_size_gb=export_size_gb, export=export,
+                    model_config=model_config, infer_dtype=infer_dtype, use_kv_cache=use_kv_cache,
+                    model_max_length=model_max_length)
 
 
-def export_folder(model: str, export_dir: str | Path, *, adapter: str | None, template: str, export_size_gb: int,
-                  overwrite: bool = False, infer_dtype: str = "auto", use_kv_cache: bool = True,
-                  rope_scaling: str | None = None, model_max_length: int | None = None) -> Path:
-    """`tuneline export`: merge `adapter` (if any) into `model` beside `export_dir`, as the pipeline's
-    merge stage does, then export the result as its export stage does, through a draft moved into
-    place. An older export in `export_dir` is replaced; a folder of other files is refused unless
-    `overwrite`, and keeps them even then (`core.store.user_folders`). The weights are written in
-    `infer_dtype`, the config's KV cache as `use_kv_cache` says, RoPE scaled by `rope_scaling`."""
-    check_user_folder(Path(export_dir), key="export_dir", overwrite=overwrite)  # before the merge's work
+def hub_loading(model: ModelConfig) -> ModelConfig:
+    """Only the settings that say where a model folder comes from (hub token, revision, cache, remote
+    code), for loading the model an export starts from; nothing that changes how it loads."""
+    return ModelConfig(hf_hub_token=model.hf_hub_token, model_revision=model.model_revision, cache_dir=model.cache_dir,
+                       trust_remote_code=model.trust_remote_code, allow_pickle_weights=model.allow_pickle_weights)
 
-    def export_into(draft: Path, model: str) -> None:
-        write_export(draft, model=model, template=template, export_size_gb=export_size_gb, infer_dtype=infer_dtype,
-                     use_kv_cache=use_kv_cache, rope_scaling=rope_scaling, model_max_length=model_max_length)
 
-    if adapter is None:
-        return write_user_folder(export_dir, lambda draft: export_into(draft, model), key="export_dir", overwrite=overwrite)
-    export_dir = Path(export_dir)
-    merged = export_dir.with_name(f".{export_dir.name}.merged")
-    shutil.rmtree(merged, ignore_errors=True)  # our own scratch folder, left by a killed run
-    try:
-        merge_into(merged, start_model=model, adapter=adapter)
-        return write_user_folder(export_dir, lambda draft: export_into(draft, str(merged)), key="export_dir",
-                                 overwrite=overwrite)
-    finally:
-        shutil.rmtree(merged, ignore_errors=True)
+def export_folder(config: StageConfig) -> Path:
+    """`tuneline export`: merge `adapter_name_or_path` (if any) into `model_name_or_path` beside
+    `export_dir`, as the pipeline's merge stage does, then export the result as its export stage
+    does (GPTQ-quantized with `export_quantization_bit`), through a draft moved into place, and
+    push it to `export_hub_model_id` when set. An older export in `export_dir` is replaced; a
+    folder of other files is refused unless `overwrite_output_dir`, and keeps them even then
+    (`core.store.user_folders`)."""
+    assert config.model.model_name_or_path is not None and config.export.export_dir is not None  # required by the command
+    export_dir, overwrite = Path(config.export.export_dir), config.output.overwrite_output_dir
+    check_user_folder(export_dir, key="export_dir", overwrite=overwrite)  # before the merge's work
+    loading = hub_loading(config.model)
+
+    def export_into(model: str) -> Path:
+        return write_user_folder(export_dir, lambda draft: write_export(
+            draft, model=model, template=export_template(config), export_size_gb=config.export.export_size,
+            export=config.export, model_config=dataclasses.replace(loading, rope_scaling=config.model.rope_scaling),
+            infer_dtype=config.inference.infer_dtype, use_kv_cache=config.inference.use_kv_cache,
+            model_max_length=export_length(config)), key="export_dir", overwrite=overwrite)
+
+    adapter = config.model.adapter_name_or_path or None
+    if adapter and config.model.adapter_folder:  # the adapter's files sit in that subfolder of it
+        adapter = str(Path(adapter) / config.model.adapter_folder)
+    if not adapter:
+        folder = export_into(config.model.model_name_or_path)
+    else:
+        merged = export_dir.with_name(f".{export_dir.name}.merged")
+        shutil.rmtree(merged, ignore_errors=True)  # our own scratch folder, left by a killed run
+        try:
+            merge_into(merged, start_model=config.model.model_name_or_path, adapter=adapter, model_config=loading)
+            folder = export_into(str(merged))
+        finally:
+            shutil.rmtree(merged, ignore_errors=True)
+    if config.export.export_hub_model_id:  # after the folder is complete: a failed push loses no work
+        push_export(folder, entries=sorted(written_entries(folder) - {WRITTEN_RECORD}), repo_id=config.export.export_hub_model_id,
+                    token=config.model.hf_hub_token)
+    return folder
+
+
+def export_length(config: StageConfig) -> int | None:
+    """The length an export's RoPE is scaled to, as LLaMA-Factory's export takes it: a `cutoff_len`
+    set away from its default when merging on the CPU, otherwise none (RoPE scaled by 2)."""
+    cutoff = config.data.cutoff_len
+    return cutoff if config.export.export_device == "cpu" and cutoff != DataConfig.cutoff_len else None

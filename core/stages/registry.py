@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.config import StageConfig, parse_overrides, read_stage_config, read_yaml
+from tuneline.core.config import StageConfig, parse_overrides, read_stage_config, read_yaml, trains
 from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.models.loading import method_problems
 from tuneline.core.stages.dpo import DPO
@@ -87,6 +87,13 @@ def predict_problems(config: StageConfig, kind: StageKind) -> list[str]:
         problems.append(f"'predict_with_generate: true' is for stage {predicting}, not '{kind.name}'; remove it.")
     if do_predict and with_generate and not (config.data.eval_dataset or config.data.val_size):
         problems.append("'do_predict: true' needs a predict set: name 'eval_dataset' or hold rows out with 'val_size'.")
+    profiled = [key for key in ("enable_torch_profiler", "profile_modules") if getattr(config.runtime, key)]
+    if not trains(config.training) and do_predict and profiled:
+        problems.extend(f"'{key}: {getattr(config.runtime, key)}' profiles training steps, and this config only predicts "
+                        "(do_predict without do_train); remove it." for key in profiled)
+    if not trains(config.training) and not do_predict and kind.train_loop is None:
+        problems.append("'do_train: false' without 'do_predict: true' leaves the stage nothing to do; remove do_train, or "
+                        "set 'do_predict: true' (with 'predict_with_generate: true') to only predict.")
     if do_predict and with_generate and config.data.train_on_prompt:
         problems.append("'do_predict: true' finds where each prompt ends from the label mask, which 'train_on_prompt: true' "
                         "removes; remove one of the two.")
@@ -122,10 +129,12 @@ def training_loop_problems(config: StageConfig, kind: StageKind) -> list[str]:
         problems.append("'compute_accuracy: true' scores the logits of each position and 'predict_with_generate: true' "
                         "generates answers instead; they cannot go together, remove one of them.")
     if kind.train_loop is not None:
-        asked = [key for key in ("disable_shuffling", "include_effective_tokens_per_second") if getattr(ft, key)]
-        asked += ["early_stopping_steps"] if ft.early_stopping_steps is not None else []
-        problems.extend(f"'{key}: {getattr(ft, key)}' is a key of the trainer-based stages; stage '{kind.name}' runs its "
-                        "own loop and does not read it; remove it." for key in asked)
+        asked = {key: getattr(ft, key) for key in ("disable_shuffling", "include_effective_tokens_per_second") if getattr(ft, key)}
+        asked.update({"early_stopping_steps": ft.early_stopping_steps} if ft.early_stopping_steps is not None else {})
+        asked.update({key: getattr(config.runtime, key) for key in ("enable_torch_profiler", "profile_modules")
+                      if getattr(config.runtime, key)})  # the profiler hooks into the transformers Trainer
+        problems.extend(f"'{key}: {value}' is a key of the trainer-based stages; stage '{kind.name}' runs its "
+                        "own loop and does not read it; remove it." for key, value in asked.items())
     elif ft.early_stopping_steps is not None:
         problems.extend(early_stopping_problems(config))
     return problems

@@ -19,6 +19,14 @@ LOG_FILE = "trainer_log.jsonl"
 LOSS_PLOT = "training_loss.png"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 TRACKING_URI_FROM_ENV = "$MLFLOW_TRACKING_URI"  # what job.json holds instead of a URI taken from the environment
+# The secrets a job may carry (section, key) and the variable of the worker's environment that
+# carries each instead of job.json, so that no token lands in an output folder or an artifact.
+SECRET_ENV = {
+    ("model", "hf_hub_token"): "TUNELINE_HF_HUB_TOKEN",
+    ("model", "ms_hub_token"): "TUNELINE_MS_HUB_TOKEN",
+    ("model", "om_hub_token"): "TUNELINE_OM_HUB_TOKEN",
+    ("training", "hub_token"): "TUNELINE_HUB_TOKEN",
+}
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class TrainJob:
     model: dict[str, Any] = field(default_factory=dict)
     generating: dict[str, Any] = field(default_factory=dict)  # GeneratingConfig for do_predict
     optimizer: dict[str, Any] = field(default_factory=dict)  # OptimizerConfig: GaLore, APOLLO, BAdam, Adam-mini, Muon
+    runtime: dict[str, Any] = field(default_factory=dict)  # RuntimeConfig: the profiler keys
     tracking_uri: str | None = None
     run_id: str | None = None
     keep_checkpoints: bool = True
@@ -40,12 +49,22 @@ class TrainJob:
     overwrite_output_dir: bool = False  # start over instead of resuming from output_dir's checkpoints
     model_max_length: int | None = None  # the stage's cutoff_len, which rope_scaling stretches RoPE to
 
+    def secret_env(self) -> dict[str, str]:
+        """The job's secrets by the variables (SECRET_ENV) that carry them into the worker."""
+        values = dataclasses.asdict(self)
+        return {variable: values[section][key] for (section, key), variable in SECRET_ENV.items()
+                if values[section].get(key)}
+
     def write(self, path: str | Path) -> Path:
         """A tracking URI taken from MLFLOW_TRACKING_URI (it may hold a password) is written as a
-        reference to that variable, which the worker inherits, so it never lands in the workspace."""
+        reference to that variable, which the worker inherits, so it never lands in the workspace;
+        each secret of SECRET_ENV likewise as `$VARIABLE`, its value passed in `secret_env()`."""
         values = dataclasses.asdict(self)
         if values["tracking_uri"] and values["tracking_uri"] == os.environ.get(TRACKING_URI_ENV):
             values["tracking_uri"] = TRACKING_URI_FROM_ENV
+        for (section, key), variable in SECRET_ENV.items():
+            if values[section].get(key):
+                values[section][key] = f"${variable}"
         path = Path(path)
         path.write_text(json.dumps(values, indent=2), encoding="utf-8")
         return path
@@ -55,4 +74,7 @@ class TrainJob:
         values = json.loads(Path(path).read_text(encoding="utf-8"))
         if values.get("tracking_uri") == TRACKING_URI_FROM_ENV:
             values["tracking_uri"] = os.environ.get(TRACKING_URI_ENV)
+        for (section, key), variable in SECRET_ENV.items():
+            if values.get(section, {}).get(key) == f"${variable}":
+                values[section][key] = os.environ.get(variable)
         return cls(**values)

@@ -41,7 +41,7 @@ def launch_training(
     if plan.torchrun:
         log(f"starting {plan.nproc_per_node} training process(es) on node {plan.node_rank} of {plan.nnodes} through torchrun")
     process = subprocess.Popen(worker_command(plan, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=worker_env(plan, env))
+                               env={**worker_env(plan, env), **job.secret_env()})
     metrics: dict[str, float] = {}
     errors: list[str] = []
     tail: list[str] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tuneline.core.config import FinetuningConfig, ModelConfig, OptimizerConfig
+from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, RuntimeConfig, trains
 from tuneline.core.models.vocabulary import NewTokens
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
 from tuneline.core.stages.registry import stage_kind
@@ -32,6 +32,8 @@ def run_training(job: TrainJob) -> dict[str, float]:
     model_config = ModelConfig(**job.model)
     args = training_arguments(job.output_dir, job.training, sequential=finetuning.disable_shuffling,
                               use_reentrant_gc=model_config.use_reentrant_gc)
+    if not trains(job.training):
+        return run_prediction(job, args)
     checkpoint = prepare_run(job, args)
     set_seed(args.seed)  # before the adapter's random init (and a from-scratch model's), so equal seeds give equal runs
     kind = stage_kind(finetuning.stage)
@@ -53,6 +55,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     from tuneline.core.training.callbacks import LogCallback, loop_callbacks
     from tuneline.core.training.throughput import effective_tokens_per_second
     from tuneline.core.training.checkpoint_record import CheckpointRecord
+    from tuneline.core.training.profiler import profiler_callbacks
 
     optimizer = OptimizerConfig(**job.optimizer)
     model = kind.load_model(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
@@ -60,7 +63,9 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                                          model_max_length=job.model_max_length, new_tokens=new_tokens))
     print(trainable_summary(model), flush=True)
     callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id),
-                 CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning)]
+                 CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning),
+                 *profiler_callbacks(RuntimeConfig(**job.runtime), output_dir=job.output_dir, tracking_uri=job.tracking_uri,
+                                     run_id=job.run_id)]
     trainer = kind.build_trainer(TrainerRequest(
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
         eval_dataset=datasets["validation"] if "validation" in datasets else None,
@@ -87,6 +92,39 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     for split, values in results.items() if main else ():
         save_results(job.output_dir, split, values)
     finish_outputs(job, main=main)
+    return metrics
+
+
+def run_prediction(job: TrainJob, args) -> dict[str, float]:
+    """`do_predict` without training: the base with `adapter_name_or_path` merged answers the predict
+    set (LLaMA-Factory's prediction configs); rank 0 writes generated_predictions.jsonl and
+    predict_results.json."""
+    from datasets import load_from_disk
+    from transformers import set_seed
+
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.evaluation.predict import do_predict
+    from tuneline.core.models.adapters import adapter_paths, load_adapter
+    from tuneline.core.models.loading import load_model, load_tokenizer
+
+    if args.process_index != 0:
+        return {}
+    set_seed(args.seed)  # sampling (do_sample) draws the same answers on a rerun
+    model_config = ModelConfig(**job.model)
+    tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
+    datasets = load_from_disk(job.dataset_path)
+    model = load_model(job.model_path, model=model_config, vocab_size=len(tokenizer), training=job.training)
+    quantized = getattr(model, "hf_quantizer", None) is not None  # placed on its device already
+    for path in adapter_paths(model_config):
+        model = load_adapter(model, path, model_config=model_config, trainable=False)
+        if not quantized:  # a quantized base keeps its one adapter beside it (as LLaMA-Factory does)
+            model = model.merge_and_unload()
+    if not quantized:
+        model = model.to(args.device)
+    metrics = do_predict(model, tokenizer, datasets["validation"] if "validation" in datasets else None,
+                         output_dir=job.output_dir, generating=GeneratingConfig(**job.generating),
+                         batch_size=args.per_device_eval_batch_size)
+    save_results(job.output_dir, "predict", metrics)
     return metrics
 
 

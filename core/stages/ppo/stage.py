@@ -6,7 +6,7 @@ its arithmetic in `arithmetic.py`; its checkpoints and outputs in `checkpoint.py
 
 from __future__ import annotations
 
-from tuneline.core.config import StageConfig
+from tuneline.core.config import StageConfig, trains
 from tuneline.core.stages.kind import LoopRequest, StageKind
 
 
@@ -38,7 +38,7 @@ def ppo_problems(config: StageConfig) -> list[str]:
     if finetuning.pissa_init:
         problems.append("'pissa_init: true' cannot train stage 'ppo' against its reference (PiSSA rewrites the base the "
                         "reference is read from); remove pissa_init.")
-    if not config.training.get("do_train", True):
+    if not trains(config.training):
         problems.append("'do_train: false' leaves stage ppo nothing to do (it cannot only evaluate); evaluate with an sft "
                         "stage's config instead.")
     return problems

@@ -93,3 +93,16 @@ def test_mixture_of_depths_is_accepted_with_full_training():
     assert outcome("mixture_of_depths", "load") == ("accepted", [])
     _, problems = read_stage_config({"mixture_of_depths": "convert", "finetuning_type": "full"})
     assert problems == []
+
+
+def test_every_default_is_llamafactorys():
+    """A key left out means what it means in LLaMA-Factory 0.9.5; `stage` alone reads None, which the
+    registry turns into its default kind (sft, LLaMA-Factory's default too)."""
+    import dataclasses
+
+    from tuneline.core.stages.registry import DEFAULT_STAGE
+
+    ours = {f.name: f.default for group in GROUPS.values() for f in dataclasses.fields(group)}
+    differing = {name: (ours[name], spec["default"]) for name, spec in ARGUMENTS["arguments"].items()
+                 if name in ours and ours[name] != spec["default"]}
+    assert differing == {"stage": (None, "sft")} and DEFAULT_STAGE == "sft"

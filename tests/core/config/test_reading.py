@@ -90,8 +90,8 @@ def test_llamafactory_lora_examples_parse_or_name_each_key_that_cannot_run(share
 
 def test_keys_this_version_reads_but_cannot_run_are_named_when_asked_for():
     with pytest.raises(ConfigError) as error:
-        build_stage_config({"stage": "sft", "export_quantization_bit": 4, "export_quantization_dataset": "c4"})
-    assert len(error.value.problems) == 1 and "export_quantization_bit" in error.value.problems[0]
+        build_stage_config({"stage": "sft", "use_unsloth": True})
+    assert len(error.value.problems) == 1 and "use_unsloth" in error.value.problems[0]
     for stage in ("pt", "sft", "rm", "dpo", "kto"):
         build_stage_config({"stage": stage})
     build_stage_config({"stage": "ppo", "reward_model": "saves/rm"})

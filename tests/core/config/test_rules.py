@@ -94,6 +94,19 @@ RULES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
                                                 ("image_max_pixels", "image_min_pixels")),
     "video_max_pixels below video_min_pixels": ({"video_max_pixels": 100, "video_min_pixels": 1000},
                                                 ("video_max_pixels", "video_min_pixels")),
+    "export quantization to 5 bits": ({"export_quantization_bit": 5, "export_quantization_dataset": "c.json"},
+                                      ("export_quantization_bit",)),
+    "export quantization with an adapter merge": ({"export_quantization_bit": 4, "export_quantization_dataset": "c.json",
+                                                   "adapter_name_or_path": "saves/lora"},
+                                                  ("export_quantization_bit", "adapter_name_or_path")),
+    "do_train false without do_predict": ({"do_train": False}, ("do_train", "do_predict")),
+    "profiler recording no step": ({"enable_torch_profiler": True, "profiler_active_steps": 0}, ("profiler_active_steps",)),
+    "profiler with a negative wait": ({"enable_torch_profiler": True, "profiler_wait_steps": -1}, ("profiler_wait_steps",)),
+    "profiler with ppo": ({"stage": "ppo", "reward_model": "saves/rm", "enable_torch_profiler": True},
+                          ("enable_torch_profiler",)),
+    "profiler while only predicting": ({"do_predict": True, "predict_with_generate": True, "eval_dataset": "a",
+                                        "enable_torch_profiler": True}, ("enable_torch_profiler",)),
+    "profile_modules with ppo": ({"stage": "ppo", "reward_model": "saves/rm", "profile_modules": "*.mlp"}, ("profile_modules",)),
 }
 
 
@@ -115,7 +128,9 @@ def test_the_allowed_counterparts_pass():
                 {"pissa_init": True, "pissa_iter": -1, "pissa_convert": True},
                 {"loraplus_lr_ratio": 16, "loraplus_lr_embedding": 1e-5, "lora_target": "q_proj,embed_tokens"},
                 {"rope_scaling": "yarn", "upcast_layernorm": True, "upcast_lmhead_output": True, "train_from_scratch": True,
-                 "use_reentrant_gc": False, "gradient_checkpointing": True, "print_param_status": True}):
+                 "use_reentrant_gc": False, "gradient_checkpointing": True, "print_param_status": True},
+                {"do_predict": True, "predict_with_generate": True, "eval_dataset": "a", "adapter_name_or_path": "saves/lora"},
+                {"enable_torch_profiler": True, "profiler_wait_steps": 0, "profiler_repeat": 0, "profile_modules": "*.mlp"}):
         build_stage_config(raw)
 
 

@@ -48,7 +48,7 @@ def test_generation_kwargs_pass_sampling_knobs_only_when_sampling(tiny_base: Pat
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_base)
-    greedy = generation_kwargs(GeneratingConfig(max_new_tokens=5), tokenizer)
+    greedy = generation_kwargs(GeneratingConfig(max_new_tokens=5, do_sample=False), tokenizer)
     assert greedy["max_new_tokens"] == 5 and greedy["do_sample"] is False
     assert not {"temperature", "top_p", "top_k"} & set(greedy)
     assert greedy["eos_token_id"][0] == tokenizer.eos_token_id
@@ -67,7 +67,7 @@ def model_and_tokenizer(tiny_base: Path):
 def test_left_padded_batches_answer_as_one_prompt_at_a_time(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     prompts = [tokenizer.encode(text) for text in ("The capital of France", "Two plus two is", "Hi")]
-    settings = GeneratingConfig(max_new_tokens=6, repetition_penalty=3.0)  # the penalty keeps a random model varied
+    settings = GeneratingConfig(max_new_tokens=6, do_sample=False, repetition_penalty=3.0)  # the penalty keeps a random model varied
     one_by_one = generate_answers(model, tokenizer, prompts, generating=settings, batch_size=1)
     batched = generate_answers(model, tokenizer, prompts, generating=settings, batch_size=3)
     assert batched == one_by_one

@@ -175,12 +175,12 @@ def test_ref_and_reward_model_quantization_bit_load_them_in_4_bits(tiny_base: Pa
 def test_export_writes_infer_dtype_weights_the_use_kv_cache_setting_and_scaled_rope(tiny_base: Path, tmp_path: Path):
     from safetensors import safe_open
 
-    from tuneline.core.pipeline.stage_runs import export_folder
+    from tuneline.core.pipeline.stage_runs import export_folder, export_length
     from tuneline.core.stages.registry import build_stage_config
-    from tuneline.flows.single import export_length
 
-    export = export_folder(str(tiny_base), tmp_path / "export", adapter=None, template="default", export_size_gb=1,
-                           infer_dtype="bfloat16", use_kv_cache=False, rope_scaling="yarn", model_max_length=None)
+    export = export_folder(build_stage_config({
+        "model_name_or_path": str(tiny_base), "export_dir": str(tmp_path / "export"), "template": "default", "export_size": 1,
+        "infer_dtype": "bfloat16", "use_kv_cache": False, "rope_scaling": "yarn"}))
     config = json.loads((export / "config.json").read_text())
     assert config["dtype"] == "bfloat16" and config["use_cache"] is False
     assert config["max_position_embeddings"] == 2048 and config["rope_parameters"]["factor"] == 2.0

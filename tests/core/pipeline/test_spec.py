@@ -180,6 +180,18 @@ def test_train_key_follows_the_optimizer_keys_only_when_an_optimizer_is_chosen()
 
     assert key() == key(galore_rank=8)  # GaLore is off: its rank changes nothing
     assert key(use_galore=True) != key(use_galore=True, galore_rank=8) != key()
+    assert key() == key(hf_hub_token="hf_a") == key(hf_hub_token="hf_b")  # a credential, not a setting
+
+
+def test_prediction_prompts_are_tokenized_under_a_key_of_their_own():
+    from tuneline.core.pipeline.keys import tokenize_key
+
+    def key(**keys) -> str:
+        stage = {"name": "s", "stage": "sft", "from": "sft", "eval_dataset": "demo_alpaca", "dataset": "demo_alpaca",
+                 "do_predict": True, "predict_with_generate": True, **keys}
+        return tokenize_key(build_pipeline(_chain(stage), overrides={}).stage("s"), tokenizer_key="t", fingerprints={})[0]
+
+    assert key() != key(do_train=True) == key(do_train=True, hf_hub_token="hf_a")
 
 
 def test_shipped_chain_pipeline_loads_with_its_stage_reference():
@@ -199,3 +211,12 @@ def test_ppo_stage_needs_an_rm_stage_as_its_reward_model():
     ))
     assert any(p.startswith("stage 'ppo': 'stage: ppo' needs 'reward_model'") for p in problems), problems
     assert any(p.startswith("stage 'ppo2' has 'reward_model: sft', but stage 'sft' is a sft stage") for p in problems), problems
+
+
+def test_export_keys_of_tuneline_export_are_refused_in_a_pipeline_stage():
+    raw = _pipeline([{"name": "a", "stage": "sft", "model_name_or_path": "m", "export_hub_model_id": "me/model",
+                      "export_quantization_bit": 4, "export_quantization_dataset": "c.json"}])
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(raw, overrides={})
+    problems = [p for p in caught.value.problems if "is a key of `tuneline export`" in p]
+    assert [p.split("'")[3] for p in problems] == ["export_hub_model_id: me/model", "export_quantization_bit: 4"]

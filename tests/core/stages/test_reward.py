@@ -140,3 +140,36 @@ def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, p
     loaded, loaded_tokenizer = load_reward_model(tmp_path / "rm")
     texts = data["validation"]["chosen_input_ids"][:8]
     assert torch.allclose(score(loaded, loaded_tokenizer, texts), score(trainer.model, tokenizer, texts), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_rm_starts_from_an_sft_lora_adapter(tiny_base: Path, pairs: Path, tmp_path: Path) -> None:
+    """`stage: rm` with an SFT LoRA `adapter_name_or_path`: the causal-LM adapter merges into the
+    scoring model's backbone (it failed with "no attribute 'prepare_inputs_for_generation'"), a new
+    adapter trains the head, and a step of training moves only that adapter."""
+    from tuneline.core.config import ModelConfig
+    from tuneline.core.stages.rm import build_reward_trainer
+    from tuneline.core.training.arguments import training_arguments
+
+    data, tokenizer = load_pairs(pairs)
+    sft = apply_finetuning(load_model(tiny_base), build_stage_config({"stage": "sft", "lora_rank": 4}).finetuning)
+    with torch.no_grad():
+        for name, parameter in sft.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.05)  # a trained adapter's B is not zero, so merging changes the weights
+    sft.save_pretrained(str(tmp_path / "sft"))
+    merged_sft = sft.merge_and_unload().model.layers[0].self_attn.q_proj.weight.detach().clone()
+
+    model_config = ModelConfig(adapter_name_or_path=str(tmp_path / "sft"))
+    method = finetuning(finetuning_type="lora", lora_rank=4, adapter_name_or_path=str(tmp_path / "sft"))
+    model = apply_finetuning(load_model(tiny_base, head="score"), method, model_config=model_config, head="score")
+    backbone = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
+    assert torch.allclose(backbone, merged_sft) and not torch.allclose(backbone, load_model(tiny_base).model.layers[0].self_attn.q_proj.weight)
+    assert "score" in model.peft_config["default"].modules_to_save
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = training_arguments(str(tmp_path / "rm"), {"learning_rate": 1e-2, "max_steps": 1, "report_to": "none",
+                                                     "per_device_train_batch_size": 4})
+    build_reward_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=data["train"], finetuning=method,
+                                        args=args)).train()
+    moved = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    assert moved and all("lora_" in name or "score" in name for name in moved)
