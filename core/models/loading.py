@@ -19,7 +19,8 @@ from tuneline.core.errors import ConfigError
 from tuneline.core.models.folders import model_folder_problem, tokenizer_folder_problem
 from tuneline.core.models.freeze import apply_freeze, apply_full
 from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
-from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config, quantized_device_map
+from tuneline.core.models.quantization import (keep_4bit_layout_for_training, prequantized_method, prequantized_support_message,
+                                               quantization_config, quantized_device_map)
 
 if TYPE_CHECKING:
     import torch
@@ -100,6 +101,11 @@ def load_model(
                 cache_dir=model.cache_dir,
                 use_safetensors=None if model.allow_pickle_weights else True,
             )
+    except ImportError as e:
+        method = prequantized_method(config)
+        if method is None:
+            raise
+        raise ConfigError(prequantized_support_message(KEY, path, method=method, missing=e)) from e
     except OSError as e:
         if "safetensors" in str(e) and not Path(path).is_dir():
             raise ConfigError(f"'model_name_or_path: {path}' has no safetensors weights on the Hugging Face Hub, and "
