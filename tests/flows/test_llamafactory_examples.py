@@ -9,8 +9,10 @@ run through `tuneline train` (`tuneline export` for merge_lora), each one as it 
   example's output (`adapter_name_or_path`, `reward_model`), which point at that example's run here;
 - for the ones that train, `TRAIN_EDITS`: `max_steps: 2` and `max_samples: 16`, `cutoff_len: 128`
   (the examples' 2048 would make logits of 2048 x 128,256 values per row, a gigabyte each, on the
-  preference and pre-training examples), and no extra processes for tokenizing or loading batches
-  (each would be a fork of this test process, costing more than the two steps);
+  preference and pre-training examples), `gradient_accumulation_steps: 1` (the examples' 8 would make
+  each step 8 forward and backward passes through those logits), and no extra processes for
+  tokenizing or loading batches (each would be a fork of this test process, costing more than the
+  two steps);
 - what `Example.overrides` adds, said in its reason.
 
 Each runs in this process from the folder that holds `examples/` and `data/`, as LLaMA-Factory's
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,7 +60,10 @@ EXAMPLES: dict[str, Example] = {
     "train_lora/llama3_lora_pretrain.yaml": Example("trains", "LoRA pre-training on c4_demo"),
     "train_lora/llama3_lora_reward.yaml": Example("trains", "LoRA reward model"),
     "train_lora/llama3_lora_dpo.yaml": Example("trains", "LoRA DPO"),
-    "train_lora/llama3_lora_kto.yaml": Example("trains", "LoRA KTO"),
+    "train_lora/llama3_lora_kto.yaml": Example("trains", "LoRA KTO", xfail="gap: KTO with per_device_train_batch_size 1 (TRL "
+                                                                         "estimates the KL term from a batch's other rows; "
+                                                                         "LLaMA-Factory pairs mismatched replies when "
+                                                                         "tokenizing)"),
     "train_lora/llama3_lora_ppo.yaml": Example("trains", "LoRA PPO against the reward example's output; max_new_tokens "
                                                "512 -> 8 (a random tiny model rarely stops)",
                                                chain={"reward_model": "train_lora/llama3_lora_reward.yaml"},
@@ -111,7 +117,9 @@ EXAMPLES: dict[str, Example] = {
     "extras/mod/llama3_full_sft.yaml": Example("refused: Mixture-of-Depths", "mixture-of-depth cannot run on "
                                                "transformers 5 (and pure_bf16 needs CUDA)"),
     "extras/fp8/llama3_fp8_deepspeed_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and DeepSpeed"),
-    "extras/fp8/llama3_fp8_fsdp_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and FSDP"),
+    "extras/fp8/llama3_fp8_fsdp_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and FSDP; its fsdp list and "
+                                                   "fsdp_transformer_layer_cls_to_wrap are refused too: transformers 5 "
+                                                   "takes neither"),
     "extras/qoft/llama3_oft_sft_bnb_npu.yaml": Example("trains", "OFT on a 4-bit bitsandbytes base",
                                                        xfail="gap: tuneline trains only LoRA on a quantized base "
                                                              "(LLaMA-Factory also OFT)"),
@@ -134,8 +142,8 @@ LEFT_OUT = {
     "extras/multi_tokens/tokens_cfg.yaml": "not a stage config: the token descriptions new_special_tokens_config reads",
 }
 
-TRAIN_EDITS = {"max_steps": 2, "max_samples": 16, "cutoff_len": 128, "preprocessing_num_workers": None,
-               "dataloader_num_workers": 0}
+TRAIN_EDITS = {"max_steps": 2, "max_samples": 16, "cutoff_len": 128, "gradient_accumulation_steps": 1,
+               "preprocessing_num_workers": None, "dataloader_num_workers": 0}
 OUTPUT_KEYS = ("output_dir", "export_dir", "tokenized_path")
 TRAINED_FILES = ("all_results.json", "train_results.json")  # logging_steps 10 > max_steps: no log lines
 PREDICTED_FILES = ("generated_predictions.jsonl", "predict_results.json")
@@ -293,12 +301,13 @@ def runs(shared_dir: Path, tmp_path_factory, one_torch_thread):
     root = tmp_path_factory.mktemp("lf_examples")
     lf_root = examples_root(shared_dir)
     runs = ExampleRuns(root, lf_root, TinyBases(root / "bases", shared_dir / "tokenizers"))
+    started = time.process_time()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("tuneline.flows.single.launch_training", in_process_launch)
         patch.setenv("TUNELINE_CACHE", str(root / "cache"))
         patch.chdir(lf_root)
         yield runs
-    print("\n" + outcome_table(runs.outcomes))
+    print(f"\n{outcome_table(runs.outcomes)}\n{len(runs.outcomes)} examples in {time.process_time() - started:.0f} s of CPU")
     shutil.rmtree(root, ignore_errors=True)
 
 
