@@ -87,6 +87,8 @@ PENDING: tuple[Unavailable, ...] = (
     Unavailable("inference options", keys=("infer_dtype", "use_kv_cache")),
     Unavailable("template options", keys=("default_system", "tool_format", "enable_thinking", "preserve_thinking")),
     Unavailable("data options", keys=("buffer_size", "eval_num_beams", "ignore_pad_token_for_loss", "eval_on_each_dataset")),
+    Unavailable("the tokenized dataset saved to and loaded from a folder of one's own; `tuneline data preprocess "
+                "--output DIR` writes one", keys=("tokenized_path",)),
     Unavailable("PiSSA options", keys=("pissa_iter", "pissa_convert")),
     Unavailable("LoRA+ embedding learning rate", keys=("loraplus_lr_embedding",)),
     Unavailable("quantized reference and reward models", keys=("ref_model_quantization_bit", "reward_model_quantization_bit")),
