@@ -15,7 +15,8 @@ run through `tuneline train` (`tuneline export` for merge_lora), each one as it 
   two steps);
 - what `Example.overrides` adds, said in its reason.
 
-Each runs in this process from the folder that holds `examples/` and `data/`, as LLaMA-Factory's
+Each runs through the command's `main` in this process, the training worker included
+(`in_process_launch`), from the folder that holds `examples/` and `data/`, as LLaMA-Factory's
 examples are run from its repository's root, so their own relative paths (DeepSpeed configs) resolve.
 `EXAMPLES` holds the expected outcome of each: it trains (exit 0, its outputs written), or it is
 refused with exit 2 and a message naming what it needs; the run prints the table.
