@@ -8,6 +8,7 @@ in the folder is read as code.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -61,13 +62,24 @@ def _listing(names: list[str]) -> str:
 
 def _json_problem(folder: Path, names: list[str], *, key: str) -> str | None:
     for name in (n for n in JSON_FILES if n in names):
-        try:
-            json.loads((folder / name).read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            return f"'{key}: {folder}': {name} is not UTF-8 text, so it is damaged; copy it again from where the folder came from."
-        except json.JSONDecodeError as e:
-            return (f"'{key}: {folder}': {name} does not parse ({e.msg} at line {e.lineno}, column {e.colno}), so the file "
-                    "is cut short or damaged; copy it again from where the folder came from.")
+        stat = (folder / name).stat()
+        damage = _json_damage(str(folder / name), stat.st_size, stat.st_mtime_ns)
+        if damage:
+            return f"'{key}: {folder}': {name} {damage}; copy it again from where the folder came from."
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _json_damage(path: str, size: int, mtime_ns: int) -> str | None:
+    """What is wrong with the JSON file at `path`, or None; remembered by size and modification time,
+    since a tokenizer.json of a large vocabulary takes half a second to parse and the same folder is
+    checked by every stage that loads it."""
+    try:
+        json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return "is not UTF-8 text, so it is damaged"
+    except json.JSONDecodeError as e:
+        return f"does not parse ({e.msg} at line {e.lineno}, column {e.colno}), so the file is cut short or damaged"
     return None
 
 

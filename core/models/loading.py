@@ -22,7 +22,8 @@ from tuneline.core.models.config_patches import patch_config
 from tuneline.core.models.freeze import apply_freeze, apply_full
 from tuneline.core.models.preparation import prepare_for_training, print_parameter_status
 from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
-from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config, quantized_device_map
+from tuneline.core.models.quantization import (keep_4bit_layout_for_training, prequantized_method, prequantized_support_message,
+                                               quantization_config, quantized_device_map)
 from tuneline.core.models.vocabulary import grow_vocabulary
 
 if TYPE_CHECKING:
@@ -124,6 +125,11 @@ def load_model(
                 token=model.hf_hub_token,
                 use_safetensors=None if model.allow_pickle_weights else True,
             )
+    except ImportError as e:
+        method = prequantized_method(config)
+        if method is None:
+            raise
+        raise ConfigError(prequantized_support_message(KEY, path, method=method, missing=e)) from e
     except OSError as e:
         if "safetensors" in str(e) and not Path(path).is_dir():
             raise ConfigError(f"'model_name_or_path: {path}' has no safetensors weights on the Hugging Face Hub, and "

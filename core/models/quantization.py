@@ -1,7 +1,9 @@
 """Loading the base in 4 or 8 bits with bitsandbytes (QLoRA), as LLaMA-Factory configures it.
 
 The quantized weights stay frozen; only LoRA adapters on top of them train. Nothing is upcast
-beyond what the method needs: the non-quantized parameters keep the compute dtype.
+beyond what the method needs: the non-quantized parameters keep the compute dtype. A model saved
+already quantized (GPTQ, AWQ, AQLM, ...) loads through transformers' loader for its method, which
+needs that method's package; without it, the message names the package.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from tuneline.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
-    from transformers import BitsAndBytesConfig, PreTrainedModel
+    from transformers import BitsAndBytesConfig, PretrainedConfig, PreTrainedModel
 
 
 def quantization_config(model: ModelConfig, *, compute_dtype: torch.dtype) -> BitsAndBytesConfig | None:
@@ -38,6 +40,23 @@ def quantization_config(model: ModelConfig, *, compute_dtype: torch.dtype) -> Bi
             bnb_4bit_quant_type=model.quantization_type,
         )
     raise ConfigError(f"'quantization_bit' must be 4 or 8 with bitsandbytes, got {model.quantization_bit}.")
+
+
+def prequantized_method(config: PretrainedConfig) -> str | None:
+    """The method a saved model's weights were quantized with (GPTQ, AWQ, AQLM, ...), or None."""
+    settings = getattr(config, "quantization_config", None)  # written into config.json by quantized checkpoints only
+    if settings is None:
+        return None
+    return str((settings if isinstance(settings, dict) else settings.to_dict()).get("quant_method"))
+
+
+def prequantized_support_message(key: str, path: object, *, method: str, missing: ImportError) -> str:
+    """Why a model saved quantized cannot load here: transformers' loader for `method` needs a
+    package this environment lacks (`missing` names it)."""
+    needs = str(missing).strip().splitlines()[0] if str(missing).strip() else type(missing).__name__
+    return (f"'{key}: {path}' holds weights quantized with {method}, and loading them needs what this machine lacks: "
+            f"{needs}. Install that package (its kernels may need a GPU), or start from the model's unquantized "
+            "weights, with 'quantization_bit: 4' to train QLoRA through bitsandbytes.")
 
 
 def quantized_device_map() -> dict[str, torch.device]:

@@ -137,6 +137,24 @@ def test_8bit_and_unsupported_quantization_methods(tiny_base: Path):
         load_model(tiny_base, model=ModelConfig(quantization_bit=4, quantization_method="gptq"))
 
 
+@pytest.mark.parametrize(("method", "package"), [("gptq", "optimum"), ("awq", "gptqmodel"), ("aqlm", "aqlm")])
+def test_a_model_saved_quantized_without_its_package_is_a_config_error_naming_it(tiny_base: Path, tmp_path: Path,
+                                                                               method: str, package: str):
+    """transformers checks the package of a checkpoint's `quantization_config` before reading any
+    weight; where it is missing, the message names the folder, the method and the package."""
+    import importlib.util
+
+    if importlib.util.find_spec(package):
+        pytest.skip(f"{package} is installed here, so the {method} checkpoint gets past the package check")
+    folder = tmp_path / method
+    shutil.copytree(tiny_base, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": method, "bits": 4}}))
+    with pytest.raises(ConfigError, match=rf"'model_name_or_path: {re.escape(str(folder))}' holds weights quantized with "
+                                          rf"{method}, and loading them needs .*{package}"):
+        load_model(folder)
+
+
 def test_trainable_summary_counts_4bit_weights_as_the_values_they_hold(tiny_base: Path):
     full_precision = trainable_summary(apply_finetuning(load_model(tiny_base), FinetuningConfig()))
     quantized_config = ModelConfig(quantization_bit=4)
