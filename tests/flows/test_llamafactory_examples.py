@@ -109,15 +109,14 @@ EXAMPLES: dict[str, Example] = {
                                                        base="llama3-pro"),
     "extras/loraplus/llama3_lora_sft.yaml": Example("trains", "LoRA+"),
     "extras/oft/llama3_oft_sft.yaml": Example("trains", "OFT, blocks of 32"),
-    "extras/pissa/llama3_lora_sft.yaml": Example("trains", "PiSSA", xfail="pending: pissa_iter, pissa_convert"),
+    "extras/pissa/llama3_lora_sft.yaml": Example("trains", "PiSSA (fast SVD, converted to LoRA at the end)"),
     "extras/fsdp_qlora/llama3_lora_sft.yaml": Example("trains", "QLoRA; FSDP comes from the accelerate config at launch, "
                                                       "not from this file"),
-    "extras/nlg_eval/llama3_lora_predict.yaml": Example("trains", "prediction with the SFT example's adapter",
-                                                        chain=SFT_ADAPTER,
-                                                        xfail="gap: prediction alone (do_predict without do_train and "
-                                                              "dataset) is not offered by tuneline train"),
-    "extras/mod/llama3_full_sft.yaml": Example("refused: Mixture-of-Depths", "mixture-of-depth cannot run on "
-                                               "transformers 5 (and pure_bf16 needs CUDA)"),
+    "extras/nlg_eval/llama3_lora_predict.yaml": Example("trains", "prediction alone with the SFT example's adapter; "
+                                                        "max_new_tokens 1024 -> 8 (a random tiny model rarely stops)",
+                                                        chain=SFT_ADAPTER, overrides={"max_new_tokens": 8}),
+    "extras/mod/llama3_full_sft.yaml": Example("refused: only on a CUDA GPU", "pure_bf16 (Mixture-of-Depths itself "
+                                               "runs on the CPU)"),
     "extras/fp8/llama3_fp8_deepspeed_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and DeepSpeed"),
     "extras/fp8/llama3_fp8_fsdp_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and FSDP; its fsdp list and "
                                                    "fsdp_transformer_layer_cls_to_wrap are refused too: transformers 5 "
@@ -132,7 +131,8 @@ EXAMPLES: dict[str, Example] = {
     "merge_lora/llama3_full_sft.yaml": Example("trains", "exports the BAdam example's full weights (train_full's own "
                                                "needs DeepSpeed)",
                                                chain={"model_name_or_path": "extras/badam/llama3_full_sft.yaml"}),
-    "merge_lora/llama3_gptq.yaml": Example("trains", "GPTQ export", xfail="pending: export_quantization_bit"),
+    "merge_lora/llama3_gptq.yaml": Example("refused: export_quantization_bit", "GPTQ export: needs the gptq extra "
+                                           "(optimum, gptqmodel) and a CUDA GPU"),
 }
 
 LEFT_OUT = {
@@ -206,7 +206,7 @@ class TinyBases:
             deep = build_tiny_model(self.tokenizers / "llama3", self.root / "llama3-8-layers", family="llama", layers=8)
             expand_blocks(deep, folder, num_expand=8)
             return folder
-        folder.mkdir()
+        folder.mkdir(parents=True)
         source = self.path("llama3")
         for item in source.iterdir():
             if item.name != "config.json":
