@@ -37,7 +37,8 @@ from tuneline.core.data.dataset_info import iter_rows as registry_iter_rows
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.templates.check import check_template, vocabulary_problems
-from tuneline.core.templates.conversation import chat_template_jinja, fix_tokenizer, get_template
+from tuneline.core.templates.conversation import Template, chat_template_jinja, fix_tokenizer, get_template
+from tuneline.core.templates.options import with_template_keys
 
 _LOG = logging.getLogger(__name__)
 TOKENIZER_DIR = "tokenizer"
@@ -89,6 +90,15 @@ def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadRe
     yield from mix_rows(per_dataset, strategy=data.mix_strategy, probs=probs, seed=int(config.training.get("seed", 42)))
 
 
+def stage_template(config: StageConfig, tokenizer, *, named: Template | None = None) -> Template:
+    """The stage's template (`template`, else the default; `named` when already looked up) with
+    its template keys applied."""
+    data = config.data
+    named = named or get_template(data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+    return with_template_keys(named, default_system=data.default_system, tool_format=data.tool_format,
+                              enable_thinking=data.enable_thinking, preserve_thinking=data.preserve_thinking)
+
+
 def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
     """The tokenizer as the template needs it (eos, pad, stop words, chat template), the template,
     and the warning when a named template renders differently from the tokenizer's own chat
@@ -102,8 +112,10 @@ def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path):
     from tuneline.core.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path, model=config.model)
-    template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
-    difference = check_template(template, tokenizer) if tokenizer.chat_template else None
+    named = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+    # the template as named is compared: the keys' changes (a system prompt, a tool format) are the user's choice
+    difference = check_template(named, tokenizer) if tokenizer.chat_template else None
+    template = stage_template(config, tokenizer, named=named)
     original_vocab = set(tokenizer.get_vocab())
     fix_tokenizer(template, tokenizer)
     problems = vocabulary_problems(template, tokenizer, original_vocab=original_vocab, resize_vocab=config.model.resize_vocab)

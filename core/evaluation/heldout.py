@@ -118,16 +118,15 @@ def score_model(
     rows: Sequence[dict[str, Any]], max_new_tokens: int,
 ) -> Score:
     """Validation loss of a tokenized dataset plus greedy-answer F1 on the held-out `rows` (standard rows)."""
-    from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR
+    from tuneline.core.data.tokenization import TOKENIZER_DIR, stage_template
     from tuneline.core.models.loading import load_tokenizer
-    from tuneline.core.templates.conversation import get_template
 
     tokenizer = load_tokenizer(Path(tokenized_path) / TOKENIZER_DIR)
     model = load_for_inference(model_path, adapter_path=adapter_path)
     metrics = validation_loss(model, tokenized_path, tokenizer=tokenizer)
     predictions: list[dict[str, str]] = []
     if rows:
-        template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+        template = stage_template(config, tokenizer)
         answers = greedy_answers(model, tokenizer, rows, template=template, max_new_tokens=max_new_tokens)
         metrics["answer_f1"] = answer_score(answers, rows)
         predictions = [

@@ -24,6 +24,8 @@ from tuneline.core.stages.ppo.stage import PPO
 from tuneline.core.stages.pt import PT
 from tuneline.core.stages.rm import RM
 from tuneline.core.stages.sft import LOSS_VARIANTS, SFT
+from tuneline.core.templates.catalog import AUTO
+from tuneline.core.templates.options import template_key_problems
 from tuneline.core.training.optimizers.rules import optimizer_problems
 
 KINDS: dict[str, StageKind] = {kind.name: kind for kind in (PT, SFT, RM, DPO, KTO, PPO)}
@@ -63,6 +65,7 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
         problems.extend(optimizer_problems(config))
         problems.extend(predict_problems(config, kind))
         problems.extend(stage_option_problems(config, kind))
+        problems.extend(data_key_problems(config, kind))
         problems.extend(training_loop_problems(config, kind))
         problems.extend(kind.config_problems(config))
     if problems:
@@ -104,6 +107,16 @@ def stage_option_problems(config: StageConfig, kind: StageKind) -> list[str]:
     if config.training.get("load_best_model_at_end") and (kind.train_loop is not None or kind.output == "reward_model"):
         problems.append(f"'load_best_model_at_end: true' is not supported by stage '{kind.name}' (LLaMA-Factory refuses it "
                         "for rm and ppo too); remove it.")
+    return problems
+
+
+def data_key_problems(config: StageConfig, kind: StageKind) -> list[str]:
+    """The template keys that cannot apply, and evaluation keys asked of data or stages they do not fit."""
+    data = config.data
+    problems = template_key_problems(data.template, tool_format=data.tool_format, enable_thinking=data.enable_thinking,
+                                     preserve_thinking=data.preserve_thinking, auto=data.template == AUTO)
+    if data.eval_num_beams is not None and data.eval_num_beams < 1:
+        problems.append(f"'eval_num_beams' must be at least 1, got {data.eval_num_beams}.")
     return problems
 
 

@@ -21,13 +21,15 @@ _STAGES = {"sft": "sft", "rm": "rm", "pt": "pt"}
 @pytest.fixture(scope="module")
 def prepared(shared_dir: Path):
     """`prepared(config, tokenizer_name)`: the tokenizer and template as the tokenize stage
-    prepares them, once per (tokenizer, template) pair of the module."""
+    prepares them, once per tokenizer and template with its template keys."""
     from tuneline.core.data.tokenization import prepare_tokenizer
 
-    cache: dict[tuple[str, str], tuple] = {}
+    cache: dict[tuple, tuple] = {}
 
     def _prepared(config, tokenizer_name: str):
-        pair = (tokenizer_name, config.data.template)
+        data = config.data
+        pair = (tokenizer_name, data.template, data.default_system, data.tool_format, data.enable_thinking,
+                data.preserve_thinking)
         if pair not in cache:
             tokenizer, template, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
             cache[pair] = (tokenizer, template)
