@@ -85,7 +85,6 @@ PENDING: tuple[Unavailable, ...] = (
                                                               "disable_gradient_checkpointing", "use_reentrant_gc")),
     Unavailable("hub tokens", keys=("hf_hub_token", "ms_hub_token", "om_hub_token")),
     Unavailable("inference options", keys=("infer_dtype", "use_kv_cache")),
-    Unavailable("data options", keys=("buffer_size", "eval_num_beams", "ignore_pad_token_for_loss", "eval_on_each_dataset")),
     Unavailable("PiSSA options", keys=("pissa_iter", "pissa_convert")),
     Unavailable("LoRA+ embedding learning rate", keys=("loraplus_lr_embedding",)),
     Unavailable("quantized reference and reward models", keys=("ref_model_quantization_bit", "reward_model_quantization_bit")),

@@ -26,7 +26,9 @@ from typing import Any
 from tuneline.core.config import StageConfig
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
+from tuneline.core.data.eval_splits import VALIDATION, split_name
 from tuneline.core.data.mixing import mix_rows
+from tuneline.core.data.streaming import shuffled_stream, take_validation
 from tuneline.core.data.dataset_info import (
     LoadReport,
     dataset_file_paths,
@@ -159,15 +161,17 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     counters: Counter = Counter()
     writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
     reports: list[LoadReport] = []
+    seed = int(config.training.get("seed", 42))
     train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports)
-    routed = route_validation(train_rows, val_size=config.data.val_size, seed=int(config.training.get("seed", 42)),
-                              total=_count_if_needed(config))
-    if config.data.val_size or config.data.eval_dataset:
-        writers["validation"] = SplitWriter(output_dir / "validation", fingerprint=output_dir.name + "v")
+    if config.data.streaming:
+        train_rows = shuffled_stream(train_rows, buffer_size=config.data.buffer_size, seed=seed)
+        routed = take_validation(train_rows, count=int(config.data.val_size))
+    else:
+        routed = route_validation(train_rows, val_size=config.data.val_size, seed=seed, total=_count_if_needed(config))
+    for split in eval_split_names(config):
+        writers[split] = SplitWriter(output_dir / split, fingerprint=output_dir.name + ("v" if split == VALIDATION else split))
     if config.data.eval_dataset:
-        routed = itertools.chain(((row, "train") for row, _ in routed),
-                                 ((row, "validation") for row in iter_rows(dataset_names(config.data.eval_dataset), config,
-                                                                            reports=reports)))
+        routed = itertools.chain(routed, _eval_rows(config, reports=reports))
     first_example = None
     batches = _batches_by_split(routed, config.data.preprocessing_batch_size)
     for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
@@ -189,6 +193,28 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     if template_warning:
         (output_dir / TEMPLATE_WARNING_FILE).write_text(template_warning + "\n", encoding="utf-8")
     return finish_counters(counters)
+
+
+def eval_split_names(config: StageConfig) -> list[str]:
+    """The validation splits the stage writes: `validation`, or one per evaluation dataset with
+    `eval_on_each_dataset` (none without evaluation rows)."""
+    data = config.data
+    if data.eval_dataset and data.eval_on_each_dataset:
+        return [split_name(name) for name in dataset_names(data.eval_dataset)]
+    return [VALIDATION] if data.val_size or data.eval_dataset else []
+
+
+def _eval_rows(config: StageConfig, *, reports: list[LoadReport]) -> Iterator[tuple[dict, str]]:
+    """(row, split) of the evaluation datasets: mixed into `validation`, or each into its own split."""
+    names, data = dataset_names(config.data.eval_dataset), config.data
+    if not data.eval_on_each_dataset:
+        rows = iter_rows(names, config, reports=reports)
+        if data.streaming:  # LLaMA-Factory shuffles a streamed evaluation set too, unless split per dataset
+            rows = shuffled_stream(rows, buffer_size=data.buffer_size, seed=int(config.training.get("seed", 42)))
+        yield from ((row, VALIDATION) for row in rows)
+        return
+    for name in names:
+        yield from ((row, split_name(name)) for row in iter_rows([name], config, reports=reports))
 
 
 def route_validation(rows: Iterable[dict], *, val_size: float, seed: int, total: int | None) -> Iterator[tuple[dict, str]]:

@@ -76,6 +76,7 @@ def train_job(
         training={k: v for k, v in training.items() if k != "output_dir"},  # the job names its own
         model={**dataclasses.asdict(config.model), "model_name_or_path": start_model},
         generating=dataclasses.asdict(config.generating),
+        data=dataclasses.asdict(config.data),
         optimizer=dataclasses.asdict(config.optimizer),
         tracking_uri=tracking_uri,
         run_id=run_id,

@@ -10,11 +10,13 @@ Adding a kind is one module under `core/stages/` and one entry in `KINDS`
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import StageConfig, parse_overrides, read_stage_config, read_yaml
+from tuneline.core.data.tokenization import dataset_names
 from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.models.loading import method_problems
 from tuneline.core.stages.dpo import DPO
@@ -117,6 +119,18 @@ def data_key_problems(config: StageConfig, kind: StageKind) -> list[str]:
                                      preserve_thinking=data.preserve_thinking, auto=data.template == AUTO)
     if data.eval_num_beams is not None and data.eval_num_beams < 1:
         problems.append(f"'eval_num_beams' must be at least 1, got {data.eval_num_beams}.")
+    if not data.ignore_pad_token_for_loss and kind is not SFT:
+        problems.append(f"'ignore_pad_token_for_loss: false' trains the padding of sft's labels; stage '{kind.name}' pads "
+                        "its own way here (LLaMA-Factory also reads it for dpo and kto), so remove the key.")
+    if data.eval_on_each_dataset and data.eval_dataset:
+        if kind.train_loop is not None:
+            problems.append(f"'eval_on_each_dataset: true' names the trainer's metrics per dataset; stage '{kind.name}' "
+                            "runs its own loop and scores all held-out rows together; remove the key.")
+        odd = [name for name in dataset_names(data.eval_dataset) if not re.fullmatch(r"[\w.-]+", name)]
+        if odd:
+            problems.append(f"'eval_on_each_dataset: true' names a split and metrics after each dataset of 'eval_dataset', "
+                            f"and {', '.join(map(repr, odd))} holds other characters than letters, digits, '_', '.' and "
+                            "'-'; rename the entry in dataset_info.json.")
     return problems
 
 

@@ -32,6 +32,7 @@ class TrainJob:
     training: dict[str, Any]
     model: dict[str, Any] = field(default_factory=dict)
     generating: dict[str, Any] = field(default_factory=dict)  # GeneratingConfig for do_predict
+    data: dict[str, Any] = field(default_factory=dict)  # DataConfig: the worker reads eval_num_beams, ignore_pad_token_for_loss
     optimizer: dict[str, Any] = field(default_factory=dict)  # OptimizerConfig: GaLore, APOLLO, BAdam, Adam-mini, Muon
     tracking_uri: str | None = None
     run_id: str | None = None
