@@ -100,3 +100,16 @@ def test_a_stage_reports_each_evaluation_dataset_under_its_name(tiny_base: Path,
     assert all(logged[f"eval_{name}_loss"] == pytest.approx(metrics[f"eval_{name}_loss"]) for name in names)
     predictions = (tmp_path / "out" / "generated_predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 8 and "predict_bleu-4" in metrics
+
+
+def test_the_data_keys_the_worker_reads_change_the_train_key_only_when_set() -> None:
+    from tuneline.core.pipeline.keys import train_key
+    from tuneline.core.pipeline.spec import TrainingStage
+
+    def key(**keys) -> str:
+        stage = TrainingStage(name="sft", parent=None, config=build_stage_config({"stage": "sft", **keys}))
+        return train_key(stage, tokenized_key="t", parent_key="p")
+
+    plain = key()
+    assert plain == key(eval_num_beams=None, ignore_pad_token_for_loss=True)
+    assert len({plain, key(eval_num_beams=2), key(eval_num_beams=3), key(ignore_pad_token_for_loss=False)}) == 4
