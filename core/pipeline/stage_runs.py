@@ -39,7 +39,8 @@ DEFAULT_CHECKPOINTING = {"save_strategy": "steps", "save_steps": 50, "save_total
 
 # The settings a tokenized artifact's manifest records (the ones its key hashes, by name).
 _DATA_PARAMS = ("dataset", "eval_dataset", "dataset_dir", "template", "cutoff_len", "train_on_prompt", "mask_history",
-                "max_samples", "val_size", "packing", "stage")
+                "max_samples", "val_size", "packing", "stage", "default_system", "tool_format", "enable_thinking",
+                "preserve_thinking", "eval_on_each_dataset")
 
 
 def with_checkpointing(training: Mapping[str, Any]) -> dict[str, Any]:
