@@ -21,19 +21,25 @@ _STAGES = {"sft": "sft", "rm": "rm", "pt": "pt"}
 @pytest.fixture(scope="module")
 def prepared(shared_dir: Path):
     """`prepared(config, tokenizer_name)`: the tokenizer and template as the tokenize stage
-    prepares them, once per tokenizer and template with its template keys."""
-    from tuneline.core.data.tokenization import prepare_tokenizer
+    prepares them. The tokenizer is prepared once per tokenizer and template of the module (the
+    template keys change no token the tokenizer is fixed for); the keys are then applied to the
+    template as the stage applies them."""
+    import dataclasses
 
-    cache: dict[tuple, tuple] = {}
+    from tuneline.core.data.tokenization import prepare_tokenizer, stage_template
+
+    cache: dict[tuple[str, str], tuple] = {}
 
     def _prepared(config, tokenizer_name: str):
-        data = config.data
-        pair = (tokenizer_name, data.template, data.default_system, data.tool_format, data.enable_thinking,
-                data.preserve_thinking)
+        pair = (tokenizer_name, config.data.template)
         if pair not in cache:
-            tokenizer, template, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
+            named = dataclasses.replace(config.data, default_system=None, tool_format=None, enable_thinking=True,
+                                        preserve_thinking=False)
+            tokenizer, template, _ = prepare_tokenizer(dataclasses.replace(config, data=named),
+                                                       shared_dir / "tokenizers" / tokenizer_name)
             cache[pair] = (tokenizer, template)
-        return cache[pair]
+        tokenizer, template = cache[pair]
+        return tokenizer, stage_template(config, tokenizer, named=template)
 
     return _prepared
 
@@ -88,3 +94,14 @@ def test_llamafactory_combinations_train_with_a_warning_where_they_differ(shared
     if warns:
         assert warning.startswith(f"template '{template_name}' does not write what this tokenizer's own chat template")
         assert "first differ at position" in warning and "(ids [" in warning
+
+
+def test_the_tokenize_stage_applies_the_template_keys_itself(shared_dir: Path, tmp_path: Path):
+    """One golden file through `prepare_tokenizer` with its keys, as the tokenize stage runs it."""
+    from tuneline.core.data.tokenization import prepare_tokenizer
+
+    golden = json.loads((GOLDEN_DIR / "qwen2.5__qwen3__sft_thinking_false.json").read_text(encoding="utf-8"))
+    assert golden["arguments"]["enable_thinking"] is False
+    examples = _encode(golden, lambda config, name: prepare_tokenizer(config, shared_dir / "tokenizers" / name)[:2], tmp_path)
+    assert [{column: example[column] for column in theirs} for example, theirs in zip(examples, golden["examples"])] == \
+        golden["examples"]
