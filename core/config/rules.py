@@ -99,6 +99,9 @@ def data_problems(config: StageConfig) -> list[str]:
         if len(probs) != len(names):
             problems.append(f"'interleave_probs' has {len(probs)} values for the {len(names)} datasets of 'eval_dataset'; "
                             "give one per dataset.")
+    if data.buffer_size < 1:
+        problems.append(f"'buffer_size' is the number of rows of the streaming shuffle buffer and must be at least 1, "
+                        f"got {data.buffer_size}.")
     if data.streaming:
         if (training.get("max_steps") or -1) <= 0:
             problems.append("'streaming: true' reads a dataset of unknown length, so training needs 'max_steps'; set it.")

@@ -171,7 +171,8 @@ def _supervised_pieces(row: dict[str, Any], spec: EncodingSpec, tokenizer) -> li
     """The row's message pieces, or None for a row the checked path must report."""
     try:
         check_supervised_row(row)
-        return turn_pieces(spec.encoding.template, tokenizer, Conversation.from_row(row))
+        return turn_pieces(spec.encoding.template, tokenizer, Conversation.from_row(row),
+                           mask_history=spec.encoding.mask_history)
     except TunelineError:
         return None
 
@@ -213,7 +214,7 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
     for row, pieces in zip(prepared.rows, prepared.pieces or [None] * len(prepared.rows)):
         if pieces is None:  # the checked path raises the row's error
             check_supervised_row(row)
-            pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row))
+            pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row), mask_history=encoding.mask_history)
         else:
             pairs = pair_turns(_pieces_ids(pieces, encoded, prepared.split))
         example = supervised_example(pairs, encoding=encoding, eos_id=eos_id)

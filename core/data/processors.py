@@ -93,7 +93,7 @@ def encode_supervised_row(
     (see `supervised_example`)."""
     check_supervised_options(encoding)
     _check_row(row)
-    pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row))
+    pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row), mask_history=encoding.mask_history)
     return supervised_example(pairs, encoding=encoding, eos_id=tokenizer.eos_token_id)
 
 

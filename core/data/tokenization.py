@@ -27,7 +27,9 @@ from tuneline.core.config import StageConfig, trains
 from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
+from tuneline.core.data.eval_splits import VALIDATION, split_name
 from tuneline.core.data.mixing import mix_rows
+from tuneline.core.data.streaming import shuffled_stream, take_validation
 from tuneline.core.data.dataset_info import (
     LoadReport,
     dataset_file_paths,
@@ -40,6 +42,7 @@ from tuneline.core.models.vocabulary import NewTokens, describe_new_tokens
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.templates.check import check_template, vocabulary_problems
 from tuneline.core.templates.conversation import chat_template_jinja, fix_tokenizer, get_template
+from tuneline.core.templates.options import with_template_keys
 from tuneline.core.templates.spec import Template
 
 _LOG = logging.getLogger(__name__)
@@ -95,6 +98,15 @@ def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadRe
     yield from mix_rows(per_dataset, strategy=data.mix_strategy, probs=probs, seed=int(config.training.get("seed", 42)))
 
 
+def stage_template(config: StageConfig, tokenizer, *, named: Template | None = None) -> Template:
+    """The stage's template (`template`, else the default; `named` when already looked up) with
+    its template keys applied."""
+    data = config.data
+    named = named or get_template(data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+    return with_template_keys(named, default_system=data.default_system, tool_format=data.tool_format,
+                              enable_thinking=data.enable_thinking, preserve_thinking=data.preserve_thinking)
+
+
 class PreparedTokenizer(NamedTuple):
     tokenizer: Any
     template: Template
@@ -120,8 +132,10 @@ def prepare_tokenizer(config: StageConfig, tokenizer_path: str | Path) -> Prepar
     tokenizer = load_tokenizer(tokenizer_path, model=config.model)
     first_new_id = len(tokenizer)
     added = add_tokens(tokenizer, added_tokens(config.model))
-    template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
-    difference = check_template(template, tokenizer) if tokenizer.chat_template else None
+    named = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+    # the template as named is compared: the keys' changes (a system prompt, a tool format) are the user's choice
+    difference = check_template(named, tokenizer) if tokenizer.chat_template else None
+    template = stage_template(config, tokenizer, named=named)
     original_vocab = set(tokenizer.get_vocab())
     fix_tokenizer(template, tokenizer)
     # added tokens grow the embeddings as resize_vocab does (LLaMA-Factory turns it on for them)
@@ -181,15 +195,17 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     counters: Counter = Counter()
     writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
     reports: list[LoadReport] = []
+    seed = int(config.training.get("seed", 42))
     train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports)
-    routed = route_validation(train_rows, val_size=config.data.val_size, seed=int(config.training.get("seed", 42)),
-                              total=_count_if_needed(config))
-    if config.data.val_size or config.data.eval_dataset:
-        writers["validation"] = SplitWriter(output_dir / "validation", fingerprint=output_dir.name + "v")
+    if config.data.streaming:
+        train_rows = shuffled_stream(train_rows, buffer_size=config.data.buffer_size, seed=seed)
+        routed = take_validation(train_rows, count=int(config.data.val_size))
+    else:
+        routed = route_validation(train_rows, val_size=config.data.val_size, seed=seed, total=_count_if_needed(config))
+    for split in eval_split_names(config):
+        writers[split] = SplitWriter(output_dir / split, fingerprint=output_dir.name + ("v" if split == VALIDATION else split))
     if config.data.eval_dataset:
-        routed = itertools.chain(((row, "train") for row, _ in routed),
-                                 ((row, "validation") for row in iter_rows(dataset_names(config.data.eval_dataset), config,
-                                                                            reports=reports)))
+        routed = itertools.chain(routed, _eval_rows(config, reports=reports))
     first_example = None
     batches = _batches_by_split(routed, config.data.preprocessing_batch_size)
     for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
@@ -214,6 +230,28 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     if template_warning:
         (output_dir / TEMPLATE_WARNING_FILE).write_text(template_warning + "\n", encoding="utf-8")
     return finish_counters(counters)
+
+
+def eval_split_names(config: StageConfig) -> list[str]:
+    """The validation splits the stage writes: `validation`, or one per evaluation dataset with
+    `eval_on_each_dataset` (none without evaluation rows)."""
+    data = config.data
+    if data.eval_dataset and data.eval_on_each_dataset:
+        return [split_name(name) for name in dataset_names(data.eval_dataset)]
+    return [VALIDATION] if data.val_size or data.eval_dataset else []
+
+
+def _eval_rows(config: StageConfig, *, reports: list[LoadReport]) -> Iterator[tuple[dict, str]]:
+    """(row, split) of the evaluation datasets: mixed into `validation`, or each into its own split."""
+    names, data = dataset_names(config.data.eval_dataset), config.data
+    if not data.eval_on_each_dataset:
+        rows = iter_rows(names, config, reports=reports)
+        if data.streaming:  # LLaMA-Factory shuffles a streamed evaluation set too, unless split per dataset
+            rows = shuffled_stream(rows, buffer_size=data.buffer_size, seed=int(config.training.get("seed", 42)))
+        yield from ((row, VALIDATION) for row in rows)
+        return
+    for name in names:
+        yield from ((row, split_name(name)) for row in iter_rows([name], config, reports=reports))
 
 
 def route_validation(rows: Iterable[dict], *, val_size: float, seed: int, total: int | None) -> Iterator[tuple[dict, str]]:

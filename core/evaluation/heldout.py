@@ -33,15 +33,25 @@ def load_for_inference(model_path: str | Path, *, adapter_path: str | Path | Non
 
 
 def validation_loss(model: PreTrainedModel, dataset_path: str | Path, *, tokenizer, batch_size: int = 8) -> dict[str, float]:
-    """Token-weighted mean loss and perplexity on the `validation` split of a tokenized dataset."""
-    import torch
+    """Token-weighted mean loss and perplexity on the `validation` split of a tokenized dataset, or
+    on each evaluation dataset's split (`eval_on_each_dataset`; metrics named `eval_<name>_*`)."""
     from datasets import load_from_disk
-    from transformers import DataCollatorForSeq2Seq
+
+    from tuneline.core.data.eval_splits import VALIDATION, dataset_metrics, per_dataset_splits
 
     splits = load_from_disk(str(dataset_path))
-    if "validation" not in splits:
-        return {}
-    rows = splits["validation"]
+    if VALIDATION in splits:
+        return _split_loss(model, splits[VALIDATION], tokenizer=tokenizer, batch_size=batch_size)
+    metrics: dict[str, float] = {}
+    for name, split in per_dataset_splits(splits).items():
+        metrics.update(dataset_metrics(_split_loss(model, splits[split], tokenizer=tokenizer, batch_size=batch_size), name))
+    return metrics
+
+
+def _split_loss(model: PreTrainedModel, rows, *, tokenizer, batch_size: int) -> dict[str, float]:
+    import torch
+    from transformers import DataCollatorForSeq2Seq
+
     collate = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
     total_loss, total_tokens = 0.0, 0
     with torch.no_grad():
@@ -118,16 +128,15 @@ def score_model(
     rows: Sequence[dict[str, Any]], max_new_tokens: int,
 ) -> Score:
     """Validation loss of a tokenized dataset plus greedy-answer F1 on the held-out `rows` (standard rows)."""
-    from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TOKENIZER_DIR
+    from tuneline.core.data.tokenization import TOKENIZER_DIR, stage_template
     from tuneline.core.models.loading import load_tokenizer
-    from tuneline.core.templates.conversation import get_template
 
     tokenizer = load_tokenizer(Path(tokenized_path) / TOKENIZER_DIR)
     model = load_for_inference(model_path, adapter_path=adapter_path)
     metrics = validation_loss(model, tokenized_path, tokenizer=tokenizer)
     predictions: list[dict[str, str]] = []
     if rows:
-        template = get_template(config.data.template or DEFAULT_TEMPLATE, tokenizer=tokenizer)
+        template = stage_template(config, tokenizer)
         answers = greedy_answers(model, tokenizer, rows, template=template, max_new_tokens=max_new_tokens)
         metrics["answer_f1"] = answer_score(answers, rows)
         predictions = [

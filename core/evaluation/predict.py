@@ -155,11 +155,24 @@ def do_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, predi
     return metrics
 
 
+def predict_set(datasets: DatasetDict) -> Dataset | None:
+    """The rows to answer: the `validation` split, or with `eval_on_each_dataset` every evaluation
+    dataset's split one after another (LLaMA-Factory 0.9.5 cannot predict on several)."""
+    from datasets import concatenate_datasets
+
+    from tuneline.core.data.eval_splits import VALIDATION, per_dataset_splits
+
+    if VALIDATION in datasets:
+        return datasets[VALIDATION]
+    splits = [datasets[split] for split in per_dataset_splits(datasets).values()]
+    return concatenate_datasets(splits) if splits else None
+
+
 def predict_after_training(trainer: Trainer, datasets: DatasetDict, *, generating: Mapping[str, Any]) -> dict[str, float]:
     """`do_predict` on the main process with the trained model; results saved as `predict_results.json`."""
     if not trainer.is_world_process_zero():
         return {}
-    metrics = do_predict(trainer.model, trainer.processing_class, datasets["validation"] if "validation" in datasets else None,
+    metrics = do_predict(trainer.model, trainer.processing_class, predict_set(datasets),
                          output_dir=trainer.args.output_dir, generating=GeneratingConfig(**generating),
                          batch_size=trainer.args.per_device_eval_batch_size)
     trainer.save_metrics("predict", metrics)

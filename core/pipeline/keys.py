@@ -161,6 +161,11 @@ def train_key(stage: TrainingStage, *, tokenized_key: str, parent_key: str, refe
     if chosen_optimizers(config.optimizer):  # the optimizer keys change nothing unless one is chosen
         relevant.update(dataclasses.asdict(config.optimizer))
     relevant.pop("model_name_or_path", None)  # the parent key stands for the starting weights
+    # the data keys the worker reads, keyed only when set, so that other stages keep their keys
+    if config.data.eval_num_beams is not None:
+        relevant["eval_num_beams"] = config.data.eval_num_beams
+    if not config.data.ignore_pad_token_for_loss:
+        relevant["ignore_pad_token_for_loss"] = False
     for key in stage.references:
         relevant.pop(key, None)  # the referenced stage's key stands for it
     missing = set(stage.references) - set(reference_keys or {})

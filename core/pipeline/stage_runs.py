@@ -41,7 +41,8 @@ DEFAULT_CHECKPOINTING = {"save_strategy": "steps", "save_steps": 50, "save_total
 # The settings a tokenized artifact's manifest records (the ones its key hashes, by name).
 _DATA_PARAMS = ("dataset", "eval_dataset", "dataset_dir", "template", "cutoff_len", "train_on_prompt", "mask_history",
                 "max_samples", "val_size", "packing", "stage", "split_special_tokens", "add_tokens", "add_special_tokens",
-                "new_special_tokens_config")
+                "new_special_tokens_config", "default_system", "tool_format", "enable_thinking", "preserve_thinking",
+                "eval_on_each_dataset")
 
 
 def with_checkpointing(training: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,6 +79,7 @@ def train_job(
         training={k: v for k, v in training.items() if k != "output_dir"},  # the job names its own
         model={**dataclasses.asdict(config.model), "model_name_or_path": start_model},
         generating=dataclasses.asdict(config.generating),
+        data=dataclasses.asdict(config.data),
         optimizer=dataclasses.asdict(config.optimizer),
         runtime=dataclasses.asdict(config.runtime),
         tracking_uri=tracking_uri,

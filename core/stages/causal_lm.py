@@ -63,7 +63,8 @@ def build_language_model_trainer(request: TrainerRequest) -> Trainer:
     model, finetuning = request.model, request.finetuning
     shared: dict[str, Any] = dict(
         model=model, args=request.args, train_dataset=request.train_dataset, eval_dataset=request.eval_dataset,
-        data_collator=build_collator(request.train_dataset, tokenizer=request.tokenizer, model=model),
+        data_collator=build_collator(request.train_dataset, tokenizer=request.tokenizer, model=model,
+                                     ignore_pad_token_for_loss=request.ignore_pad_token_for_loss),
         processing_class=request.tokenizer, callbacks=list(request.callbacks),
         optimizers=(loraplus_optimizer(model, finetuning=finetuning, args=request.args), None),
     )
@@ -84,10 +85,10 @@ def build_language_model_trainer(request: TrainerRequest) -> Trainer:
 
 
 def perplexity_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
-                       finetuning: FinetuningConfig) -> dict[str, float]:
+                       finetuning: FinetuningConfig, *, prefix: str = "eval") -> dict[str, float]:
     """The trainer's evaluation of the validation split, with the perplexity of its loss (left out for
     the loss variants, whose weighted loss is not a log-likelihood)."""
-    metrics = dict(trainer.evaluate())
+    metrics = dict(trainer.evaluate(metric_key_prefix=prefix))
     if not uses_loss_variant(finetuning):
-        metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
+        metrics[f"{prefix}_perplexity"] = perplexity(metrics[f"{prefix}_loss"])
     return metrics

@@ -114,13 +114,13 @@ def _reference_free_trainer(request: TrainerRequest) -> Trainer:
 
 
 def preference_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
-                       finetuning: FinetuningConfig) -> dict[str, float]:
+                       finetuning: FinetuningConfig, *, prefix: str = "eval") -> dict[str, float]:
     """The trainer's evaluation plus how strongly policy and reference prefer the chosen replies (`eval_pref_*`)."""
     from tuneline.core.evaluation.preference import evaluate_preference
 
-    metrics = dict(trainer.evaluate())
+    metrics = dict(trainer.evaluate(metric_key_prefix=prefix))
     found = evaluate_preference(trainer.model, validation, beta=finetuning.pref_beta, reference=getattr(trainer, "ref_model", None))
-    metrics.update({f"eval_pref_{k}": v for k, v in found.items()})
+    metrics.update({f"{prefix}_pref_{k}": v for k, v in found.items()})
     return metrics
 
 

@@ -57,13 +57,16 @@ class TrainerRequest:
     train_dataset: Dataset
     finetuning: FinetuningConfig
     args: TrainingArguments
-    eval_dataset: Dataset | None = None
+    eval_dataset: Dataset | Mapping[str, Dataset] | None = None
+    """The validation split, or {dataset name: split} with `eval_on_each_dataset`."""
     model_config: ModelConfig = field(default_factory=ModelConfig)
     callbacks: Sequence[TrainerCallback] = ()
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """The memory-saving optimizer asked for (GaLore, APOLLO, BAdam, Adam-mini, Muon), if any."""
     model_max_length: int | None = None
     """As in `ModelRequest`: what a reference model loaded beside the policy is scaled to."""
+    ignore_pad_token_for_loss: bool = True
+    """False: labels are padded with the pad token, which then trains (LLaMA-Factory's sft collator)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,9 @@ class StageKind:
     """Settings this kind cannot train with, one line each, found when the config is read."""
     load_model: Callable[[ModelRequest], PreTrainedModel] | None = None
     build_trainer: Callable[[TrainerRequest], Trainer] | None = None
-    held_out_metrics: Callable[[Trainer, PreTrainedTokenizerBase, Dataset, FinetuningConfig], dict[str, float]] | None = None
+    held_out_metrics: Callable[..., dict[str, float]] | None = None
+    """`(trainer, tokenizer, validation, finetuning, *, prefix="eval")`: the trainer's evaluation of
+    `validation` and the kind's own measures of it, named `<prefix>_*`."""
     train_loop: Callable[[LoopRequest], dict[str, float]] | None = None
 
     def __post_init__(self) -> None:

@@ -58,8 +58,8 @@ def _config_problems(config: StageConfig) -> list[str]:
 
 
 def _trainer_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
-                     finetuning: FinetuningConfig) -> dict[str, float]:
-    return dict(trainer.evaluate())
+                     finetuning: FinetuningConfig, *, prefix: str = "eval") -> dict[str, float]:
+    return dict(trainer.evaluate(metric_key_prefix=prefix))
 
 
 KTO = StageKind(

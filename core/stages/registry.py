@@ -10,11 +10,13 @@ Adding a kind is one module under `core/stages/` and one entry in `KINDS`
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import StageConfig, parse_overrides, read_stage_config, read_yaml, trains
+from tuneline.core.data.tokenization import dataset_names
 from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.models.loading import method_problems
 from tuneline.core.stages.dpo import DPO
@@ -24,6 +26,8 @@ from tuneline.core.stages.ppo.stage import PPO
 from tuneline.core.stages.pt import PT
 from tuneline.core.stages.rm import RM
 from tuneline.core.stages.sft import LOSS_VARIANTS, SFT
+from tuneline.core.templates.catalog import AUTO
+from tuneline.core.templates.options import template_key_problems
 from tuneline.core.training.optimizers.rules import optimizer_problems
 
 KINDS: dict[str, StageKind] = {kind.name: kind for kind in (PT, SFT, RM, DPO, KTO, PPO)}
@@ -63,6 +67,7 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
         problems.extend(optimizer_problems(config))
         problems.extend(predict_problems(config, kind))
         problems.extend(stage_option_problems(config, kind))
+        problems.extend(data_key_problems(config, kind))
         problems.extend(training_loop_problems(config, kind))
         problems.extend(kind.config_problems(config))
     if problems:
@@ -111,6 +116,28 @@ def stage_option_problems(config: StageConfig, kind: StageKind) -> list[str]:
     if config.training.get("load_best_model_at_end") and (kind.train_loop is not None or kind.output == "reward_model"):
         problems.append(f"'load_best_model_at_end: true' is not supported by stage '{kind.name}' (LLaMA-Factory refuses it "
                         "for rm and ppo too); remove it.")
+    return problems
+
+
+def data_key_problems(config: StageConfig, kind: StageKind) -> list[str]:
+    """The template keys that cannot apply, and evaluation keys asked of data or stages they do not fit."""
+    data = config.data
+    problems = template_key_problems(data.template, tool_format=data.tool_format, enable_thinking=data.enable_thinking,
+                                     preserve_thinking=data.preserve_thinking, auto=data.template == AUTO)
+    if data.eval_num_beams is not None and data.eval_num_beams < 1:
+        problems.append(f"'eval_num_beams' must be at least 1, got {data.eval_num_beams}.")
+    if not data.ignore_pad_token_for_loss and kind is not SFT:
+        problems.append(f"'ignore_pad_token_for_loss: false' trains the padding of sft's labels; stage '{kind.name}' pads "
+                        "its own way here (LLaMA-Factory also reads it for dpo and kto), so remove the key.")
+    if data.eval_on_each_dataset and data.eval_dataset:
+        if kind.train_loop is not None:
+            problems.append(f"'eval_on_each_dataset: true' names the trainer's metrics per dataset; stage '{kind.name}' "
+                            "runs its own loop and scores all held-out rows together; remove the key.")
+        odd = [name for name in dataset_names(data.eval_dataset) if not re.fullmatch(r"[\w.-]+", name)]
+        if odd:
+            problems.append(f"'eval_on_each_dataset: true' names a split and metrics after each dataset of 'eval_dataset', "
+                            f"and {', '.join(map(repr, odd))} holds other characters than letters, digits, '_', '.' and "
+                            "'-'; rename the entry in dataset_info.json.")
     return problems
 
 

@@ -68,12 +68,12 @@ def load_reward_base(request: ModelRequest) -> PreTrainedModel:
 
 
 def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
-                   finetuning: FinetuningConfig) -> dict[str, float]:
+                   finetuning: FinetuningConfig, *, prefix: str = "eval") -> dict[str, float]:
     """The trainer's evaluation plus pair accuracy and margin on the validation pairs (`eval_rm_*`)."""
     from tuneline.core.evaluation.reward import evaluate_reward_model
 
-    metrics = dict(trainer.evaluate())
-    metrics.update({f"eval_rm_{k}": v for k, v in evaluate_reward_model(trainer.model, tokenizer, validation).items()})
+    metrics = dict(trainer.evaluate(metric_key_prefix=prefix))
+    metrics.update({f"{prefix}_rm_{k}": v for k, v in evaluate_reward_model(trainer.model, tokenizer, validation).items()})
     return metrics
 
 

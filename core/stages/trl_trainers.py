@@ -21,11 +21,15 @@ def trl_trainer(trainer_class: Any, request: TrainerRequest, *, config: Training
     from tuneline.core.training.optimizers import use_stage_optimizer
 
     eval_dataset = request.eval_dataset
+    if isinstance(eval_dataset, dict):  # eval_on_each_dataset
+        eval_dataset = {name: convert(dataset) for name, dataset in eval_dataset.items()}
+    elif eval_dataset is not None:
+        eval_dataset = convert(eval_dataset)
     trainer = trainer_class(
         model=request.model,
         args=config,
         train_dataset=convert(request.train_dataset),
-        eval_dataset=convert(eval_dataset) if eval_dataset is not None else None,
+        eval_dataset=eval_dataset,
         processing_class=request.tokenizer,
         callbacks=list(request.callbacks),
         optimizers=(loraplus_optimizer(request.model, finetuning=request.finetuning, args=config), None),

@@ -202,7 +202,7 @@ def auto_message_pieces(
     """Token ids of each message as the tokenizer's chat template renders the conversation."""
     tool_list = _tool_list(tools)
     render = _renderer(tokenizer, template.chat_template or "", tools=tool_list)
-    chat = chat_messages(messages, system)
+    chat = chat_messages(messages, system or template.default_system or None)
     first = len(chat) - len(messages)
     prompt = ends_with_prompt(messages)
     text = render(chat, add_generation_prompt=prompt)
@@ -235,4 +235,4 @@ def auto_text(
 ) -> str:
     """The text the tokenizer's chat template renders for the conversation."""
     render = _renderer(tokenizer, template.chat_template or "", tools=_tool_list(tools))
-    return render(chat_messages(messages, system), add_generation_prompt=messages[-1]["role"] in SOURCE_ROLES)
+    return render(chat_messages(messages, system or template.default_system or None), add_generation_prompt=messages[-1]["role"] in SOURCE_ROLES)

@@ -154,13 +154,14 @@ class Conversation:
 
 
 def turn_pieces(
-    template: Template, tokenizer: PreTrainedTokenizerBase, conversation: Conversation, *, oneturn: bool = False
+    template: Template, tokenizer: PreTrainedTokenizerBase, conversation: Conversation, *, oneturn: bool = False,
+    mask_history: bool = False,
 ) -> list[list[str | int]]:
     """The pieces of each message of the conversation (see `message_pieces`); `pair_turns` of their
     encoding is `encode_turns`. `oneturn` writes them with LLaMA-Factory's one-turn rules, as
-    `encode_oneturn` encodes them."""
+    `encode_oneturn` encodes them; `mask_history` with its thought rules for last-turn training."""
     return message_pieces(template, tokenizer, messages=conversation.messages(), system=conversation.system,
-                          tools=conversation.tools, oneturn=oneturn)
+                          tools=conversation.tools, oneturn=oneturn, mask_history=mask_history)
 
 
 def pair_turns(encoded: list[list[int]]) -> list[tuple[list[int], list[int]]]:
@@ -169,11 +170,11 @@ def pair_turns(encoded: list[list[int]]) -> list[tuple[list[int], list[int]]]:
 
 
 def encode_turns(
-    template: Template, tokenizer: PreTrainedTokenizerBase, conversation: Conversation
+    template: Template, tokenizer: PreTrainedTokenizerBase, conversation: Conversation, *, mask_history: bool = False
 ) -> list[tuple[list[int], list[int]]]:
     """(source_ids, target_ids) for each turn of the conversation (LLaMA-Factory's
     `encode_multiturn`): the prefix and system text open the first source."""
-    return pair_turns(encode_pieces(tokenizer, turn_pieces(template, tokenizer, conversation)))
+    return pair_turns(encode_pieces(tokenizer, turn_pieces(template, tokenizer, conversation, mask_history=mask_history)))
 
 
 def encode_oneturn(

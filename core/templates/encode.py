@@ -84,6 +84,7 @@ def message_pieces(
     system: str | None,
     tools: str | None = None,
     oneturn: bool = False,
+    mask_history: bool = False,
 ) -> list[list[str | int]]:
     """For each message, the pieces to encode in order: texts and token ids.
 
@@ -91,13 +92,14 @@ def message_pieces(
     concatenated per message they give exactly `encode_turns`'s ids. Consecutive texts are joined
     where that cannot change the ids (the second starts with an added token); two texts still
     side by side must be encoded apart, as LLaMA-Factory encodes each slot element on its own.
-    `oneturn` applies LLaMA-Factory's one-turn rules (pairwise data; prompts always use them).
+    `oneturn` applies LLaMA-Factory's one-turn rules (pairwise data; prompts always use them);
+    `mask_history` its thought rules for data that trains the last turn only.
     With `template: auto` every piece is a token id of the tokenizer's own rendering.
     """
     check_roles(messages)
     if template.chat_template is not None:
         return list(auto_message_pieces(template, tokenizer, messages=messages, system=system, tools=tools))
-    formatted = format_messages(template, messages, system=system, tools=tools, oneturn=oneturn)
+    formatted = format_messages(template, messages, system=system, tools=tools, oneturn=oneturn, mask_history=mask_history)
     starts = merge_starts(tokenizer)
     return [_resolve(pieces, tokenizer, template, starts) for pieces in formatted]
 

@@ -77,34 +77,44 @@ def _split_thought(template: Template, content: str) -> tuple[str, str]:
     return (found.group(0), content.replace(found.group(0), "")) if found else ("", content)
 
 
-def _reasoning_contents(template: Template, messages: Sequence[Message], *, oneturn: bool) -> list[str]:
+def _reasoning_contents(template: Template, messages: Sequence[Message], *, oneturn: bool,
+                        mask_history: bool) -> list[str]:
     """Message contents with thoughts dropped where LLaMA-Factory drops them.
 
-    Multi-turn (training): every thought is kept, or all dropped without `enable_thinking`.
-    One-turn (a prompt, or pairwise data): thoughts of earlier replies are dropped, and the last
-    reply's too without `enable_thinking`.
+    Multi-turn (training): every thought is dropped with `enable_thinking: false`; with
+    `mask_history` (and without `preserve_thinking`) those of the earlier replies too.
+    One-turn (a prompt, or pairwise data): the earlier replies' thoughts are dropped unless
+    `preserve_thinking`, the last reply's with `enable_thinking: false`.
     """
     contents = [message["content"] for message in messages]
     last = len(messages) - 1 if not ends_with_prompt(messages) else len(messages)
+    without_thinking = template.enable_thinking is False
+    history_dropped = (oneturn or mask_history) and not template.preserve_thinking
     for i in range(1, len(messages), 2):
-        earlier = oneturn and i < last
-        if earlier or not template.enable_thinking:
+        earlier = i < last
+        if oneturn:
+            drop = history_dropped if earlier else without_thinking
+        else:
+            drop = without_thinking or (earlier and history_dropped)
+        if drop:
             contents[i] = remove_thought(template, contents[i])
     return contents
 
 
 def _add_empty_thoughts(
-    template: Template, formatted: list[list[Piece]], contents: Sequence[str], *, oneturn: bool
+    template: Template, formatted: list[list[Piece]], contents: Sequence[str], *, oneturn: bool, mask_history: bool
 ) -> None:
     """Give each reply without a thought an empty one: in front of the reply when it is trained
-    (`enable_thinking`), else at the end of the prompt before it. One-turn: the last reply only;
-    a prompt's reply is the one still to come, so the prompt gets it without `enable_thinking`."""
+    (`enable_thinking: true`), else at the end of the prompt before it. One-turn, and multi-turn
+    with `mask_history` unless `preserve_thinking`: the last reply only; a prompt's reply is the
+    one still to come, so the prompt gets it unless `enable_thinking` is true."""
     thought = empty_thought(template)
     if len(formatted) % 2 == 1:
         if not template.enable_thinking:
             formatted[-1].append(thought)
         return
-    for i in range(len(formatted) - 1 if oneturn else 1, len(formatted), 2):
+    last_only = oneturn or (mask_history and not template.preserve_thinking)
+    for i in range(len(formatted) - 1 if last_only else 1, len(formatted), 2):
         if has_thought(template, contents[i]):
             continue
         if template.enable_thinking:
@@ -132,14 +142,17 @@ def format_messages(
     system: str | None,
     tools: str | None,
     oneturn: bool = False,
+    mask_history: bool = False,
 ) -> list[list[Piece]]:
     """One list of pieces per message; prefix and system go in front of (or into) the first one.
 
     A conversation ending with a user/observation message is a prompt: it is written with
-    LLaMA-Factory's one-turn rules, as for generation.
+    LLaMA-Factory's one-turn rules, as for generation. `mask_history` (only the last turn trains)
+    changes which thoughts a reasoning template keeps, as in LLaMA-Factory.
     """
     oneturn = oneturn or ends_with_prompt(messages)
-    contents = _reasoning_contents(template, messages, oneturn=oneturn) if template.reasoning else None
+    contents = (_reasoning_contents(template, messages, oneturn=oneturn, mask_history=mask_history)
+                if template.reasoning else None)
     prefix_system = system_text(template, system, tools)
     formatted: list[list[Piece]] = []
     for i, message in enumerate(messages):
@@ -159,5 +172,5 @@ def format_messages(
             pieces += _target_slot(template, message, content)
         formatted.append(pieces)
     if contents is not None:
-        _add_empty_thoughts(template, formatted, contents, oneturn=oneturn)
+        _add_empty_thoughts(template, formatted, contents, oneturn=oneturn, mask_history=mask_history)
     return formatted

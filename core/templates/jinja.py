@@ -76,7 +76,8 @@ def _source_branch(template: Template, tokenizer: PreTrainedTokenizerBase, slot:
     parts = ["{% if loop.last and not add_generation_prompt %}{{ " + open_ + " }}{% else %}{{ " + full + " }}"]
     if template.reasoning and not template.enable_thinking:
         thought = _literal(empty_thought(template))
-        next_lacks = "lacks_thought(strip_thought(loop.nextitem['content']))"
+        reply = "loop.nextitem['content']"
+        next_lacks = f"lacks_thought({f'strip_thought({reply})' if template.enable_thinking is False else reply})"
         parts.append("{% if loop.last or (not prompt_mode and " + next_lacks + ") %}"
                      "{{ " + thought + " }}{% endif %}")
     parts.append("{% endif %}")
@@ -84,12 +85,20 @@ def _source_branch(template: Template, tokenizer: PreTrainedTokenizerBase, slot:
 
 
 def _assistant_branch(template: Template, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """An assistant message; a reasoning template drops or adds its thought as `render_text` does:
+    a prompt's earlier replies lose theirs unless `preserve_thinking`; a conversation's replies lose
+    theirs with `enable_thinking: false`, or get the empty one with `enable_thinking: true`."""
     parts = []
     if template.reasoning:
-        thought = _literal(empty_thought(template))
-        parts.append("{% if prompt_mode or not " + repr(template.enable_thinking) + " %}"
-                     "{% set content = strip_thought(content) %}"
-                     "{% elif lacks_thought(content) %}{{ " + thought + " }}{% endif %}")
+        strip = "{% set content = strip_thought(content) %}"
+        if template.enable_thinking is False:
+            in_conversation = strip
+        elif template.enable_thinking:
+            in_conversation = "{% if lacks_thought(content) %}{{ " + _literal(empty_thought(template)) + " }}{% endif %}"
+        else:
+            in_conversation = ""
+        in_prompt = "" if template.preserve_thinking else strip
+        parts.append("{% if prompt_mode %}" + in_prompt + "{% else %}" + in_conversation + "{% endif %}")
     return parts + ["{{ " + _expr(template.format_assistant, tokenizer) + " }}"]
 
 

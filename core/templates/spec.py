@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from tuneline.core.errors import ConfigError
 
@@ -37,7 +37,10 @@ ROLE = "{role}"
 
 Piece = str | Special | Token
 Slot = tuple[Piece, ...]
-ToolFormat = Literal["default", "qwen", "mistral", "glm4", "llama3", "seed_oss"]
+ToolFormat = Literal["default", "gemma4", "glm4", "glm4_moe", "lfm2", "ling", "llama3", "minimax1", "minimax2", "mistral",
+                     "qwen", "qwen3_5", "seed_oss"]
+TOOL_FORMATS: tuple[str, ...] = get_args(ToolFormat)
+"""LLaMA-Factory 0.9.5's tool formats, the values `tool_format` takes."""
 DEFAULT_THOUGHT_WORDS = ("<think>\n", "\n</think>\n\n")
 
 
@@ -77,9 +80,13 @@ class Template:
     reasoning: bool = False
     """LLaMA-Factory's ReasoningTemplate: a reply without a thought gets an empty one
     (`thought_words` joined), trained with `enable_thinking`, else written into the prompt."""
-    enable_thinking: bool = True
-    """For reasoning templates: keep thoughts and train the empty ones; False drops every
-    thought from the replies and writes the empty thought after each prompt instead."""
+    enable_thinking: bool | None = True
+    """For reasoning templates: True keeps thoughts and trains the empty ones; False drops every
+    thought from the replies and writes the empty thought after each prompt instead (untrained);
+    None keeps the thoughts there are and writes the empty ones after the prompt, as False does."""
+    preserve_thinking: bool = False
+    """For reasoning templates: keep the thoughts of earlier replies where LLaMA-Factory drops them
+    (one-turn encoding: prompts and pairwise data; multi-turn with `mask_history`)."""
     thought_words: tuple[str, str] = DEFAULT_THOUGHT_WORDS
     """What opens and closes a thought. A tool call's leading thought is kept in front of it."""
     generation_prefix: str = ""

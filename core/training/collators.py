@@ -122,10 +122,12 @@ class PackedCollator:
         return {**batch, "attention_mask": block_causal_mask(batch["attention_mask"], dtype=dtype)}
 
 
-def build_collator(train_dataset, *, tokenizer, model):
-    """Packed datasets (they carry position_ids) keep their examples apart; others pad per batch."""
+def build_collator(train_dataset, *, tokenizer, model, ignore_pad_token_for_loss: bool = True):
+    """Packed datasets (they carry position_ids) keep their examples apart; others pad per batch,
+    the labels with -100, or with the pad token when padding trains (`ignore_pad_token_for_loss: false`)."""
     from transformers import DataCollatorForSeq2Seq
 
     if "position_ids" in train_dataset.column_names:
         return PackedCollator(tokenizer.pad_token_id, attn_implementation=model.config._attn_implementation)
-    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    label_pad = IGNORE_INDEX if ignore_pad_token_for_loss else tokenizer.pad_token_id
+    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=label_pad)

@@ -40,6 +40,7 @@ class TrainJob:
     training: dict[str, Any]
     model: dict[str, Any] = field(default_factory=dict)
     generating: dict[str, Any] = field(default_factory=dict)  # GeneratingConfig for do_predict
+    data: dict[str, Any] = field(default_factory=dict)  # DataConfig: the worker reads eval_num_beams, ignore_pad_token_for_loss
     optimizer: dict[str, Any] = field(default_factory=dict)  # OptimizerConfig: GaLore, APOLLO, BAdam, Adam-mini, Muon
     runtime: dict[str, Any] = field(default_factory=dict)  # RuntimeConfig: the profiler keys
     tracking_uri: str | None = None

@@ -10,7 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, RuntimeConfig, trains
+from tuneline.core.config import DataConfig, FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, RuntimeConfig, trains
+from tuneline.core.data.eval_splits import VALIDATION, per_dataset_splits
 from tuneline.core.models.vocabulary import NewTokens
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
 from tuneline.core.stages.registry import stage_kind
@@ -58,6 +59,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     from tuneline.core.training.profiler import profiler_callbacks
 
     optimizer = OptimizerConfig(**job.optimizer)
+    data = DataConfig(**job.data)
     model = kind.load_model(ModelRequest(model_path=job.model_path, tokenizer=tokenizer, finetuning=finetuning,
                                          model_config=model_config, training=job.training, optimizer=optimizer,
                                          model_max_length=job.model_max_length, new_tokens=new_tokens))
@@ -68,9 +70,10 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                                      run_id=job.run_id)]
     trainer = kind.build_trainer(TrainerRequest(
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
-        eval_dataset=datasets["validation"] if "validation" in datasets else None,
+        eval_dataset=eval_datasets(datasets),
         finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks,
-        optimizer=optimizer, model_max_length=job.model_max_length))
+        optimizer=optimizer, model_max_length=job.model_max_length,
+        ignore_pad_token_for_loss=data.ignore_pad_token_for_loss))
     LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)
@@ -82,13 +85,13 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     if finetuning.include_effective_tokens_per_second:
         metrics["effective_tokens_per_sec"] = effective_tokens_per_second(datasets["train"], metrics, world_size=args.world_size)
     results = {"train": dict(metrics)}
-    if "validation" in datasets:
-        results["eval"] = kind.held_out_metrics(trainer, tokenizer, datasets["validation"], finetuning)
+    if eval_datasets(datasets) is not None:
+        results["eval"] = held_out_results(kind, trainer, tokenizer, datasets, finetuning)
         metrics.update(results["eval"])
     if args.do_predict:
         from tuneline.core.evaluation.predict import predict_after_training
 
-        metrics.update(predict_after_training(trainer, datasets, generating=job.generating))
+        metrics.update(predict_after_training(trainer, datasets, generating=prediction_generating(job.generating, data)))
     for split, values in results.items() if main else ():
         save_results(job.output_dir, split, values)
     finish_outputs(job, main=main)
@@ -103,7 +106,7 @@ def run_prediction(job: TrainJob, args) -> dict[str, float]:
     from transformers import set_seed
 
     from tuneline.core.data.tokenization import TOKENIZER_DIR
-    from tuneline.core.evaluation.predict import do_predict
+    from tuneline.core.evaluation.predict import do_predict, predict_set
     from tuneline.core.models.adapters import adapter_paths, load_adapter
     from tuneline.core.models.loading import load_model, load_tokenizer
 
@@ -121,10 +124,41 @@ def run_prediction(job: TrainJob, args) -> dict[str, float]:
             model = model.merge_and_unload()
     if not quantized:
         model = model.to(args.device)
-    metrics = do_predict(model, tokenizer, datasets["validation"] if "validation" in datasets else None,
-                         output_dir=job.output_dir, generating=GeneratingConfig(**job.generating),
+    metrics = do_predict(model, tokenizer, predict_set(datasets), output_dir=job.output_dir,
+                         generating=GeneratingConfig(**prediction_generating(job.generating, DataConfig(**job.data))),
                          batch_size=args.per_device_eval_batch_size)
     save_results(job.output_dir, "predict", metrics)
+    return metrics
+
+
+def prediction_generating(generating: dict, data: DataConfig) -> dict:
+    """The generation settings of `predict_with_generate`: `eval_num_beams`, when set, is its
+    number of beams (LLaMA-Factory's `generation_num_beams`)."""
+    return {**generating, "num_beams": data.eval_num_beams} if data.eval_num_beams else generating
+
+
+def eval_datasets(datasets):
+    """What the trainer evaluates: the `validation` split, or {dataset name: split} with
+    `eval_on_each_dataset` (the Trainer then names each one's metrics `eval_<name>_*`), or None."""
+    if VALIDATION in datasets:
+        return datasets[VALIDATION]
+    splits = per_dataset_splits(datasets)
+    return {name: datasets[split] for name, split in splits.items()} or None
+
+
+def held_out_results(kind: StageKind, trainer, tokenizer, datasets, finetuning: FinetuningConfig) -> dict[str, float]:
+    """The kind's held-out metrics: of `validation`, or of each evaluation dataset, named
+    `eval_<name>_*` as the Trainer names a mapping's metrics (its own evaluation included)."""
+    if VALIDATION in datasets:
+        return kind.held_out_metrics(trainer, tokenizer, datasets[VALIDATION], finetuning)
+    prepared = trainer.eval_dataset  # as the trainer prepared each dataset (TRL's trainers tokenize theirs)
+    metrics: dict[str, float] = {}
+    try:
+        for name, split in per_dataset_splits(datasets).items():
+            trainer.eval_dataset = prepared[name]
+            metrics.update(kind.held_out_metrics(trainer, tokenizer, datasets[split], finetuning, prefix=f"eval_{name}"))
+    finally:
+        trainer.eval_dataset = prepared
     return metrics
 
 

@@ -36,12 +36,24 @@ CONVERSATION = [
     {"role": "user", "content": "Tell me a joke."},
     {"role": "assistant", "content": "Why did the chicken cross the road?"},
 ]
-THINKING_OFF = [dataclasses.replace(t, enable_thinking=False) for t in TEMPLATES.values() if t.reasoning]
-ALL = [*TEMPLATES.values(), *THINKING_OFF]
+THINKING_VARIANTS = [dataclasses.replace(t, **keys) for t in TEMPLATES.values() if t.reasoning
+                     for keys in ({"enable_thinking": False}, {"enable_thinking": None},
+                                  {"enable_thinking": False, "preserve_thinking": True})]
+ALL = [*TEMPLATES.values(), *THINKING_VARIANTS]
 
 
 def _id(template) -> str:
-    return template.name + ("" if template.enable_thinking else "-nothinking")
+    thinking = {True: "", False: "-nothinking", None: "-thinking_none"}[template.enable_thinking]
+    return template.name + thinking + ("-preserve" if template.preserve_thinking else "")
+
+
+def _thinking(template, conversation):
+    """The conversation with a thought in front of the first reply, for reasoning templates."""
+    if not template.reasoning:
+        return conversation
+    first = {**conversation[1], "content": template.thought_words[0] + "Greet." + template.thought_words[1]
+             + conversation[1]["content"]}
+    return [conversation[0], first, *conversation[2:]]
 
 
 @pytest.fixture(scope="module")
@@ -82,18 +94,22 @@ def test_template_problems_are_reported_together():
 @pytest.mark.parametrize("template", ALL, ids=_id)
 @pytest.mark.parametrize("system", [None, "Be brief."])
 def test_every_template_renders_and_exports_the_same_text(gpt2, template, system):
-    text = render_text(template, gpt2, messages=CONVERSATION, system=system)
-    assert all(m["content"] in text for m in CONVERSATION)
-    pairs = encode_turns(template, gpt2, Conversation(prompt=CONVERSATION[:-1], response=CONVERSATION[-1:], system=system))
+    conversation = _thinking(template, CONVERSATION)
+    text = render_text(template, gpt2, messages=conversation, system=system)
+    assert all(m["content"].split(template.thought_words[1])[-1] in text for m in conversation)
+    pairs = encode_turns(template, gpt2, Conversation(prompt=conversation[:-1], response=conversation[-1:], system=system))
     assert gpt2.decode(_ids(pairs)) == text  # byte-level BPE: the ids spell out exactly the text
-    prompt_text = render_text(template, gpt2, messages=CONVERSATION[:-1], system=system)
-    assert gpt2.decode(encode_prompt(template, gpt2, Conversation(prompt=CONVERSATION[:-1], system=system))) == prompt_text
+    prompt_text = render_text(template, gpt2, messages=conversation[:-1], system=system)
+    assert gpt2.decode(encode_prompt(template, gpt2, Conversation(prompt=conversation[:-1], system=system))) == prompt_text
 
     jinja = chat_template_jinja(template, gpt2)
-    chat = ([{"role": "system", "content": system}] if system else []) + CONVERSATION
+    chat = ([{"role": "system", "content": system}] if system else []) + conversation
     assert gpt2.apply_chat_template(chat, chat_template=jinja, tokenize=False) == text
     prompt = gpt2.apply_chat_template(chat[:-1], chat_template=jinja, tokenize=False, add_generation_prompt=True)
     assert prompt == prompt_text
+    if template.reasoning:  # the first reply's thought: kept where LLaMA-Factory keeps it
+        assert ("Greet." in text) is (template.enable_thinking is not False)
+        assert ("Greet." in prompt_text) is template.preserve_thinking
 
 
 # ---------------------------------------------------------------- vendor formats (LLaMA-Factory's slots)

@@ -22,8 +22,12 @@ _STAGES = {"sft": "sft", "rm": "rm", "pt": "pt"}
 @pytest.fixture(scope="module")
 def prepared(shared_dir: Path):
     """`prepared(config, tokenizer_name)`: the tokenizer and template as the tokenize stage
-    prepares them, once per (tokenizer, template) pair of the module."""
-    from tuneline.core.data.tokenization import prepare_tokenizer
+    prepares them. The tokenizer is prepared once per tokenizer and template of the module (the
+    template keys change no token the tokenizer is fixed for); the keys are then applied to the
+    template as the stage applies them."""
+    import dataclasses
+
+    from tuneline.core.data.tokenization import prepare_tokenizer, stage_template
 
     cache: dict[tuple[str, str], tuple] = {}
 
@@ -32,9 +36,13 @@ def prepared(shared_dir: Path):
         pair = (tokenizer_name, config.data.template, model.split_special_tokens, model.add_tokens, model.add_special_tokens,
                 model.new_special_tokens_config)
         if pair not in cache:
-            tokenizer, template, _, _ = prepare_tokenizer(config, shared_dir / "tokenizers" / tokenizer_name)
+            named = dataclasses.replace(config.data, default_system=None, tool_format=None, enable_thinking=True,
+                                        preserve_thinking=False)
+            tokenizer, template, _, _ = prepare_tokenizer(dataclasses.replace(config, data=named),
+                                                       shared_dir / "tokenizers" / tokenizer_name)
             cache[pair] = (tokenizer, template)
-        return cache[pair]
+        tokenizer, template = cache[pair]
+        return tokenizer, stage_template(config, tokenizer, named=template)
 
     return _prepared
 
@@ -111,3 +119,14 @@ def test_added_tokens_and_split_special_tokens_as_llamafactory_reads_them(shared
     eos_id = 2
     assert [example["input_ids"].count(eos_id) for example in whole["examples"]] == [3, 3]  # two in the text, one closing
     assert [example["input_ids"].count(eos_id) for example in split["examples"]] == [1, 1]  # the closing eos only
+
+
+def test_the_tokenize_stage_applies_the_template_keys_itself(shared_dir: Path, tmp_path: Path):
+    """One golden file through `prepare_tokenizer` with its keys, as the tokenize stage runs it."""
+    from tuneline.core.data.tokenization import prepare_tokenizer
+
+    golden = json.loads((GOLDEN_DIR / "qwen2.5__qwen3__sft_thinking_false.json").read_text(encoding="utf-8"))
+    assert golden["arguments"]["enable_thinking"] is False
+    examples = _encode(golden, lambda config, name: prepare_tokenizer(config, shared_dir / "tokenizers" / name)[:2], tmp_path, shared_dir)
+    assert [{column: example[column] for column in theirs} for example, theirs in zip(examples, golden["examples"])] == \
+        golden["examples"]
