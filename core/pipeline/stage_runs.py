@@ -110,9 +110,11 @@ def cached_tokenized_data(
     tokenizer_key: str,
     fingerprints: Mapping[str, str] | None = None,
     on_damaged: Callable[[Damage], None] | None = None,
+    on_hit: Callable[[Artifact], None] | None = None,
 ) -> Artifact:
     """The stage's tokenized data in the artifact store `store`, tokenized unless it is there
-    sound; the same key, work and manifest as the pipeline's tokenize stage, without MLflow."""
+    sound (then passed to `on_hit`); the same key, work and manifest as the pipeline's tokenize
+    stage, without MLflow."""
     key, inputs = tokenize_key(stage, tokenizer_key=tokenizer_key, fingerprints=fingerprints)
 
     def compute(damage: Damage | None) -> Artifact:
@@ -122,8 +124,12 @@ def cached_tokenized_data(
         assert artifact is not None  # just written, under the lock
         return artifact
 
-    return serve_or_compute(store, TOKENIZED_KIND, key, serve=lambda artifact: artifact, compute=compute,
-                            on_damaged=on_damaged)
+    def serve(artifact: Artifact) -> Artifact:
+        if on_hit is not None:
+            on_hit(artifact)
+        return artifact
+
+    return serve_or_compute(store, TOKENIZED_KIND, key, serve=serve, compute=compute, on_damaged=on_damaged)
 
 
 # -- merge and export --------------------------------------------------------------------------
