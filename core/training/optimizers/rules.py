@@ -19,6 +19,8 @@ from tuneline.core.training.distributed import deepspeed_settings, deepspeed_zer
 GALORE_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adafactor")
 APOLLO_OPTIMS = ("adamw_torch", "adamw_torch_fused")
 DEFAULT_OPTIM = "adamw_torch_fused"  # transformers' default `optim`
+NEVER_SWITCH = -1
+"""`badam_switch_interval` that keeps BAdam's first block for the whole run."""
 
 
 def chosen_optimizers(optimizer: OptimizerConfig) -> list[str]:
@@ -100,6 +102,10 @@ def _badam_problems(optimizer: OptimizerConfig) -> list[str]:
         problems.append("'badam_switch_mode' must be ascending, descending, random or fixed for 'badam_mode: layer'.")
     if optimizer.badam_mode == "layer" and (optimizer.badam_start_block or 0) < 0:
         problems.append(f"'badam_start_block: {optimizer.badam_start_block}' must be a layer index, 0 or more.")
+    interval = optimizer.badam_switch_interval
+    if optimizer.badam_mode == "layer" and not (interval == NEVER_SWITCH or (interval is not None and interval > 0)):
+        problems.append(f"'badam_switch_interval: {interval}' must be a positive number of steps, or {NEVER_SWITCH} to "
+                        "train the first block throughout.")
     return problems
 
 

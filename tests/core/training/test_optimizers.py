@@ -176,6 +176,17 @@ def test_badam_layer_mode_trains_one_decoder_layer_at_a_time(tiny_base, tokenize
     assert moved(before, after) == {name for name in before if name.startswith(LAYER)}
 
 
+
+@pytest.mark.slow
+def test_badam_switch_interval_minus_one_keeps_the_first_block_and_its_adam_state(tiny_base, tokenized, tmp_path):
+    # badam switches when (step + 1) % interval == 0, which -1 makes true at every step
+    trainer, before, _, after, loss_before, loss_after = train(
+        tiny_base, tokenized, tmp_path, steps=3, use_badam=True, badam_switch_interval=-1, badam_start_block=1)
+    assert loss_after < loss_before
+    assert moved(before, after) == {name for name in before if name.startswith(f"{LAYER}1.")}
+    states = trainer.optimizer.optimizer.base_optimizer.state.values()
+    assert states and {int(state["step"]) for state in states} == {3}  # one block's Adam state, never reset
+
 @pytest.mark.slow
 def test_badam_ratio_mode_updates_the_chosen_share_of_each_layer_matrix(tiny_base, tokenized, tmp_path):
     from badam import BlockOptimizerRatio
@@ -372,6 +383,11 @@ def test_bad_values_and_ppo_are_named():
     assert "stage ppo trains in a loop of its own" in problems(stage="ppo", use_adam_mini=True, reward_model="rm")
     message = problems(use_badam=True, badam_start_block=-1, badam_switch_mode=None)
     assert "'badam_start_block: -1' must be a layer index" in message and "'badam_switch_mode' must be" in message
+    for interval in (0, -2, None):
+        assert f"'badam_switch_interval: {interval}' must be a positive number of steps, or -1" in problems(
+            use_badam=True, badam_switch_interval=interval)
+    never = build_stage_config({"stage": "sft", "finetuning_type": "full", "use_badam": True, "badam_switch_interval": -1})
+    assert never.optimizer.badam_switch_interval == -1
 
 
 def test_the_optimizer_keys_are_read_without_error_when_alone():
