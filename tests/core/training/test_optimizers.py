@@ -390,6 +390,28 @@ def test_bad_values_and_ppo_are_named():
     assert never.optimizer.badam_switch_interval == -1
 
 
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_galore_with_an_8bit_optim_is_refused_up_front_where_its_step_would_fail():
+    for optim in ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit"):
+        message = problems(use_galore=True, optim=optim, galore_layerwise=optim == "adamw_8bit")
+        assert (f"'use_galore: true' with 'optim: {optim}' steps with galore-torch's 8-bit AdamW, which runs only on a "
+                "CUDA GPU, and this machine has none; set 'optim: adamw_torch'") in message
+    # why: galore-torch's 8-bit step synchronises CUDA; bitsandbytes' own 8-bit AdamW steps on the CPU
+    import bitsandbytes
+    import galore_torch
+
+    projected, plain = (torch.nn.Parameter(torch.randn(64, 64)) for _ in range(2))
+    projected.grad, plain.grad = torch.randn(64, 64), torch.randn(64, 64)
+    with pytest.raises(AssertionError, match="CUDA"):
+        galore_torch.GaLoreAdamW8bit([{"params": [projected], "rank": 4, "update_proj_gap": 10, "scale": 0.25,
+                                       "proj_type": "std"}]).step()
+    before, eight_bit = plain.detach().clone(), bitsandbytes.optim.AdamW8bit([plain], lr=1e-2)
+    eight_bit.step()
+    assert not torch.equal(plain.detach(), before) and eight_bit.state[plain]["state1"].dtype == torch.uint8
+    assert build_stage_config({"stage": "sft", "finetuning_type": "full", "optim": "adamw_bnb_8bit"}).training["optim"] \
+        == "adamw_bnb_8bit"
+
 def test_the_optimizer_keys_are_read_without_error_when_alone():
     config = build_stage_config({"stage": "sft", "finetuning_type": "freeze", "use_badam": True, "badam_mode": "ratio"})
     assert config.optimizer.use_badam and config.optimizer.badam_mode == "ratio"
