@@ -21,6 +21,7 @@ from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft, find_artifact, write_artifact
 from tuneline.core.stages.registry import tokenize_stage_data
 from tuneline.core.store.cache import Damage, serve_or_compute
+from tuneline.core.store.recency import note_use
 from tuneline.core.store.user_folders import check_user_folder, write_user_folder
 from tuneline.core.training.job import TrainJob
 
@@ -113,8 +114,8 @@ def cached_tokenized_data(
     on_hit: Callable[[Artifact], None] | None = None,
 ) -> Artifact:
     """The stage's tokenized data in the artifact store `store`, tokenized unless it is there
-    sound (then passed to `on_hit`); the same key, work and manifest as the pipeline's tokenize
-    stage, without MLflow."""
+    sound (then noted as used, for `tuneline gc`, and passed to `on_hit`); the same key, work and
+    manifest as the pipeline's tokenize stage, without MLflow."""
     key, inputs = tokenize_key(stage, tokenizer_key=tokenizer_key, fingerprints=fingerprints)
 
     def compute(damage: Damage | None) -> Artifact:
@@ -125,6 +126,7 @@ def cached_tokenized_data(
         return artifact
 
     def serve(artifact: Artifact) -> Artifact:
+        note_use(artifact)
         if on_hit is not None:
             on_hit(artifact)
         return artifact
