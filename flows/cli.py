@@ -125,14 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_store_parsers(commands: argparse._SubParsersAction) -> None:
     from tuneline.core.tracking.references import DEFAULT_KEEP_RUNS
+    from tuneline.flows.store_commands import run_gc, run_verify
 
-    verify = commands.add_parser("verify", help="re-hash every artifact against its manifest; list (and mark for recomputing) the damaged")
-    verify.add_argument("--workspace", default="workspace", help="workspace to check (default: ./workspace)")
+    also = "and the tokenized-data cache under $TUNELINE_CACHE"
+    verify = commands.add_parser("verify", help=f"re-hash every artifact of the workspace {also} against its manifest; list "
+                                                "(and mark for recomputing) the damaged")
+    verify.add_argument("--workspace", default=None, help="workspace to check (default: ./workspace, when it exists)")
     verify.set_defaults(handler=run_verify)
-    gc = commands.add_parser("gc", help="list artifacts and drafts that no recent run or registered model needs; --yes removes them")
-    gc.add_argument("--workspace", default="workspace", help="workspace to clean (default: ./workspace)")
+    gc = commands.add_parser("gc", help=f"list the artifacts and drafts of the workspace {also} that no recent run or "
+                                        "registered model needs; --yes removes them")
+    gc.add_argument("--workspace", default=None, help="workspace to clean (default: ./workspace, when it exists)")
     gc.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
-                    help=f"keep what each pipeline's last N runs used (default: {DEFAULT_KEEP_RUNS})")
+                    help=f"keep what each pipeline's last N runs used, and the cache's N most recently used tokenized "
+                         f"data (default: {DEFAULT_KEEP_RUNS})")
     gc.add_argument("--yes", action="store_true", help="remove what is listed")
     gc.set_defaults(handler=run_gc)
 
@@ -264,81 +269,6 @@ def run_rollback(args: argparse.Namespace) -> int:
 
     print(rollback(_registry_uri(args), name=args.model_name, alias=args.alias))
     return 0
-
-
-def run_verify(args: argparse.Namespace) -> int:
-    from tuneline.core.store.verify import verify_workspace
-
-    workspace = _existing_workspace(args)
-    verdicts = verify_workspace(workspace)
-    for verdict in verdicts:
-        if verdict.damaged:
-            print(f"damaged: {verdict.path}")
-            for problem in verdict.problems:
-                print(f"  {problem}")
-    damaged = sum(v.damaged for v in verdicts)
-    unchecked = sum(not v.checked for v in verdicts)
-    print(f"{len(verdicts)} artifact(s) verified, {damaged} damaged"
-          + (f", {unchecked} without file hashes (written by an older tuneline; not checked)" if unchecked else ""))
-    if damaged:
-        print("the damaged artifacts are marked (manifest.json gave way to damage.json): the next run recomputes them")
-    return 1 if damaged else 0
-
-
-def run_gc(args: argparse.Namespace) -> int:
-    from tuneline.core.store.gc import find_garbage, remove_garbage
-    from tuneline.core.tracking.references import referenced_keys
-
-    if args.keep_runs < 0:
-        from tuneline.core.errors import ConfigError
-
-        raise ConfigError(f"--keep-runs {args.keep_runs}: give a count of runs, 0 or more.", source="tuneline gc")
-    workspace = _existing_workspace(args)
-    garbage = find_garbage(workspace, referenced=referenced_keys(_workspace_store(args), keep_runs=args.keep_runs))
-    for item in garbage:
-        print(f"{_size_text(item.size):>10}  {item.path}  ({item.reason})")
-    total = _size_text(sum(item.size for item in garbage))
-    if not args.yes:
-        print(f"{len(garbage)} unreferenced folder(s), {total}" + ("; run again with --yes to remove them" if garbage else ""))
-        return 0
-    removed = list(remove_garbage(workspace, garbage))
-    print(f"removed {len(removed)} folder(s), {_size_text(sum(item.size for item in removed))}"
-          + (f"; {len(garbage) - len(removed)} taken by a running process meanwhile, kept" if len(removed) < len(garbage) else ""))
-    return 0
-
-
-def _size_text(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    for unit in ("KB", "MB", "GB", "TB"):
-        size /= 1024
-        if size < 1024 or unit == "TB":
-            break
-    return f"{size:.1f} {unit}"
-
-
-def _existing_workspace(args: argparse.Namespace) -> Path:
-    from tuneline.core.errors import ConfigError
-
-    workspace = Path(args.workspace)
-    if not (workspace / "artifacts").is_dir():
-        raise ConfigError(f"--workspace {args.workspace}: no artifacts/ folder in {workspace.resolve()}; pass the workspace a "
-                          f"pipeline ran in (--workspace DIR).", source=f"tuneline {args.command}")
-    return workspace
-
-
-def _workspace_store(args: argparse.Namespace) -> str:
-    """MLFLOW_TRACKING_URI, else the workspace's SQLite store, which must exist: without it gc cannot
-    tell what recent runs use (and opening a missing one would create an empty store)."""
-    from tuneline.core.tracking import runs as tracking
-    from tuneline.core.errors import ConfigError
-
-    store = Path(args.workspace) / "mlflow.db"
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.is_file():
-        raise ConfigError(f"--workspace {args.workspace}: no MLflow store at {store.resolve()}, so gc cannot tell which "
-                          f"artifacts recent runs use; pass the workspace a pipeline ran in, or set MLFLOW_TRACKING_URI to "
-                          f"the store its runs went to.", source=f"tuneline {args.command}")
-    return tracking.tracking_uri(args.workspace)
 
 
 def _registry_uri(args: argparse.Namespace) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tuneline.core.store.artifacts import Artifact
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root, trains
@@ -56,8 +57,15 @@ def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | Non
     model_path = config.model.model_name_or_path
     stage = TrainingStage(name=config.finetuning.stage, parent=None, config=config)
     artifact = cached_tokenized_data(cache_root(), stage, tokenizer_path=model_path, tokenizer_key=tokenizer_fingerprint(model_path),
-                                     fingerprints=fingerprints, on_damaged=_announce_damage)
+                                     fingerprints=fingerprints, on_damaged=_announce_damage,
+                                     on_hit=_announce_template_warning)
     return artifact.path
+
+
+def _announce_template_warning(artifact: Artifact) -> None:
+    """Tokenizing warns of a template mismatch; data served from the cache repeats it from its manifest."""
+    if artifact.manifest.get(TEMPLATE_WARNING):
+        print(f"tokenize: {artifact.manifest[TEMPLATE_WARNING]}", flush=True)
 
 
 def _announce_damage(damage: Damage) -> None:

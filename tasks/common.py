@@ -67,8 +67,10 @@ def run_stage(
     work: Callable[[ArtifactDraft, str], None],
     dataset_inputs: Mapping[str, str] | None = None,
     keep_partial: bool = False,
+    on_hit: Callable[[Artifact, str], None] | None = None,
 ) -> StageOutcome:
-    """The artifact for `key`, computed with `work(draft, run_id)` unless the store holds it sound.
+    """The artifact for `key`, computed with `work(draft, run_id)` unless the store holds it sound;
+    a served artifact is passed to `on_hit(artifact, run_id)` inside its cache-hit run.
 
     Another process on the same workspace may be computing the same key: the artifact lock makes
     this one wait for it and then serves its artifact as a cache hit, so each key is computed once
@@ -80,7 +82,7 @@ def run_stage(
 
     result = serve_or_compute(
         context.workspace, kind, key, compute=compute,
-        serve=lambda artifact: record_cache_hit(context, name=name, artifact=artifact),
+        serve=lambda artifact: record_cache_hit(context, name=name, artifact=artifact, on_hit=on_hit),
         on_wait=lambda: announce(f"{name}: another run is computing {key}; waiting for it"),
         on_damaged=lambda damage: announce(f"{name}: cached artifact {damage.path} is damaged ({damage.reason}); recomputing"),
     )
@@ -129,14 +131,18 @@ def compute_stage(
     return StageResult.from_artifact(artifact, name=name, cache_hit=False)
 
 
-def record_cache_hit(context: RunContext, *, name: str, artifact: Artifact) -> StageResult:
-    """A child run tagged as a cache hit, linked to the run that produced the artifact."""
+def record_cache_hit(context: RunContext, *, name: str, artifact: Artifact,
+                     on_hit: Callable[[Artifact, str], None] | None = None) -> StageResult:
+    """A child run tagged as a cache hit, linked to the run that produced the artifact; `on_hit`
+    records what else the stage's run says about the artifact (from its manifest)."""
     result = StageResult.from_artifact(artifact, name=name, cache_hit=True)
     tags = {KEY_TAG: result.key, CACHE_HIT_TAG: "true", PRODUCER_TAG: result.produced_by_run or "", "tuneline.stage": result.kind}
     with tracking.tracked_run(context.tracking_uri, context.experiment_id, name=name, parent_run_id=context.parent_run_id,
                               tags=tags) as run_id:
         tracking.log_params(context.tracking_uri, run_id, result.config)
         tracking.log_metrics(context.tracking_uri, run_id, result.metrics)
+        if on_hit is not None:
+            on_hit(artifact, run_id)
     return result
 
 

@@ -22,6 +22,7 @@ from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft, find_artifact, write_artifact
 from tuneline.core.stages.registry import tokenize_stage_data
 from tuneline.core.store.cache import Damage, serve_or_compute
+from tuneline.core.store.recency import note_use
 from tuneline.core.store.user_folders import WRITTEN_RECORD, check_user_folder, write_user_folder, written_entries
 from tuneline.core.training.job import TrainJob
 
@@ -114,9 +115,11 @@ def cached_tokenized_data(
     tokenizer_key: str,
     fingerprints: Mapping[str, str] | None = None,
     on_damaged: Callable[[Damage], None] | None = None,
+    on_hit: Callable[[Artifact], None] | None = None,
 ) -> Artifact:
     """The stage's tokenized data in the artifact store `store`, tokenized unless it is there
-    sound; the same key, work and manifest as the pipeline's tokenize stage, without MLflow."""
+    sound (then noted as used, for `tuneline gc`, and passed to `on_hit`); the same key, work and
+    manifest as the pipeline's tokenize stage, without MLflow."""
     key, inputs = tokenize_key(stage, tokenizer_key=tokenizer_key, fingerprints=fingerprints)
 
     def compute(damage: Damage | None) -> Artifact:
@@ -126,8 +129,13 @@ def cached_tokenized_data(
         assert artifact is not None  # just written, under the lock
         return artifact
 
-    return serve_or_compute(store, TOKENIZED_KIND, key, serve=lambda artifact: artifact, compute=compute,
-                            on_damaged=on_damaged)
+    def serve(artifact: Artifact) -> Artifact:
+        note_use(artifact)
+        if on_hit is not None:
+            on_hit(artifact)
+        return artifact
+
+    return serve_or_compute(store, TOKENIZED_KIND, key, serve=serve, compute=compute, on_damaged=on_damaged)
 
 
 # -- merge and export --------------------------------------------------------------------------

@@ -84,6 +84,12 @@ def read_manifest(path: str | Path) -> dict[str, Any] | None:
     return json.loads(file.read_text(encoding="utf-8"))
 
 
+def names_itself(folder: Path, manifest: Mapping[str, Any]) -> bool:
+    """Whether `manifest` is one tuneline wrote for `folder`: it names the folder's kind and key
+    (another program's `manifest.json` in a shared cache folder does not)."""
+    return manifest.get("kind") == folder.parent.name and manifest.get("key") == folder.name
+
+
 def find_artifact(workspace: str | Path, kind: str, key: str) -> Artifact | None:
     path = artifact_path(workspace, kind, key)
     manifest = read_manifest(path)

@@ -1,12 +1,14 @@
-"""`tuneline gc`: the artifacts and drafts of a workspace that nothing needs, and removing them.
+"""`tuneline gc`: the artifacts and drafts of a workspace (or of the tokenized-data cache, whose
+store has a workspace's layout) that nothing needs, and removing them.
 
 Needed (kept): every artifact whose key `referenced` names (the caller gathers the keys of recent
 runs' stages and of registered model versions, `core.tracking.references`), and every draft
 (`.<key>.partial`) that a running process holds the lock of, or that a recent run references
 (a killed run resumes from it). Garbage: unreferenced artifacts, drafts whose artifact is finished
 or that nothing references and no process holds, folders set aside as damaged (`.<key>.damaged`),
-and artifact folders without a manifest (marked damaged by `tuneline verify`). Lock files stay:
-see `core.store.locks`.
+and artifact folders without a manifest that `tuneline verify` marked damaged. What tuneline did
+not write (a folder without its manifest or verify's note, another program's `manifest.json`) is
+left alone. Lock files stay: see `core.store.locks`.
 
 Removal takes each key's lock first (skipping what a process took meanwhile) and deletes an
 artifact's manifest before its files, so no reader ever sees half an artifact.
@@ -15,14 +17,15 @@ artifact's manifest before its files, so no reader ever sees half an artifact.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Set
+from collections.abc import Collection, Iterator, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneline.core.store.artifacts import MANIFEST, lock_path, read_manifest
+from tuneline.core.store.artifacts import MANIFEST, damage_noted, lock_path, names_itself, read_manifest
 from tuneline.core.store.locks import lock_if_free
 
 _PARTIAL, _DAMAGED, _LOCK = ".partial", ".damaged", ".lock"
+UNREFERENCED = "artifact that no recent run or registered model references"
 
 
 @dataclass(frozen=True)
@@ -40,18 +43,22 @@ def folder_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def find_garbage(workspace: str | Path, *, referenced: Set[str]) -> list[Garbage]:
-    """What nothing needs, kind by kind, key by key (nothing is removed)."""
+def find_garbage(workspace: str | Path, *, referenced: Set[str], kinds: Collection[str] | None = None,
+                 unreferenced: str = UNREFERENCED) -> list[Garbage]:
+    """What nothing needs, kind by kind (only `kinds` when given), key by key (nothing is removed);
+    `unreferenced` says why a finished artifact whose key `referenced` lacks goes."""
     found = []
     for kind_dir in sorted(p for p in (Path(workspace) / "artifacts").glob("*") if p.is_dir()):
+        if kinds is not None and kind_dir.name not in kinds:
+            continue
         for entry in sorted(p for p in kind_dir.iterdir() if p.is_dir()):
-            key, reason = _judge(entry, referenced=referenced)
+            key, reason = _judge(entry, referenced=referenced, unreferenced=unreferenced)
             if reason is not None and _lock_is_free(workspace, kind_dir.name, key):
                 found.append(Garbage(path=entry, kind=kind_dir.name, key=key, size=folder_size(entry), reason=reason))
     return found
 
 
-def _judge(entry: Path, *, referenced: Set[str]) -> tuple[str, str | None]:
+def _judge(entry: Path, *, referenced: Set[str], unreferenced: str) -> tuple[str, str | None]:
     """The folder's key, and why it is garbage (None: it is kept)."""
     name = entry.name
     if name.startswith(".") and name.endswith(_PARTIAL):
@@ -63,9 +70,12 @@ def _judge(entry: Path, *, referenced: Set[str]) -> tuple[str, str | None]:
         return name[1 : -len(_DAMAGED)], "damaged artifact, set aside"
     if name.startswith("."):
         return name, None  # nothing tuneline writes: left alone
-    if not (entry / MANIFEST).is_file():
-        return name, "artifact without a manifest (marked damaged, or never finished)"
-    return name, None if name in referenced else "artifact that no recent run or registered model references"
+    manifest = read_manifest(entry)
+    if manifest is None:
+        return name, "artifact marked damaged by tuneline verify" if damage_noted(entry) is not None else None
+    if not names_itself(entry, manifest):
+        return name, None
+    return name, None if name in referenced else unreferenced
 
 
 def _lock_is_free(workspace: str | Path, kind: str, key: str) -> bool:

@@ -1,4 +1,5 @@
-"""`tuneline verify`: re-hash every artifact of a workspace against its manifest.
+"""`tuneline verify`: re-hash every artifact of a workspace (or of the tokenized-data cache,
+whose store has a workspace's layout) against its manifest.
 
 A damaged artifact is marked (`artifacts.mark_damaged`: its manifest gives way to `damage.json`,
 which lists what was found) rather than deleted: no run serves it from then on, the next run that
@@ -9,11 +10,11 @@ artifact of that key will find it, with the reason beside it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneline.core.store.artifacts import MANIFEST, Artifact, artifact_lock, mark_damaged, read_manifest
+from tuneline.core.store.artifacts import MANIFEST, Artifact, artifact_lock, mark_damaged, names_itself, read_manifest
 from tuneline.core.store.integrity import content_problems, recorded_files
 
 
@@ -30,12 +31,15 @@ class Verdict:
         return bool(self.problems)
 
 
-def finished_artifacts(workspace: str | Path) -> Iterator[Artifact]:
-    """Every artifact of the workspace that readers see (a folder with a manifest), by kind and key."""
+def finished_artifacts(workspace: str | Path, *, kinds: Collection[str] | None = None) -> Iterator[Artifact]:
+    """Every artifact of the workspace that readers see (a folder with the manifest tuneline wrote
+    for it), by kind and key; only those of `kinds` when given."""
     for manifest_file in sorted((Path(workspace) / "artifacts").glob(f"*/*/{MANIFEST}")):
         folder = manifest_file.parent
+        if folder.name.startswith(".") or (kinds is not None and folder.parent.name not in kinds):
+            continue
         manifest = read_manifest(folder)
-        if manifest is not None and not folder.name.startswith("."):
+        if manifest is not None and names_itself(folder, manifest):
             yield Artifact(folder, manifest)
 
 
@@ -44,11 +48,11 @@ def verify_artifact(artifact: Artifact) -> Verdict:
                    checked=recorded_files(artifact.manifest) is not None)
 
 
-def verify_workspace(workspace: str | Path, *, mark: bool = True) -> list[Verdict]:
-    """Re-hash every artifact's files; with `mark`, mark the damaged ones so no run serves them
-    (under the key's lock, so no run sets it aside or rewrites it meanwhile)."""
+def verify_workspace(workspace: str | Path, *, mark: bool = True, kinds: Collection[str] | None = None) -> list[Verdict]:
+    """Re-hash every artifact's files (those of `kinds`, when given); with `mark`, mark the damaged
+    ones so no run serves them (under the key's lock, so no run sets it aside or rewrites it meanwhile)."""
     verdicts = []
-    for artifact in finished_artifacts(workspace):
+    for artifact in finished_artifacts(workspace, kinds=kinds):
         verdict = verify_artifact(artifact)
         if verdict.damaged and mark:
             with artifact_lock(workspace, artifact.path.parent.name, artifact.path.name):

@@ -42,9 +42,10 @@ PROBE = (
     {"role": "assistant", "content": "3+3 equals 6."},
 )
 _WINDOW = 6
-_MARKER = re.compile(r"<[|\uff5c][^\s<>]+?[|\uff5c]>")
-"""Control-token text written in a slot: `<|im_start|>`, `<|eot_id|>`, DeepSeek's `<｜User｜>`. Other
-bracketed text (llama2's `[INST]`, Qwen's `<tool_response>`) is plain text in the official formats."""
+_MARKER = re.compile(r"<[|\uff5c][^\s<>]+?[|\uff5c]>|\[\|[^\s\[\]]+?\|\]")
+"""Control-token text written in a slot: `<|im_start|>`, `<|eot_id|>`, DeepSeek's `<｜User｜>`, EXAONE's
+`[|user|]`. Control tokens of other shapes are listed in the template's `markers`; other bracketed
+text (llama2's `[INST]`, Qwen's `<tool_response>`) is plain text in the official formats."""
 
 
 def _official_ids(tokenizer: PreTrainedTokenizerBase, chat: list[dict]) -> list[int]:
@@ -109,15 +110,20 @@ def check_template(template: Template, tokenizer: PreTrainedTokenizerBase) -> st
 
 
 def template_markers(template: Template) -> list[str]:
-    """The control tokens the template writes: `Token` pieces and `<|...|>` text in its slots."""
+    """The control tokens the template writes, in slot order: `Token` pieces, `<|...|>` and `[|...|]`
+    text, the template's listed `markers` and the stop words written in its slots."""
     slots = (template.format_prefix, template.format_system, template.format_user, template.format_assistant,
              template.function_slot, template.observation_slot)
+    known = re.compile("|".join(map(re.escape, sorted({*template.markers, *template.stop_words}, key=len, reverse=True)))
+                       or r"(?!)")
     markers: list[str] = []
     for piece in (piece for slot in slots for piece in slot):
         if isinstance(piece, Token):
             markers.append(piece.text)
         elif isinstance(piece, str):
-            markers += _MARKER.findall(piece.replace(CONTENT, " "))
+            text = piece.replace(CONTENT, " ")
+            found = [*_MARKER.finditer(text), *known.finditer(text)]
+            markers += [match.group() for match in sorted(found, key=lambda match: match.start())]
     return list(dict.fromkeys(markers))
 
 

@@ -69,6 +69,10 @@ class Template:
     """Used when a row has no system message."""
     stop_words: tuple[str, ...] = ()
     """Texts that end a reply; with `replace_eos` the first becomes the tokenizer's eos."""
+    markers: tuple[str, ...] = ()
+    """Control tokens the slots write as text in a shape the mismatch check cannot tell from
+    plain text (Gemma's `<start_of_turn>`, GLM's `<sop>`); `<|...|>` and `[|...|]` text, `Token`
+    pieces and stop words written in a slot are markers without being listed."""
     efficient_eos: bool = False
     """The assistant slot has no eos: one eos is appended after the last turn and the eos that
     closes each earlier turn is trained as the first label of the following source."""
@@ -154,6 +158,9 @@ def _problems(template: Template) -> list[str]:
     problems += [f"{field} {slot!r} has no {CONTENT} piece" for field, slot in slots.items() if not _has_content(slot)]
     if any(isinstance(piece, str) and CONTENT in piece for piece in template.format_prefix):
         problems.append(f"format_prefix {template.format_prefix!r} must not hold {CONTENT}")
+    written = "".join(piece for slot in (template.format_prefix, *slots.values()) for piece in slot
+                      if isinstance(piece, str))
+    problems += [f"marker {marker!r} is written in no slot" for marker in template.markers if marker not in written]
     if template.replace_eos and not template.stop_words:
         problems.append("replace_eos needs at least one stop word")
     if template.efficient_eos and EOS in template.format_assistant:

@@ -11,6 +11,7 @@ _GEMMA_USER = "<start_of_turn>user\n{content}<end_of_turn>\n" + _GEMMA_REPLY
 _GEMMA_OBSERVATION = "<start_of_turn>tool\n{content}<end_of_turn>\n" + _GEMMA_REPLY
 _DEEPSEEK3_USER = "<\uff5cUser\uff5c>{content}<\uff5cAssistant\uff5c>"  # fullwidth bars, as DeepSeek writes them
 _GLM_STOP = ("<|user|>", "<|observation|>")
+_GLM_PREFIX = ("[gMASK]", "<sop>")
 _SEED_SYSTEM = (
     "You are an AI programming assistant, utilizing the Seed-Coder model, developed by ByteDance Seed, "
     "and you only answer questions related to computer science. For politically sensitive questions, "
@@ -28,6 +29,7 @@ def _gemma(name: str, *, stop_words: tuple[str, ...], replace_eos: bool, efficie
         format_observation=(_GEMMA_OBSERVATION,),
         format_prefix=(BOS,),
         stop_words=stop_words,
+        markers=("<start_of_turn>", "<end_of_turn>"),
         replace_eos=replace_eos,
         efficient_eos=efficient_eos,
         system_in_user=True,
@@ -45,6 +47,7 @@ def _glm4(name: str, *, reasoning: bool) -> Template:
         format_observation=("<|observation|>\n{content}<|assistant|>",),
         format_prefix=("[gMASK]<sop>",),
         stop_words=_GLM_STOP,
+        markers=_GLM_PREFIX,
         efficient_eos=True,
         reasoning=reasoning,
         generation_prefix="<|assistant|>",
@@ -101,6 +104,7 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
         name="baichuan2",
         format_user=("<reserved_106>{content}<reserved_107>",),
         format_assistant=(CONTENT,),
+        markers=("<reserved_106>", "<reserved_107>"),
         efficient_eos=True,
         generation_prefix="<reserved_107>",
     ),
@@ -126,6 +130,7 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
         format_function=(CONTENT,),
         format_observation=("<|observation|>\n{content}<|assistant|>\n",),
         format_prefix=("[gMASK]<sop>",),
+        markers=_GLM_PREFIX,
         default_system=(
             "你是一位智能编程助手，你叫CodeGeeX。你会为用户回答关于编程、代码、计算机方面的任何问题，"
             "并提供格式规范、可以执行、准确安全的代码，并在必要时提供详细的解释。"

@@ -37,7 +37,8 @@ STAGES = ["base", "sft/tokenize", "sft"]
 
 
 def tuneline(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PREFECT_HOME": str(cwd / "prefect_home"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PREFECT_HOME": str(cwd / "prefect_home"), "OMP_NUM_THREADS": "1",
+           "TUNELINE_CACHE": str(cwd / "cache")}  # verify and gc cover the tokenized-data cache too: an empty one
     for name in ("PREFECT_PROFILE", "MLFLOW_TRACKING_URI"):  # the session's PREFECT_API_URL stays
         env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True,

@@ -108,10 +108,12 @@ def test_export_merges_the_adapter_into_a_loadable_folder(trained: Path, sft_yam
     torch.testing.assert_close(merged_logits, adapter_logits, atol=1e-4, rtol=1e-4)
 
 
-def test_data_preview_shows_the_template_warning(shared_dir: Path, tmp_path: Path, monkeypatch):
+def test_data_preview_shows_the_template_warning(shared_dir: Path, tmp_path: Path, monkeypatch, capsys):
     """chatml on Qwen2.5 renders differently from Qwen's own template (no default system prompt):
-    LLaMA-Factory trains it, so the preview shows the warning with the first differing tokens."""
-    from tuneline.flows.single import preview
+    LLaMA-Factory trains it, so the preview shows the warning with the first differing tokens, and
+    `tuneline train` served from the tokenized-data cache prints it again."""
+    from tuneline.core.stages.registry import load_stage_config
+    from tuneline.flows.single import preview, tokenized_dataset
 
     monkeypatch.setenv("TUNELINE_CACHE", str(tmp_path / "cache"))
     config = {"model_name_or_path": str(shared_dir / "tokenizers/qwen2.5"), "stage": "sft", "dataset": "demo_alpaca",
@@ -121,4 +123,7 @@ def test_data_preview_shows_the_template_warning(shared_dir: Path, tmp_path: Pat
     shown = preview(str(path), [], count=1)
     assert "template warning: template 'chatml' does not write what this tokenizer's own chat template writes" in shown
     assert "first differ at position 1" in shown
+    capsys.readouterr()
+    tokenized_dataset(load_stage_config(str(path), []))
+    assert "tokenize: template 'chatml' does not write what" in capsys.readouterr().out
     assert "template warning" not in preview(str(path), ["template=qwen"], count=1)

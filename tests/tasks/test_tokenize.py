@@ -1,5 +1,6 @@
 """The tokenize task: a template that renders differently from the tokenizer's own chat template
-trains with a warning, which lands in the artifact's manifest and as a tag of the stage's MLflow run."""
+trains with a warning, which lands in the artifact's manifest and as a tag of the stage's MLflow run,
+the run that served the artifact from the cache included."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-def test_template_warning_is_a_tag_of_the_tokenize_run_and_in_the_manifest(shared_dir: Path, tmp_path: Path):
+def test_template_warning_is_a_tag_of_the_tokenize_runs_and_in_the_manifest(shared_dir: Path, tmp_path: Path):
     from prefect import flow
 
     from tuneline.core.pipeline.spec import TrainingStage
@@ -41,3 +42,9 @@ def test_template_warning_is_a_tag_of_the_tokenize_run_and_in_the_manifest(share
     assert warning.startswith("template 'chatml' does not write what this tokenizer's own chat template writes")
     run = tracking.client(uri).get_run(manifest["mlflow_run_id"])
     assert run.data.tags[TEMPLATE_WARNING_TAG] == warning
+
+    again = tokenize_once()  # served from the store: its own run carries the warning from the manifest
+    assert again.name == "Cached" and again.result().path == outcome.path
+    hits = tracking.client(uri).search_runs([experiment_id], "tags.`tuneline.cache_hit` = 'true'")
+    assert len(hits) == 1 and hits[0].info.run_id != run.info.run_id
+    assert hits[0].data.tags[TEMPLATE_WARNING_TAG] == warning

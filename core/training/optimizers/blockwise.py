@@ -2,16 +2,18 @@
 
 `badam_mode: layer` trains one decoder layer at a time (embeddings and output head stay frozen),
 switching to the next every `badam_switch_interval` steps in `badam_switch_mode` order, with Adam
-state only for the active block. `badam_mode: ratio` updates a `badam_update_ratio` share of the
+state only for the active block; `-1` never switches (LLaMA-Factory's meaning). `badam_mode: ratio` updates a `badam_update_ratio` share of the
 entries of every layer matrix through sparse gradients.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from tuneline.core.config import OptimizerConfig
 from tuneline.core.training.optimizers.projected import decay_parameter_names
+from tuneline.core.training.optimizers.rules import NEVER_SWITCH
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +36,7 @@ def badam_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args:
         from badam import BlockOptimizer
 
         return BlockOptimizer(base_optimizer=optimizer_class(groups, **kwargs), named_parameters_list=named,
-                              block_prefix_list=None, switch_block_every=optimizer.badam_switch_interval,
+                              block_prefix_list=None, switch_block_every=_switch_every(optimizer.badam_switch_interval),
                               start_block=optimizer.badam_start_block, switch_mode=optimizer.badam_switch_mode,
                               verbose=optimizer.badam_verbose)
     from badam import BlockOptimizerRatio
@@ -45,6 +47,13 @@ def badam_optimizer(model: PreTrainedModel, *, optimizer: OptimizerConfig, args:
     return BlockOptimizerRatio(param_groups=groups, named_parameters_list=named, update_ratio=optimizer.badam_update_ratio,
                                mask_mode=optimizer.badam_mask_mode, verbose=optimizer.badam_verbose, include_embedding=False,
                                include_lm_head=tied_head, lr=kwargs["lr"], betas=kwargs["betas"], eps=kwargs["eps"])
+
+
+def _switch_every(interval: int | None) -> int | None:
+    """The step count the block optimizer switches on. It switches when `(step + 1) % every == 0`,
+    which -1 makes true at every step; an interval no run reaches keeps the first block (and its
+    Adam state) throughout, as LLaMA-Factory documents -1."""
+    return sys.maxsize if interval == NEVER_SWITCH else interval
 
 
 def prepare_badam_trainer(trainer: Trainer) -> None:

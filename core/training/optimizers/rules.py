@@ -17,8 +17,13 @@ from tuneline.core.training.distributed import deepspeed_settings, deepspeed_zer
 
 # transformers' `optim` values each projected optimizer has a galore-torch / apollo-torch class for.
 GALORE_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adafactor")
+GALORE_8BIT_OPTIMS = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit")
+"""The `optim` values GaLore steps with galore-torch's 8-bit AdamW, which synchronises CUDA at every
+step and so runs only on a CUDA GPU (bitsandbytes' own 8-bit AdamW, without GaLore, runs on a CPU)."""
 APOLLO_OPTIMS = ("adamw_torch", "adamw_torch_fused")
 DEFAULT_OPTIM = "adamw_torch_fused"  # transformers' default `optim`
+NEVER_SWITCH = -1
+"""`badam_switch_interval` that keeps BAdam's first block for the whole run."""
 
 
 def chosen_optimizers(optimizer: OptimizerConfig) -> list[str]:
@@ -80,6 +85,10 @@ def _projection_problems(optimizer: OptimizerConfig, training: Mapping[str, Any]
         if optim not in optims:
             problems.append(f"'use_{name}: true' has an optimizer for 'optim' {', '.join(optims)}, not 'optim: {optim}'; "
                             f"set one of those or remove 'optim'.")
+        elif name == "galore" and optim in GALORE_8BIT_OPTIMS and not _has_cuda():
+            problems.append(f"'use_galore: true' with 'optim: {optim}' steps with galore-torch's 8-bit AdamW, which runs "
+                            "only on a CUDA GPU, and this machine has none; set 'optim: adamw_torch' (GaLore's 32-bit "
+                            "AdamW) or 'adafactor', or run the stage on a CUDA machine.")
         if layerwise and accumulation != 1:
             problems.append(f"'{name}_layerwise: true' steps each weight as soon as its gradient is ready, so it cannot "
                             f"accumulate gradients ('gradient_accumulation_steps: {accumulation}'); set it to 1 or remove "
@@ -100,7 +109,17 @@ def _badam_problems(optimizer: OptimizerConfig) -> list[str]:
         problems.append("'badam_switch_mode' must be ascending, descending, random or fixed for 'badam_mode: layer'.")
     if optimizer.badam_mode == "layer" and (optimizer.badam_start_block or 0) < 0:
         problems.append(f"'badam_start_block: {optimizer.badam_start_block}' must be a layer index, 0 or more.")
+    interval = optimizer.badam_switch_interval
+    if optimizer.badam_mode == "layer" and not (interval == NEVER_SWITCH or (interval is not None and interval > 0)):
+        problems.append(f"'badam_switch_interval: {interval}' must be a positive number of steps, or {NEVER_SWITCH} to "
+                        "train the first block throughout.")
     return problems
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def parallel_problems(optimizer: OptimizerConfig, training: Mapping[str, Any], *, world_size: int) -> list[str]:

@@ -96,6 +96,24 @@ def test_template_markers_the_tokenizer_cannot_write_stay_an_error(shared_dir: P
     assert counters["examples"] == 5
 
 
+
+def test_gemma_markers_are_checked_and_added_special_tokens_provide_them(shared_dir: Path):
+    from tuneline.core.data.tokenization import prepare_tokenizer
+
+    llama3 = shared_dir / "tokenizers/llama3"
+    with pytest.raises(ConfigError) as refused:
+        prepare_tokenizer(_config(template="gemma"), llama3)
+    message = str(refused.value)
+    assert "writes the marker '<start_of_turn>', which this tokenizer splits into" in message
+    assert "'<end_of_turn>', which this tokenizer does not have" in message and "resize_vocab" in message
+    # resize_vocab grows the embeddings for the added eos, but cannot make <start_of_turn> one token
+    with pytest.raises(ConfigError, match=re.escape("'<start_of_turn>', which this tokenizer splits into")):
+        prepare_tokenizer(_config(template="gemma", resize_vocab=True), llama3)
+    prepared = prepare_tokenizer(_config(template="gemma", add_special_tokens="<start_of_turn>"), llama3)
+    assert len(prepared.tokenizer("<start_of_turn>user\n", add_special_tokens=False)["input_ids"]) == 3
+    assert prepared.tokenizer.eos_token == "<end_of_turn>"
+
+
 SUPERVISED = {"input_ids", "attention_mask", "labels"}
 PAIRWISE = {"chosen_input_ids", "chosen_attention_mask", "chosen_labels", "rejected_input_ids", "rejected_attention_mask",
             "rejected_labels"}

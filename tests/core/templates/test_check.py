@@ -27,6 +27,13 @@ def test_markers_are_the_control_tokens_of_the_slots():
     # plain-text formats: llama2's [INST] and <<SYS>>, Qwen's <tool_response> are text in the official formats
     assert template_markers(get_template("llama2")) == []
     assert template_markers(get_template("qwen")) == ["<|im_start|>", "<|im_end|>"]
+    # control tokens of other shapes: listed by the template, or a stop word written in a slot
+    assert template_markers(get_template("gemma")) == ["<start_of_turn>", "<end_of_turn>"]
+    assert template_markers(get_template("glm4")) == ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                                                      "<|observation|>"]
+    assert template_markers(get_template("baichuan2")) == ["<reserved_106>", "<reserved_107>"]
+    assert template_markers(get_template("exaone")) == ["[|system|]", "[|endofturn|]", "[|user|]", "[|assistant|]"]
+    assert template_markers(get_template("intern")) == ["<|System|>", "<|User|>", "<|Bot|>", "<eoa>"]
 
 
 def test_llamafactory_combinations_have_no_vocabulary_problem(load):

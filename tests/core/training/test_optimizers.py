@@ -176,6 +176,17 @@ def test_badam_layer_mode_trains_one_decoder_layer_at_a_time(tiny_base, tokenize
     assert moved(before, after) == {name for name in before if name.startswith(LAYER)}
 
 
+
+@pytest.mark.slow
+def test_badam_switch_interval_minus_one_keeps_the_first_block_and_its_adam_state(tiny_base, tokenized, tmp_path):
+    # badam switches when (step + 1) % interval == 0, which -1 makes true at every step
+    trainer, before, _, after, loss_before, loss_after = train(
+        tiny_base, tokenized, tmp_path, steps=3, use_badam=True, badam_switch_interval=-1, badam_start_block=1)
+    assert loss_after < loss_before
+    assert moved(before, after) == {name for name in before if name.startswith(f"{LAYER}1.")}
+    states = trainer.optimizer.optimizer.base_optimizer.state.values()
+    assert states and {int(state["step"]) for state in states} == {3}  # one block's Adam state, never reset
+
 @pytest.mark.slow
 def test_badam_ratio_mode_updates_the_chosen_share_of_each_layer_matrix(tiny_base, tokenized, tmp_path):
     from badam import BlockOptimizerRatio
@@ -372,7 +383,34 @@ def test_bad_values_and_ppo_are_named():
     assert "stage ppo trains in a loop of its own" in problems(stage="ppo", use_adam_mini=True, reward_model="rm")
     message = problems(use_badam=True, badam_start_block=-1, badam_switch_mode=None)
     assert "'badam_start_block: -1' must be a layer index" in message and "'badam_switch_mode' must be" in message
+    for interval in (0, -2, None):
+        assert f"'badam_switch_interval: {interval}' must be a positive number of steps, or -1" in problems(
+            use_badam=True, badam_switch_interval=interval)
+    never = build_stage_config({"stage": "sft", "finetuning_type": "full", "use_badam": True, "badam_switch_interval": -1})
+    assert never.optimizer.badam_switch_interval == -1
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_galore_with_an_8bit_optim_is_refused_up_front_where_its_step_would_fail():
+    for optim in ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit"):
+        message = problems(use_galore=True, optim=optim, galore_layerwise=optim == "adamw_8bit")
+        assert (f"'use_galore: true' with 'optim: {optim}' steps with galore-torch's 8-bit AdamW, which runs only on a "
+                "CUDA GPU, and this machine has none; set 'optim: adamw_torch'") in message
+    # why: galore-torch's 8-bit step synchronises CUDA; bitsandbytes' own 8-bit AdamW steps on the CPU
+    import bitsandbytes
+    import galore_torch
+
+    projected, plain = (torch.nn.Parameter(torch.randn(64, 64)) for _ in range(2))
+    projected.grad, plain.grad = torch.randn(64, 64), torch.randn(64, 64)
+    with pytest.raises(AssertionError, match="CUDA"):
+        galore_torch.GaLoreAdamW8bit([{"params": [projected], "rank": 4, "update_proj_gap": 10, "scale": 0.25,
+                                       "proj_type": "std"}]).step()
+    before, eight_bit = plain.detach().clone(), bitsandbytes.optim.AdamW8bit([plain], lr=1e-2)
+    eight_bit.step()
+    assert not torch.equal(plain.detach(), before) and eight_bit.state[plain]["state1"].dtype == torch.uint8
+    assert build_stage_config({"stage": "sft", "finetuning_type": "full", "optim": "adamw_bnb_8bit"}).training["optim"] \
+        == "adamw_bnb_8bit"
 
 def test_the_optimizer_keys_are_read_without_error_when_alone():
     config = build_stage_config({"stage": "sft", "finetuning_type": "freeze", "use_badam": True, "badam_mode": "ratio"})
