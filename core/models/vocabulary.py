@@ -24,11 +24,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
-from tuneline.core.errors import ConfigError
-
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from tuneline.core.config import ModelConfig
 
 NEW_TOKENS_FILE = "new_tokens.json"
 PAD_TO_MULTIPLE_OF = 64  # LLaMA-Factory grows the embeddings in steps of 64 rows
@@ -78,10 +78,7 @@ def grow_vocabulary(model: PreTrainedModel, *, vocab_size: int, new_tokens: NewT
     the new rows as `init` says; the rows that are new (grown, or of `new_tokens`), in order."""
     old_size = model.get_input_embeddings().num_embeddings
     if vocab_size > old_size:
-        if getattr(model, "hf_quantizer", None) is not None:  # set by transformers on quantized models only
-            raise ConfigError(f"the tokenizer has {vocab_size} tokens and the quantized model {old_size} embedding rows, "
-                              "and a quantized model's embeddings cannot grow; remove the added tokens "
-                              "(add_tokens, add_special_tokens, new_special_tokens_config) or 'quantization_bit'.")
+        # a quantized model's embeddings and head stay in full precision, so they grow like any other
         model.resize_token_embeddings(vocab_size, pad_to_multiple_of=PAD_TO_MULTIPLE_OF, mean_resizing=False)
     new_size = model.get_input_embeddings().num_embeddings
     added = [i for i in (new_tokens.ids if new_tokens else ()) if i < old_size]
@@ -129,3 +126,13 @@ def _described_rows(new_tokens: NewTokens | None, *, init: Init) -> dict[int, tu
         return {}
     position = {token: new_tokens.first_id + i for i, token in enumerate(new_tokens.tokens)}
     return {position[token]: ids for token, ids in new_tokens.description_ids.items() if token in position}
+
+
+def rows_that_train(rows: tuple[int, ...], model_config: ModelConfig) -> tuple[int, ...]:
+    """The new rows an adapter trains: all of them when the added-token keys or `resize_vocab` put
+    tokens in the vocabulary that the data writes; none otherwise. Without those keys the only new
+    tokens are a template's stop words beyond the vocabulary (Llama 3's `<|eom_id|>` on a Llama-3
+    tokenizer), which the data never holds: the template check refuses a template that writes one.
+    LLaMA-Factory does not grow the embeddings for them at all."""
+    adds = model_config.add_tokens or model_config.add_special_tokens or model_config.new_special_tokens_config
+    return rows if adds or model_config.resize_vocab else ()

@@ -23,14 +23,15 @@ def load_policy(request: ModelRequest) -> PreTrainedModel:
     """The causal LM at `model_path`, its embeddings grown to the tokenizer, with the method (LoRA,
     freeze, full, QLoRA) applied."""
     from tuneline.core.models.loading import apply_finetuning, load_model
-    from tuneline.core.models.vocabulary import grow_vocabulary
+    from tuneline.core.models.vocabulary import grow_vocabulary, rows_that_train
 
     model = load_model(request.model_path, model=request.model_config, training=request.training, trainable=True,
                        model_max_length=request.model_max_length)
     rows = grow_vocabulary(model, vocab_size=len(request.tokenizer), new_tokens=request.new_tokens,
                            init=request.model_config.init_special_tokens)
     return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
-                            upcast=not request.optimizer.use_badam, new_token_rows=rows)
+                            upcast=not request.optimizer.use_badam,
+                            new_token_rows=rows_that_train(rows, request.model_config))
 
 
 def uses_loss_variant(finetuning: FinetuningConfig) -> bool:

@@ -57,14 +57,15 @@ def load_reward_base(request: ModelRequest) -> PreTrainedModel:
     """The starting model with a one-output scoring head and the method applied, the head trained in
     full (with LoRA: merged adapters, a new adapter that saves the head)."""
     from tuneline.core.models.loading import apply_finetuning, load_model
-    from tuneline.core.models.vocabulary import grow_vocabulary
+    from tuneline.core.models.vocabulary import grow_vocabulary, rows_that_train
 
     model = load_model(request.model_path, model=request.model_config, training=request.training, head="score",
                        trainable=True, model_max_length=request.model_max_length)
     rows = grow_vocabulary(model, vocab_size=len(request.tokenizer), new_tokens=request.new_tokens,
                            init=request.model_config.init_special_tokens)
     return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
-                            head=head_name(model), upcast=not request.optimizer.use_badam, new_token_rows=rows)
+                            head=head_name(model), upcast=not request.optimizer.use_badam,
+                            new_token_rows=rows_that_train(rows, request.model_config))
 
 
 def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,

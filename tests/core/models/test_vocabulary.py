@@ -111,7 +111,7 @@ def test_an_untied_output_head_gets_its_own_new_rows_and_trainable_tokens():
 
 @pytest.mark.slow
 def test_lora_trains_exactly_the_new_rows_saves_reloads_and_merges_them(tokenized: Path, tiny_base: Path, tmp_path: Path,
-                                                                        one_torch_thread):
+                                                                        shared_dir: Path, one_torch_thread):
     from datasets import load_from_disk
     from peft import PeftModel
     from transformers import AutoTokenizer, DataCollatorForSeq2Seq
@@ -128,7 +128,7 @@ def test_lora_trains_exactly_the_new_rows_saves_reloads_and_merges_them(tokenize
     batch = dict(DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)([rows[0], rows[1]]))
     torch.manual_seed(0)
     model = load_policy(ModelRequest(model_path=str(tiny_base), tokenizer=tokenizer, finetuning=FinetuningConfig(
-        finetuning_type="lora", lora_rank=4), model_config=ModelConfig(), training={}, new_tokens=NewTokens.read(tokenized)))
+        finetuning_type="lora", lora_rank=4), model_config=_config(shared_dir, tmp_path).model, training={}, new_tokens=NewTokens.read(tokenized)))
     embedding = model.get_input_embeddings()
     start = embedding.token_adapter.trainable_tokens_delta["default"].detach().clone()
     losses, moved = train_steps(model, batch, steps=4)
