@@ -8,6 +8,7 @@ The job, the tokenized-data cache and the merge/export path are the pipeline's o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from tuneline.core.training.distributed import check_parallel_settings, plan_fro
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
-from tuneline.core.worker.launch import JOB_FILE, launch_training
+from tuneline.core.worker.launch import JOB_FILE, launch_training, worker_started_ahead
+from tuneline.core.worker.preload import needs_bitsandbytes
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, export_template, train_job
 from tuneline.core.training.job import LOG_FILE
@@ -38,13 +40,18 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     problems += parallel_problems(config.optimizer, config.training, world_size=plan.world_size)
     if problems:
         raise ConfigError(problems, source=config_path)
-    fingerprints = dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
     output_dir = Path(config.training["output_dir"])
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
-    tokenized = tokenized_dataset(config, fingerprints=fingerprints)
-    job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized), output_dir=str(output_dir),
-                    training=config.training, overwrite_output_dir=config.output.overwrite_output_dir)
-    return launch_training(job)
+    ft = config.finetuning
+    without_bitsandbytes = not needs_bitsandbytes(model=dataclasses.asdict(config.model), training=config.training,
+                                                  model_paths=[config.model.model_name_or_path, ft.ref_model, ft.reward_model])
+    with worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker:  # imports while we tokenize
+        fingerprints = dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
+        tokenized = tokenized_dataset(config, fingerprints=fingerprints)
+        job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized),
+                        output_dir=str(output_dir), training=config.training,
+                        overwrite_output_dir=config.output.overwrite_output_dir)
+        return launch_training(job, started=worker)
 
 
 def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:

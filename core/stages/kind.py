@@ -97,6 +97,8 @@ class StageKind:
     build_trainer: Callable[[TrainerRequest], Trainer] | None = None
     held_out_metrics: Callable[[Trainer, PreTrainedTokenizerBase, Dataset, FinetuningConfig], dict[str, float]] | None = None
     train_loop: Callable[[LoopRequest], dict[str, float]] | None = None
+    trainer_modules: tuple[str, ...] = ()
+    """Modules its trainer imports (TRL's), which a worker started ahead imports while the data is tokenized."""
 
     def __post_init__(self) -> None:
         by_trainer = None not in (self.load_model, self.build_trainer, self.held_out_metrics)
