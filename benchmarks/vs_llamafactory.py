@@ -18,6 +18,8 @@ What is measured, the same way for both:
   around its training loop in both. LLaMA-Factory's ppo loop writes no results file, so its loop
   (`CustomPPOTrainer.ppo_train`) is timed by wrapping that method, started through the same
   command-line entry point; tuneline's ppo `train_runtime` is the clock around its own loop.
+- CPU: the user and system seconds of the whole command's processes, which vary less than wall time
+  when other jobs share the machine (not part of the goal).
 - wall: the whole command, from process start to exit (imports, tokenizing, model loading, training,
   saving). LLaMA-Factory's example YAML sets `overwrite_cache: true`, so it tokenizes on every run;
   tuneline's cache of tokenized data is emptied before every run, so it tokenizes on every run too
@@ -37,6 +39,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 
 import argparse
 import json
+import resource
 import shutil
 import statistics
 import subprocess
@@ -129,8 +132,9 @@ class RunFailed(Exception):
     """A tool's command exited with an error; the message holds the end of its log."""
 
 
-def run_command(command: list[str], *, env: dict[str, str], log: Path) -> float:
-    """Run `command`, its output to `log`; the wall seconds."""
+def run_command(command: list[str], *, env: dict[str, str], log: Path) -> tuple[float, float]:
+    """Run `command`, its output to `log`; its wall seconds and the CPU seconds of its process tree."""
+    before = _children_cpu()
     started = time.perf_counter()
     with log.open("w") as out:
         code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent).returncode
@@ -138,7 +142,13 @@ def run_command(command: list[str], *, env: dict[str, str], log: Path) -> float:
     if code != 0:
         tail = [line for line in log.read_text().splitlines() if line.strip()][-3:]
         raise RunFailed(f"{Path(command[0]).name} exited with {code}: " + " / ".join(tail)[-600:])
-    return seconds
+    return seconds, _children_cpu() - before
+
+
+def _children_cpu() -> float:
+    """User and system seconds of every finished child process, theirs included (each waits for its own)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_lf(python: Path, stage: str, yaml_path: Path, output: Path) -> dict:
@@ -147,12 +157,12 @@ def run_lf(python: Path, stage: str, yaml_path: Path, output: Path) -> dict:
         command = [str(python), str(Path(__file__).resolve()), "--lf-timed-ppo", str(yaml_path)]
     else:
         command = [str(python.parent / "llamafactory-cli"), "train", str(yaml_path)]
-    wall = run_command(command, env=env, log=yaml_path.with_suffix(".log"))
+    wall, cpu = run_command(command, env=env, log=yaml_path.with_suffix(".log"))
     if stage == "ppo":
         runtime = json.loads((output / LF_PPO_TIMER).read_text())["train_runtime"]
     else:
         runtime = json.loads((output / "train_results.json").read_text())["train_runtime"]
-    return {"train_runtime": runtime, "wall": wall}
+    return {"train_runtime": runtime, "wall": wall, "cpu": cpu}
 
 
 def run_tuneline(yaml_path: Path, output: Path, cache: Path) -> dict:
@@ -162,9 +172,9 @@ def run_tuneline(yaml_path: Path, output: Path, cache: Path) -> dict:
     script = Path(sys.executable).parent / "tuneline"
     command = [str(script)] if script.is_file() else [sys.executable, "-m", "tuneline.flows.cli"]
     env = {**os.environ, **QUIET, "TUNELINE_CACHE": str(cache)}
-    wall = run_command([*command, "train", str(yaml_path)], env=env, log=yaml_path.with_suffix(".log"))
+    wall, cpu = run_command([*command, "train", str(yaml_path)], env=env, log=yaml_path.with_suffix(".log"))
     runtime = json.loads((output / "all_results.json").read_text())["train_runtime"]
-    return {"train_runtime": runtime, "wall": wall}
+    return {"train_runtime": runtime, "wall": wall, "cpu": cpu}
 
 
 def lf_timed_ppo(yaml_path: str) -> None:
@@ -214,7 +224,7 @@ def measure(stages: list[str], *, python: Path, folder: Path, rounds: int, steps
                 run["samples_per_s"] = steps * batch / run["train_runtime"]
                 runs[tool].append(run)
                 print(f"  {stage} round {index + 1} {tool:8s}: {run['samples_per_s']:7.2f} samples/s, "
-                      f"train {run['train_runtime']:6.1f} s, wall {run['wall']:6.1f} s", flush=True)
+                      f"train {run['train_runtime']:6.1f} s, wall {run['wall']:6.1f} s, CPU {run['cpu']:6.1f} s", flush=True)
                 shutil.rmtree(output, ignore_errors=True)
         results[stage] = runs
     return results
@@ -222,13 +232,13 @@ def measure(stages: list[str], *, python: Path, folder: Path, rounds: int, steps
 
 def table(results: dict[str, dict[str, list[dict]]]) -> str:
     lines = [f"{'stage':<6} {'LF samples/s':>20} {'tuneline samples/s':>20} {'ratio':>6} {'LF wall s':>18} "
-             f"{'tuneline wall s':>18} {'ratio':>6}"]
+             f"{'tuneline wall s':>18} {'ratio':>6} {'LF CPU s':>18} {'tuneline CPU s':>18} {'ratio':>6}"]
     verdicts, failures = [], []
     for stage, runs in results.items():
         row = [f"{stage:<6}"]
         for tool in ("lf", "tuneline"):
             failures += [f"{stage} {tool}: {r['failed']}" for r in runs[tool][:1] if "failed" in r]
-        for key, fmt, width in (("samples_per_s", "{:.2f}", 20), ("wall", "{:.1f}", 18)):
+        for key, fmt, width in (("samples_per_s", "{:.2f}", 20), ("wall", "{:.1f}", 18), ("cpu", "{:.1f}", 18)):
             medians = []
             for tool in ("lf", "tuneline"):
                 values = [r[key] for r in runs[tool] if key in r]
@@ -240,7 +250,8 @@ def table(results: dict[str, dict[str, list[dict]]]) -> str:
                 continue
             ratio = medians[1] / medians[0]
             row.append(f"{ratio:6.2f}")
-            verdicts.append(ratio >= 1.0 if key == "samples_per_s" else ratio <= 1.0)
+            if key != "cpu":  # the CPU seconds are shown because they vary less with the machine's load
+                verdicts.append(ratio >= 1.0 if key == "samples_per_s" else ratio <= 1.0)
         lines.append(" ".join(row))
     lines.append("")
     lines.append("medians over the rounds (min-max in brackets); goal, samples/s ratio >= 1.0 and wall ratio <= 1.0: "
