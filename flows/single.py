@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
-from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
+from tuneline.core.data.dataset_info import get_dataset_attrs
+from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, dataset_names, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
@@ -28,6 +32,7 @@ from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized
 from tuneline.core.training.job import LOG_FILE
 from tuneline.core.training.optimizers.rules import parallel_problems
 
+MEDIA_COLUMNS = frozenset({"images", "videos", "audios"})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
 
@@ -47,11 +52,31 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
                                                   model_paths=[config.model.model_name_or_path, ft.ref_model, ft.reward_model])
     with worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker:  # imports while we tokenize
         fingerprints = dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
-        tokenized = tokenized_dataset(config, fingerprints=fingerprints)
+        with _torch_left_to_the_worker(config):
+            tokenized = tokenized_dataset(config, fingerprints=fingerprints)
         job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized),
                         output_dir=str(output_dir), training=config.training,
                         overwrite_output_dir=config.output.overwrite_output_dir)
         return launch_training(job, started=worker)
+
+
+@contextmanager
+def _torch_left_to_the_worker(config: StageConfig) -> Iterator[None]:
+    """Tokenize text without importing torch in this process: transformers imports it with any tokenizer
+    when it is installed (seconds of CPU that the worker, which trains, spends anyway). Python reads a
+    module set to None in `sys.modules` as absent, so transformers loads its tokenizers alone; media
+    rows keep torch, which their processors may need. Afterwards torch can be imported again."""
+    names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
+    media = any(set(attr.columns) & MEDIA_COLUMNS for attr in get_dataset_attrs(names, config.data.dataset_dir))
+    if media or "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.modules.get("torch", False) is None:
+            del sys.modules["torch"]
 
 
 def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:
