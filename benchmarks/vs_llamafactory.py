@@ -25,6 +25,10 @@ What is measured, the same way for both:
   tuneline's cache of tokenized data is emptied before every run, so it tokenizes on every run too
   (its table of the trainer's argument names, built once per transformers version, is kept).
 
+LLaMA-Factory 0.9.5's ppo stops before training with TRL 0.24 (its trainer asks for TRL <= 0.9.6, a
+check DISABLE_VERSION_CHECK does not lift), and with TRL 0.9.6 its other stages' modules fail to
+import, so the table marks its ppo as failed and gives tuneline's ppo numbers alone.
+
 The table gives each tool's median over the rounds (and the range, to show the noise), and the
 ratios tuneline/LF. Goal: every samples/s ratio >= 1.0 and every wall ratio <= 1.0.
 """
