@@ -33,6 +33,7 @@ from tuneline.core.training.job import LOG_FILE
 from tuneline.core.training.optimizers.rules import parallel_problems
 
 MEDIA_COLUMNS = frozenset({"images", "videos", "audios"})
+NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
 
@@ -72,11 +73,17 @@ def _torch_left_to_the_worker(config: StageConfig) -> Iterator[None]:
         yield
         return
     sys.modules["torch"] = None  # type: ignore[assignment]
+    advice = os.environ.get(NO_ADVICE)
+    os.environ[NO_ADVICE] = "1"  # transformers' notice that models are unavailable without torch is not for this process
     try:
         yield
     finally:
         if sys.modules.get("torch", False) is None:
             del sys.modules["torch"]
+        if advice is None:
+            os.environ.pop(NO_ADVICE, None)
+        else:
+            os.environ[NO_ADVICE] = advice
 
 
 def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:
