@@ -8,7 +8,11 @@ The job, the tokenized-data cache and the merge/export path are the pipeline's o
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tuneline.core.store.artifacts import Artifact
@@ -16,18 +20,22 @@ from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root, trains
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
-from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, render_preview
+from tuneline.core.data.dataset_info import get_dataset_attrs
+from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, dataset_names, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
-from tuneline.core.worker.launch import JOB_FILE, launch_training
+from tuneline.core.worker.launch import JOB_FILE, launch_training, worker_started_ahead
+from tuneline.core.worker.preload import needs_bitsandbytes
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.models.gptq import gptq_machine_problems
 from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, train_job
 from tuneline.core.training.job import LOG_FILE
 from tuneline.core.training.optimizers.rules import parallel_problems
 
+MEDIA_COLUMNS = frozenset({"images", "videos", "audios"})
+NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
 
@@ -42,13 +50,44 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     problems += parallel_problems(config.optimizer, config.training, world_size=plan.world_size)
     if problems:
         raise ConfigError(problems, source=config_path)
-    fingerprints = dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
     output_dir = Path(config.training["output_dir"])
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
-    tokenized = tokenized_dataset(config, fingerprints=fingerprints)
-    job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized), output_dir=str(output_dir),
-                    training=config.training, overwrite_output_dir=config.output.overwrite_output_dir)
-    return launch_training(job)
+    ft = config.finetuning
+    without_bitsandbytes = not needs_bitsandbytes(model=dataclasses.asdict(config.model), training=config.training,
+                                                  model_paths=[config.model.model_name_or_path, ft.ref_model, ft.reward_model])
+    with worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker:  # imports while we tokenize
+        fingerprints = dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
+        with _torch_left_to_the_worker(config):
+            tokenized = tokenized_dataset(config, fingerprints=fingerprints)
+        job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized),
+                        output_dir=str(output_dir), training=config.training,
+                        overwrite_output_dir=config.output.overwrite_output_dir)
+        return launch_training(job, started=worker)
+
+
+@contextmanager
+def _torch_left_to_the_worker(config: StageConfig) -> Iterator[None]:
+    """Tokenize text without importing torch in this process: transformers imports it with any tokenizer
+    when it is installed (seconds of CPU that the worker, which trains, spends anyway). Python reads a
+    module set to None in `sys.modules` as absent, so transformers loads its tokenizers alone; media
+    rows keep torch, which their processors may need. Afterwards torch can be imported again."""
+    names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
+    media = any(set(attr.columns) & MEDIA_COLUMNS for attr in get_dataset_attrs(names, config.data.dataset_dir))
+    if media or "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    advice = os.environ.get(NO_ADVICE)
+    os.environ[NO_ADVICE] = "1"  # transformers' notice that models are unavailable without torch is not for this process
+    try:
+        yield
+    finally:
+        if sys.modules.get("torch", False) is None:
+            del sys.modules["torch"]
+        if advice is None:
+            os.environ.pop(NO_ADVICE, None)
+        else:
+            os.environ[NO_ADVICE] = advice
 
 
 def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:

@@ -137,4 +137,5 @@ DPO = StageKind(
     load_model=load_policy,
     build_trainer=build_dpo_trainer,
     held_out_metrics=preference_metrics,
+    trainer_modules=("trl", "tuneline.core.stages.preference_trainers"),
 )

@@ -110,6 +110,8 @@ class StageKind:
     """`(trainer, tokenizer, validation, finetuning, *, prefix="eval")`: the trainer's evaluation of
     `validation` and the kind's own measures of it, named `<prefix>_*`."""
     train_loop: Callable[[LoopRequest], dict[str, float]] | None = None
+    trainer_modules: tuple[str, ...] = ()
+    """Modules its trainer imports (TRL's), which a worker started ahead imports while the data is tokenized."""
 
     def __post_init__(self) -> None:
         by_trainer = None not in (self.load_model, self.build_trainer, self.held_out_metrics)

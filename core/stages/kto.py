@@ -71,4 +71,5 @@ KTO = StageKind(
     load_model=load_policy,
     build_trainer=build_kto_trainer,
     held_out_metrics=_trainer_metrics,
+    trainer_modules=("trl", "tuneline.core.stages.preference_trainers"),
 )

@@ -86,4 +86,5 @@ RM = StageKind(
     load_model=load_reward_base,
     build_trainer=build_reward_trainer,
     held_out_metrics=reward_metrics,
+    trainer_modules=("trl",),
 )

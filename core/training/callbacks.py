@@ -161,12 +161,10 @@ def plot_loss(output_dir: str | Path) -> Path | None:
     points = [(r["current_steps"], r["loss"]) for r in records if "loss" in r]
     if not points:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure  # drawn without pyplot, whose import and backend choice cost more
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 4))
+    figure = Figure(figsize=(6, 4))
+    axes = figure.subplots()
     axes.plot(*zip(*points), label="train loss")
     evaluated = [(r["current_steps"], r["eval_loss"]) for r in records if "eval_loss" in r]
     if evaluated:
@@ -176,7 +174,6 @@ def plot_loss(output_dir: str | Path) -> Path | None:
     axes.legend()
     path = Path(output_dir) / LOSS_PLOT
     figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
     return path
 
 

@@ -1,8 +1,8 @@
 """The training job: everything a worker process needs to train one stage, as a JSON file.
 
 The job names only paths and plain values: a tokenized dataset (with its fixed tokenizer), the
-model to start from, the method and the trainer arguments. Preprocessing is finished before the
-worker starts (docs/ARCHITECTURE.md, "Training runs in a worker"), so no worker ever tokenizes.
+model to start from, the method and the trainer arguments. Preprocessing is finished before the job
+is written (docs/ARCHITECTURE.md, "Training runs in a worker"), so no worker ever tokenizes.
 """
 
 from __future__ import annotations

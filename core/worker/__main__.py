@@ -1,9 +1,13 @@
-"""The training worker: `python -m tuneline.core.worker JOB.json`.
+"""The training worker: `python -m tuneline.core.worker JOB.json`, or `... --wait-for-job STAGE`.
 
 Started by `launch.py` as a child process (or several, through torchrun), so training never shares
 a process with the orchestrator. Rank 0 prints the metrics as one JSON line at the end; a problem
 the user can fix is printed as one JSON line too, so the launcher can report it whatever exit
 status the process launcher (torchrun) turns it into.
+
+With `--wait-for-job STAGE [--without-bitsandbytes]` the worker is started ahead of its job
+(`launch.start_worker_ahead`): it imports what stage STAGE trains with, then reads the job's path
+from its standard input, and ends quietly if that closes first.
 """
 
 from __future__ import annotations
@@ -11,24 +15,50 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from tuneline.core.errors import TunelineError
-from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX
+from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX, WAIT_FOR_JOB, WITHOUT_BITSANDBYTES
 
+if TYPE_CHECKING:
+    from tuneline.core.training.job import TrainJob
+
+USAGE = f"usage: python -m tuneline.core.worker JOB.json | {WAIT_FOR_JOB} STAGE [{WITHOUT_BITSANDBYTES}]"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [WAIT_FOR_JOB] and len(argv) in (2, 3) and argv[2:] in ([], [WITHOUT_BITSANDBYTES]):
+        job_path = _wait_for_job(argv[1], without_bitsandbytes=len(argv) == 3)
+        return 0 if job_path is None else train(job_path)
     if len(argv) != 1:
-        print("usage: python -m tuneline.core.worker JOB.json", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
+    return train(argv[0])
+
+
+def _wait_for_job(stage: str, *, without_bitsandbytes: bool) -> str | None:
+    from tuneline.core.stages.registry import stage_kind
+    from tuneline.core.worker.preload import keep_out_bitsandbytes, preload
+
+    if without_bitsandbytes:
+        keep_out_bitsandbytes()
+    preload(stage_kind(stage).trainer_modules)
+    return sys.stdin.readline().strip() or None
+
+
+def train(job_path: str) -> int:
     from tuneline.core.training.distributed import check_world_size
     from tuneline.core.training.job import TrainJob
-    from tuneline.core.worker.run import run_training
+    from tuneline.core.worker.preload import keep_out_bitsandbytes, needs_bitsandbytes
 
     try:
-        job = TrainJob.read(argv[0])
+        job = TrainJob.read(job_path)
+        if not needs_bitsandbytes(model=job.model, training=job.training, model_paths=job_model_paths(job)):
+            keep_out_bitsandbytes()
         check_world_size(job.world_size, seen=int(os.environ.get("WORLD_SIZE", "1")))  # before any model loads
+        from tuneline.core.worker.run import run_training
+
         metrics = run_training(job)
     except TunelineError as e:
         print(ERROR_PREFIX + json.dumps(str(e)), flush=True)
@@ -36,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         print(RESULT_PREFIX + json.dumps(metrics), flush=True)
     return 0
+
+
+def job_model_paths(job: TrainJob) -> list[str | None]:
+    """The models a job loads: the one it starts from, its reference and its reward model."""
+    return [job.model_path, job.finetuning.get("ref_model"), job.finetuning.get("reward_model")]
 
 
 if __name__ == "__main__":

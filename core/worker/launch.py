@@ -1,7 +1,9 @@
 """Start the training worker in child processes and stream their output (docs/ARCHITECTURE.md, "Training runs in a worker").
 
 One process by default; several through torchrun when the environment asks for them as it does
-for LLaMA-Factory (`FORCE_TORCHRUN=1 NPROC_PER_NODE=N`, see `distributed.py`).
+for LLaMA-Factory (`FORCE_TORCHRUN=1 NPROC_PER_NODE=N`, see `distributed.py`). A single worker
+may be started ahead of its job (`start_worker_ahead`), so that its imports overlap the
+tokenizing that comes before the job exists.
 """
 
 from __future__ import annotations
@@ -10,28 +12,56 @@ import dataclasses
 import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
-from tuneline.core.training.distributed import (LaunchPlan, check_parallel_settings, plan_from_env, resolve_parallel_settings,
-                                       worker_command, worker_env)
+from tuneline.core.training.distributed import (WORKER_MODULE, LaunchPlan, check_parallel_settings, plan_from_env,
+                                                resolve_parallel_settings, worker_command, worker_env)
 from tuneline.core.config import OptimizerConfig
 from tuneline.core.errors import ConfigError, TunelineError
 from tuneline.core.training.optimizers.rules import parallel_problems
 from tuneline.core.training.job import TrainJob
-from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX
+from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX, WAIT_FOR_JOB, WITHOUT_BITSANDBYTES
 
 JOB_FILE = "job.json"
+# What an NVIDIA (CUDA) or AMD (ROCm) driver puts on a Linux machine; torch finds no GPU without one.
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
 
 
 class WorkerFailed(RuntimeError):
     """The worker process ended with an error that is not a configuration problem."""
 
 
+@contextmanager
+def worker_started_ahead(stage: str, *, without_bitsandbytes: bool, env: Mapping[str, str] | None = None
+                         ) -> Iterator[subprocess.Popen | None]:
+    """A single worker for stage `stage`, importing what it trains with until `launch_training`
+    hands it its job; None when the launch needs torchrun. Ended if the job never comes."""
+    env = os.environ if env is None else env
+    plan = plan_from_env(env, visible_gpus=visible_gpus(env))
+    if plan.torchrun:
+        yield None
+        return
+    command = [sys.executable, "-m", WORKER_MODULE, WAIT_FOR_JOB, stage, *([WITHOUT_BITSANDBYTES] if without_bitsandbytes else [])]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=worker_env(plan, env))
+    try:
+        yield process
+    finally:
+        assert process.stdin is not None
+        if not process.stdin.closed:  # no job was handed over: the worker has nothing to do
+            process.kill()
+            process.wait()
+
+
 def launch_training(
-    job: TrainJob, *, log: Callable[[str], None] = print, env: Mapping[str, str] | None = None
+    job: TrainJob, *, log: Callable[[str], None] = print, env: Mapping[str, str] | None = None,
+    started: subprocess.Popen | None = None,
 ) -> dict[str, float]:
-    """Run `job` in worker processes, passing each output line to `log`; return rank 0's metrics."""
+    """Run `job` in worker processes, passing each output line to `log`; return rank 0's metrics.
+    `started`, a worker from `worker_started_ahead`, gets the job instead of a new process."""
     env = os.environ if env is None else env
     plan = plan_from_env(env, visible_gpus=visible_gpus(env))
     job = prepare_job(job, plan)
@@ -40,8 +70,24 @@ def launch_training(
     job_path = job.write(output_dir / JOB_FILE)
     if plan.torchrun:
         log(f"starting {plan.nproc_per_node} training process(es) on node {plan.node_rank} of {plan.nnodes} through torchrun")
-    process = subprocess.Popen(worker_command(plan, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**worker_env(plan, env), **job.secret_env()})
+    secrets = job.secret_env()
+    # a worker started ahead has the environment of before the job, so a job with secrets gets its own
+    if started is not None and not plan.torchrun and not secrets:
+        process = started
+        assert process.stdin is not None
+        try:
+            process.stdin.write(f"{job_path}\n")
+            process.stdin.close()
+        except BrokenPipeError:  # it ended while importing; its output says why
+            pass
+    else:
+        process = subprocess.Popen(worker_command(plan, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env={**worker_env(plan, env), **secrets})
+    return _follow(process, log=log)
+
+
+def _follow(process: subprocess.Popen, *, log: Callable[[str], None]) -> dict[str, float]:
+    """Stream the worker's output to `log` until it ends; its metrics, or its error raised."""
     metrics: dict[str, float] = {}
     errors: list[str] = []
     tail: list[str] = []
@@ -81,8 +127,11 @@ def prepare_job(job: TrainJob, plan: LaunchPlan) -> TrainJob:
 
 
 def visible_gpus(env: Mapping[str, str]) -> int:
-    """CUDA devices this node sees (only counted when NPROC_PER_NODE leaves it to them)."""
+    """CUDA devices this node sees (only counted when NPROC_PER_NODE leaves it to them). On Linux
+    without a GPU driver none are counted without importing torch, which takes seconds."""
     if env.get("NPROC_PER_NODE"):
+        return 0
+    if sys.platform == "linux" and not any(Path(p).exists() for p in GPU_DRIVER_PATHS):
         return 0
     import torch
 

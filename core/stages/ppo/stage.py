@@ -57,4 +57,5 @@ PPO = StageKind(
     references=frozenset({"ref_model", "reward_model"}),
     config_problems=ppo_problems,
     train_loop=_train,
+    trainer_modules=("accelerate", "trl.trainer.utils", "tuneline.core.stages.ppo.trainer"),
 )

@@ -1,0 +1,58 @@
+"""What a worker imports before its job exists, and what it keeps out of its process.
+
+`tuneline train` starts its single worker before it tokenizes, so the worker's imports (seconds of
+torch, transformers, peft and TRL) run while the data is tokenized instead of after it.
+
+peft imports bitsandbytes whenever it is installed, and bitsandbytes compiles kernels through
+torch.compile as it is imported, seconds of start-up that only quantized models and bitsandbytes'
+optimizers use. A job that uses neither keeps it out: Python treats a module set to None in
+`sys.modules` as absent, so peft and transformers go on as if it were not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tuneline.core.training.optimizers.rules import DEFAULT_OPTIM
+
+# Every kind trains through these; TRL's trainers come with the kinds that use them (`StageKind.trainer_modules`).
+COMMON_MODULES = ("torch", "datasets", "transformers.trainer", "peft", "tuneline.core.worker.run")
+# transformers' `optim` values that need no bitsandbytes (its 8-bit, paged, Lion and AdEMAMix optimizers do).
+TORCH_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adagrad", "rmsprop",
+                          "galore_adamw", "galore_adafactor", "galore_adamw_layerwise", "galore_adafactor_layerwise",
+                          "apollo_adamw", "apollo_adamw_layerwise"})
+BITSANDBYTES = "bitsandbytes"
+
+
+def needs_bitsandbytes(*, model: Mapping[str, Any], training: Mapping[str, Any], model_paths: Iterable[str | None]) -> bool:
+    """Whether training may call bitsandbytes: `quantization_bit`, an `optim` outside TORCH_OPTIMS, or
+    a model among `model_paths` that is not a local folder whose config.json says it is unquantized."""
+    if model.get("quantization_bit") is not None:
+        return True
+    if str(training.get("optim") or DEFAULT_OPTIM) not in TORCH_OPTIMS:
+        return True
+    return any(not _unquantized_folder(path) for path in model_paths if path)
+
+
+def _unquantized_folder(path: str) -> bool:
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # a hub name or an unreadable folder: let bitsandbytes load in case it is quantized
+    return isinstance(config, dict) and "quantization_config" not in config
+
+
+def keep_out_bitsandbytes() -> None:
+    """Make `import bitsandbytes` fail in this process, unless something already imported it."""
+    sys.modules.setdefault(BITSANDBYTES, None)  # type: ignore[arg-type]
+
+
+def preload(modules: Iterable[str]) -> None:
+    """Import COMMON_MODULES, then `modules`, so the job finds them loaded."""
+    for name in (*COMMON_MODULES, *modules):
+        importlib.import_module(name)

@@ -1,0 +1,53 @@
+"""The worker started ahead of its job, and which jobs keep bitsandbytes out of their process."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuneline.core.worker.launch import worker_started_ahead
+from tuneline.core.worker.preload import needs_bitsandbytes
+
+
+def folder_with_config(path: Path, **config) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", **config}))
+    return str(path)
+
+
+def test_only_jobs_that_may_call_bitsandbytes_keep_it(tmp_path):
+    plain = folder_with_config(tmp_path / "plain")
+    quantized = folder_with_config(tmp_path / "quantized", quantization_config={"quant_method": "bitsandbytes"})
+    assert not needs_bitsandbytes(model={}, training={}, model_paths=[plain, None])
+    assert not needs_bitsandbytes(model={"quantization_bit": None}, training={"optim": "adamw_torch"}, model_paths=[plain])
+    assert needs_bitsandbytes(model={"quantization_bit": 4}, training={}, model_paths=[plain])
+    for optim in ("adamw_8bit", "paged_adamw_32bit", "lion_32bit", "adamw_bnb_8bit"):
+        assert needs_bitsandbytes(model={}, training={"optim": optim}, model_paths=[plain]), optim
+    assert needs_bitsandbytes(model={}, training={}, model_paths=[plain, quantized])  # a pre-quantized reference
+    assert needs_bitsandbytes(model={}, training={}, model_paths=["org/model-on-the-hub"])  # unknown: allowed
+
+
+def test_kept_out_bitsandbytes_reads_as_not_installed():
+    probe = ("from tuneline.core.worker.preload import keep_out_bitsandbytes; keep_out_bitsandbytes(); "
+             "import importlib.util, sys; print(importlib.util.find_spec('bitsandbytes') is None, "
+             "sys.modules['bitsandbytes'] is None)")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("bitsandbytes is not installed here")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["True", "True"]
+
+
+def test_a_worker_whose_job_never_comes_is_ended():
+    with worker_started_ahead("sft", without_bitsandbytes=True, env={}) as worker:
+        assert worker is not None and worker.poll() is None
+    assert worker.returncode is not None  # ended on leaving, not left importing in the background
+
+
+def test_torchrun_launches_start_no_worker_ahead():
+    with worker_started_ahead("sft", without_bitsandbytes=True, env={"FORCE_TORCHRUN": "1"}) as worker:
+        assert worker is None
