@@ -37,7 +37,7 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     _require(config, ("model_name_or_path", "dataset", "output_dir") if trains(config.training) else
              ("model_name_or_path", "output_dir"), source=config_path)
     plan = plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
-    problems = check_parallel_settings(config.training)
+    problems = check_parallel_settings(config.training, pure_bf16=config.finetuning.pure_bf16)
     problems += parallel_problems(config.optimizer, config.training, world_size=plan.world_size)
     if problems:
         raise ConfigError(problems, source=config_path)
