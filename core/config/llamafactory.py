@@ -77,8 +77,6 @@ PENDING: tuple[Unavailable, ...] = (
     *NEEDS_CUDA,  # where CUDA is present, these are not implemented yet either
     Unavailable("template options", keys=("default_system", "tool_format", "enable_thinking", "preserve_thinking")),
     Unavailable("data options", keys=("buffer_size", "eval_num_beams", "ignore_pad_token_for_loss", "eval_on_each_dataset")),
-    Unavailable("the tokenized dataset saved to and loaded from a folder of one's own; `tuneline data preprocess "
-                "--output DIR` writes one", keys=("tokenized_path",)),
 )
 
 # None at present (Mixture-of-Depths runs as tuneline's own, core/models/mixture_of_depths.py).

@@ -71,7 +71,7 @@ EXAMPLES: dict[str, Example] = {
                                                chain={"reward_model": "train_lora/llama3_lora_reward.yaml"},
                                                overrides={"max_new_tokens": 8}),
     "train_lora/llama3_preprocess.yaml": Example("trains", "tokenizes to tokenized_path (moved to the run's folder), "
-                                                 "then trains", xfail="pending: tokenized_path"),
+                                                 "then trains"),
     "train_lora/llama3_lora_eval.yaml": Example("refused: benchmark evaluation", "llamafactory-cli eval (task: mmlu_test)",
                                                 chain=SFT_ADAPTER),
     "train_lora/llama3_lora_sft_ds3.yaml": Example("refused: DeepSpeed", "DeepSpeed ZeRO-3: not installed, needs CUDA"),
