@@ -31,6 +31,7 @@ from tuneline.core.worker.preload import needs_bitsandbytes
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.models.gptq import gptq_machine_problems
 from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, train_job
+from tuneline.core.pipeline.tokenized_folders import holds_files, ignored_settings, load_tokenized, save_tokenized, write_record
 from tuneline.core.training.job import LOG_FILE
 from tuneline.core.training.optimizers.rules import parallel_problems
 
@@ -46,19 +47,21 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     _require(config, ("model_name_or_path", "dataset", "output_dir") if trains(config.training) else
              ("model_name_or_path", "output_dir"), source=config_path)
     plan = plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
-    problems = check_parallel_settings(config.training)
+    problems = check_parallel_settings(config.training, pure_bf16=config.finetuning.pure_bf16)
     problems += parallel_problems(config.optimizer, config.training, world_size=plan.world_size)
     if problems:
         raise ConfigError(problems, source=config_path)
+    saved = config.data.tokenized_path and holds_files(Path(config.data.tokenized_path))
     output_dir = Path(config.training["output_dir"])
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
     ft = config.finetuning
     without_bitsandbytes = not needs_bitsandbytes(model=dataclasses.asdict(config.model), training=config.training,
                                                   model_paths=[config.model.model_name_or_path, ft.ref_model, ft.reward_model])
     with worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker:  # imports while we tokenize
-        fingerprints = dataset_fingerprints(config)  # every dataset entry and file checked before any model loads
+        # every dataset entry and file checked before any model loads (a saved tokenized dataset reads none)
+        fingerprints = None if saved else dataset_fingerprints(config)
         with _torch_left_to_the_worker(config):
-            tokenized = tokenized_dataset(config, fingerprints=fingerprints)
+            tokenized = training_data(config, fingerprints=fingerprints)
         job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized),
                         output_dir=str(output_dir), training=config.training,
                         overwrite_output_dir=config.output.overwrite_output_dir)
@@ -88,6 +91,28 @@ def _torch_left_to_the_worker(config: StageConfig) -> Iterator[None]:
             os.environ.pop(NO_ADVICE, None)
         else:
             os.environ[NO_ADVICE] = advice
+
+
+def training_data(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:
+    """The tokenized data a run trains on. With `tokenized_path`, as in LLaMA-Factory: a folder with
+    files in it is loaded (checked to be one tuneline saved for this stage, tokenizer and template)
+    and the datasets are not read; an empty or missing one receives a copy of the tokenized data,
+    and the run goes on to train on it."""
+    saved = Path(config.data.tokenized_path) if config.data.tokenized_path else None
+    if saved is None:
+        return tokenized_dataset(config, fingerprints=fingerprints)
+    tokenizer_key = tokenizer_fingerprint(config.model.model_name_or_path)
+    if holds_files(saved):
+        load_tokenized(saved, config=config, tokenizer_key=tokenizer_key)
+        ignored = ignored_settings(saved, config)
+        print(f"tokenize: loaded the tokenized dataset of tokenized_path {saved}; the data settings it was saved with "
+              "hold" + (f" (this config's {', '.join(ignored)} differ and are not used)" if ignored else ""), flush=True)
+        return saved
+    save_tokenized(saved, tokenized=tokenized_dataset(config, fingerprints=fingerprints), config=config,
+                   tokenizer_key=tokenizer_key)
+    print(f"tokenize: saved the tokenized dataset to tokenized_path {saved}; a run with the same tokenized_path loads it "
+          "and skips tokenizing", flush=True)
+    return saved
 
 
 def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:
@@ -120,6 +145,7 @@ def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[s
 
     def write(draft: Path) -> None:
         counters.update(tokenize_stage_data(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft))
+        write_record(draft, config, tokenizer_key=tokenizer_fingerprint(config.model.model_name_or_path))
 
     write_user_folder(output, write, key="--output", overwrite=config.output.overwrite_output_dir)
     return counters

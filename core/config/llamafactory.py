@@ -70,14 +70,11 @@ NEEDS_CUDA: tuple[Unavailable, ...] = (
     Unavailable("Liger's Triton kernels (liger-kernel)", keys=("enable_liger_kernel",)),
     Unavailable("LLaMA-Factory's v1 kernels", keys=("use_v1_kernels",)),
     Unavailable("FP8 training", keys=("fp8", "fp8_enable_fsdp_float8_all_gather")),
-    Unavailable("bfloat16 weights on a GPU that supports them", keys=("pure_bf16",)),
     Unavailable("a vLLM or SGLang engine", values={"infer_backend": ("vllm", "sglang")}),
 )
 
 PENDING: tuple[Unavailable, ...] = (
     *NEEDS_CUDA,  # where CUDA is present, these are not implemented yet either
-    Unavailable("the tokenized dataset saved to and loaded from a folder of one's own; `tuneline data preprocess "
-                "--output DIR` writes one", keys=("tokenized_path",)),
 )
 
 # None at present (Mixture-of-Depths runs as tuneline's own, core/models/mixture_of_depths.py).

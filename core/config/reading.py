@@ -141,6 +141,9 @@ def read_stage_config(raw: Mapping[str, Any]) -> tuple[StageConfig, list[str]]:
     config = StageConfig(training=coerce_all(training, training_fields(), problems), **built)
     problems.extend(conflicts(config))
     problems.extend(unavailable_problems(config, has_cuda=_has_cuda))
+    if config.finetuning.pure_bf16 and not _computes_bf16():
+        problems.append("'pure_bf16: true' trains in bfloat16, which this machine's GPU does not compute; remove the key "
+                        "(the trainer then keeps float32 weights), or run on a GPU with bfloat16 (Ampere or newer).")
     return config, problems
 
 
@@ -148,3 +151,10 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _computes_bf16() -> bool:
+    """The CPU always does (torch has bfloat16 kernels there); a CUDA GPU from Ampere on."""
+    import torch
+
+    return not torch.cuda.is_available() or torch.cuda.is_bf16_supported()

@@ -193,6 +193,9 @@ def loading_problems(config: StageConfig) -> list[str]:
     if ft.loraplus_lr_embedding != FinetuningConfig.loraplus_lr_embedding and ft.loraplus_lr_ratio is None:
         problems.append(f"'loraplus_lr_embedding: {ft.loraplus_lr_embedding}' is the learning rate of LoRA+'s "
                         "embedding group, and 'loraplus_lr_ratio' is not set; set it or remove loraplus_lr_embedding.")
+    if ft.pure_bf16 and training.get("fp16"):
+        problems.append("'pure_bf16: true' trains the weights in bfloat16, and 'fp16: true' would compute them in float16 "
+                        "with a loss scaler; remove fp16 (pure_bf16 needs no mixed precision).")
     problems.extend(_quantized_reference_problems(ft))
     return problems
 

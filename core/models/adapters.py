@@ -56,7 +56,9 @@ def apply_adapter(
               "load of the saved adapter (merge, export, continued training) draws anew, so the reloaded model is close "
               "to the trained one but not equal; 'pissa_iter: -1' (the exact SVD) or 'pissa_convert: true' (a plain "
               "LoRA adapter in pissa_converted/) reload exactly.", flush=True)
-    return get_peft_model(model, new_config(model, finetuning, head=head, new_token_rows=new_token_rows))
+    # peft would make a new adapter float32 on a half-precision base; pure_bf16 trains it in bfloat16 too
+    return get_peft_model(model, new_config(model, finetuning, head=head, new_token_rows=new_token_rows),
+                          autocast_adapter_dtype=not finetuning.pure_bf16)
 
 
 def lora_config(model: PreTrainedModel, finetuning: FinetuningConfig, *, head: str | None = None,

@@ -82,6 +82,7 @@ def load_model(
     trainable: bool = False,
     model_max_length: int | None = None,
     use_kv_cache: bool = True,
+    pure_bf16: bool = False,
 ) -> PreTrainedModel:
     """The model at `path` in the compute dtype, with the chosen attention, quantized when asked, its
     embeddings grown to `vocab_size` if larger (`core/models/vocabulary.py`): a causal LM (policies and references), or with
@@ -92,7 +93,7 @@ def load_model(
     Its config gets `rope_scaling` for `model_max_length` (None: for inference), and when `trainable`
     (the model a stage trains) the router loss of `moe_aux_loss_coef` and no KV cache (otherwise
     the cache as `use_kv_cache` says); with `train_from_scratch` a trainable model starts from
-    random weights of the same architecture."""
+    random weights of the same architecture. `pure_bf16` loads it in bfloat16 whatever the trainer keys say."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     model = model or ModelConfig()
@@ -103,7 +104,7 @@ def load_model(
     config = _load_config(path, model, **({"num_labels": 1} if head == "score" else {}))
     routing = _routing_of_folder(config, path=path, asked=model.mixture_of_depths)
     patch_config(config, model, model_max_length=model_max_length, trainable=trainable, use_kv_cache=use_kv_cache)
-    dtype = compute_dtype(training or {}, config=config)
+    dtype = compute_dtype(training or {}, config=config, pure_bf16=pure_bf16)
     quantization = quantization_config(model, compute_dtype=dtype)
     _check_weights_format(path, model)
     model_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
@@ -225,13 +226,13 @@ def load_reward_model(
     return reward.eval(), tokenizer
 
 
-def compute_dtype(training: Mapping[str, Any], *, config: PretrainedConfig) -> torch.dtype:
-    """bfloat16 or float16 when the `bf16`/`fp16` training keys ask for it; otherwise float32 on a
-    CPU, and on a GPU the half precision the model was saved in (float16 where the GPU lacks
-    bfloat16), float32 for a float32 model."""
+def compute_dtype(training: Mapping[str, Any], *, config: PretrainedConfig, pure_bf16: bool = False) -> torch.dtype:
+    """bfloat16 with `pure_bf16` (on a CPU too: torch computes in bfloat16 there) or when the `bf16`
+    training key asks for it, float16 for `fp16`; otherwise float32 on a CPU, and on a GPU the half
+    precision the model was saved in (float16 where the GPU lacks bfloat16), float32 for a float32 model."""
     import torch
 
-    if training.get("bf16"):
+    if pure_bf16 or training.get("bf16"):
         return torch.bfloat16
     if training.get("fp16"):
         return torch.float16
@@ -269,7 +270,8 @@ def apply_finetuning(
 ) -> PreTrainedModel:
     """Make the chosen parameters trainable (LoRA, OFT, freeze or full) in float32; refuse a setup in
     which the method would train nothing. `upcast=False` leaves them in the loaded dtype, for BAdam,
-    which keeps float32 copies of the block it trains itself (as LLaMA-Factory leaves them).
+    which keeps float32 copies of the block it trains itself, and for `pure_bf16`, which trains the
+    bfloat16 weights themselves (as LLaMA-Factory leaves them in both).
 
     `head` names a sequence classifier's scoring head, which trains in full whatever the method:
     with an adapter it is saved inside a new adapter (see `apply_adapter`), otherwise it is unfrozen.

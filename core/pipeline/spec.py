@@ -219,6 +219,10 @@ def _build_stage(
                     "exported folder." for key, value in (("export_hub_model_id", export.export_hub_model_id),
                                                            ("export_quantization_bit", export.export_quantization_bit))
                     if value is not None)
+    if config.data.tokenized_path:
+        problems.append(f"stage '{name}': 'tokenized_path: {config.data.tokenized_path}' is a key of `tuneline train`; a "
+                        "pipeline keeps each stage's tokenized data in its workspace, keyed by content, and reuses it "
+                        "there; remove the key.")
     parent = values.get("from")
     return TrainingStage(name=name, parent=None if parent is None else str(parent), config=config,
                          references=stage_references(config))

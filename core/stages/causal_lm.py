@@ -26,11 +26,11 @@ def load_policy(request: ModelRequest) -> PreTrainedModel:
     from tuneline.core.models.vocabulary import grow_vocabulary, rows_that_train
 
     model = load_model(request.model_path, model=request.model_config, training=request.training, trainable=True,
-                       model_max_length=request.model_max_length)
+                       model_max_length=request.model_max_length, pure_bf16=request.finetuning.pure_bf16)
     rows = grow_vocabulary(model, vocab_size=len(request.tokenizer), new_tokens=request.new_tokens,
                            init=request.model_config.init_special_tokens)
     return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
-                            upcast=not request.optimizer.use_badam,
+                            upcast=request.upcasts_trainable,
                             new_token_rows=rows_that_train(rows, request.model_config))
 
 

@@ -47,6 +47,12 @@ class ModelRequest:
     new_tokens: NewTokens | None = None
     """The tokens the tokenize stage added to the tokenizer, whose embedding rows start and train anew."""
 
+    @property
+    def upcasts_trainable(self) -> bool:
+        """Whether the trained parameters go to float32: not for BAdam (which keeps float32 copies of
+        its block itself) nor `pure_bf16` (which trains the bfloat16 weights themselves)."""
+        return not (self.optimizer.use_badam or self.finetuning.pure_bf16)
+
 
 @dataclass(frozen=True)
 class TrainerRequest:

@@ -87,7 +87,7 @@ def _load_reference(
                                  adapter_name_or_path=finetuning.ref_model_adapters,
                                  quantization_bit=finetuning.ref_model_quantization_bit, mixture_of_depths=None)
     reference = load_model(finetuning.ref_model, model=config, vocab_size=vocab_size, training=training,
-                           model_max_length=model_max_length)
+                           model_max_length=model_max_length, pure_bf16=finetuning.pure_bf16)
     for path in adapter_paths(config):
         reference = load_adapter(reference, path, model_config=config, trainable=False)
         if config.quantization_bit is None:

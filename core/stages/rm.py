@@ -60,11 +60,11 @@ def load_reward_base(request: ModelRequest) -> PreTrainedModel:
     from tuneline.core.models.vocabulary import grow_vocabulary, rows_that_train
 
     model = load_model(request.model_path, model=request.model_config, training=request.training, head="score",
-                       trainable=True, model_max_length=request.model_max_length)
+                       trainable=True, model_max_length=request.model_max_length, pure_bf16=request.finetuning.pure_bf16)
     rows = grow_vocabulary(model, vocab_size=len(request.tokenizer), new_tokens=request.new_tokens,
                            init=request.model_config.init_special_tokens)
     return apply_finetuning(model, request.finetuning, model_config=request.model_config, training=request.training,
-                            head=head_name(model), upcast=not request.optimizer.use_badam,
+                            head=head_name(model), upcast=request.upcasts_trainable,
                             new_token_rows=rows_that_train(rows, request.model_config))
 
 

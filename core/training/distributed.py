@@ -123,12 +123,16 @@ def process_group_settings(training: Mapping[str, Any], *, world_size: int, acce
     return {"use_cpu": training.get("use_cpu", True), "ddp_backend": training.get("ddp_backend") or "gloo"}
 
 
-def check_parallel_settings(training: Mapping[str, Any]) -> list[str]:
-    """Problems with `deepspeed`, `fsdp` and `fsdp_config`, each naming key, value and fix."""
+def check_parallel_settings(training: Mapping[str, Any], *, pure_bf16: bool = False) -> list[str]:
+    """Problems with `deepspeed`, `fsdp` and `fsdp_config`, each naming key, value and fix; with
+    `pure_bf16`, ZeRO-3 too (it keeps float32 shards of its own, as LLaMA-Factory says)."""
     problems: list[str] = []
     deepspeed, fsdp, fsdp_config = training.get("deepspeed"), fsdp_setting(training.get("fsdp")), training.get("fsdp_config")
     if deepspeed:
         problems += _check_deepspeed(deepspeed)
+    if pure_bf16 and deepspeed_zero_stage(deepspeed) == 3:
+        problems.append(f"'pure_bf16: true' cannot train with DeepSpeed ZeRO-3 ('deepspeed: {deepspeed}'), which "
+                        "partitions float32 weights of its own; remove pure_bf16, or use a ZeRO stage below 3.")
     if fsdp and deepspeed:
         problems.append("'fsdp' and 'deepspeed' are both set; they are two ways of sharding the same model, keep one.")
     if fsdp and not _has_gpus():

@@ -119,7 +119,7 @@ def _error_message(text: str) -> str:
 
 def prepare_job(job: TrainJob, plan: LaunchPlan) -> TrainJob:
     """`job` with its DeepSpeed/FSDP settings checked and resolved and the world size `plan` starts."""
-    problems = check_parallel_settings(job.training)
+    problems = check_parallel_settings(job.training, pure_bf16=job.finetuning.get("pure_bf16", False))
     problems += parallel_problems(OptimizerConfig(**job.optimizer), job.training, world_size=plan.world_size)
     if problems:
         raise ConfigError(problems)

@@ -71,7 +71,7 @@ EXAMPLES: dict[str, Example] = {
                                                chain={"reward_model": "train_lora/llama3_lora_reward.yaml"},
                                                overrides={"max_new_tokens": 8}),
     "train_lora/llama3_preprocess.yaml": Example("trains", "tokenizes to tokenized_path (moved to the run's folder), "
-                                                 "then trains", xfail="pending: tokenized_path"),
+                                                 "then trains"),
     "train_lora/llama3_lora_eval.yaml": Example("refused: benchmark evaluation", "llamafactory-cli eval (task: mmlu_test)",
                                                 chain=SFT_ADAPTER),
     "train_lora/llama3_lora_sft_ds3.yaml": Example("refused: DeepSpeed", "DeepSpeed ZeRO-3: not installed, needs CUDA"),
@@ -103,8 +103,8 @@ EXAMPLES: dict[str, Example] = {
     "extras/muon/qwen2_full_sft.yaml": Example("trains", "Muon, full", base="qwen2"),
     "extras/dft/qwen2_full_sft.yaml": Example("trains", "DFT loss, full", base="qwen2"),
     "extras/badam/llama3_full_sft.yaml": Example("trains", "BAdam, layer mode"),
-    "extras/galore/llama3_full_sft.yaml": Example("refused: only on a CUDA GPU", "pure_bf16"),
-    "extras/apollo/llama3_full_sft.yaml": Example("refused: only on a CUDA GPU", "pure_bf16"),
+    "extras/galore/llama3_full_sft.yaml": Example("trains", "GaLore, layer-wise, on bfloat16 weights (pure_bf16)"),
+    "extras/apollo/llama3_full_sft.yaml": Example("trains", "APOLLO, layer-wise, on bfloat16 weights (pure_bf16)"),
     "extras/llama_pro/llama3_freeze_sft.yaml": Example("trains", "LLaMA Pro: a tiny LLaMA of 8 layers expanded by 8",
                                                        base="llama3-pro"),
     "extras/loraplus/llama3_lora_sft.yaml": Example("trains", "LoRA+"),
@@ -115,8 +115,7 @@ EXAMPLES: dict[str, Example] = {
     "extras/nlg_eval/llama3_lora_predict.yaml": Example("trains", "prediction alone with the SFT example's adapter; "
                                                         "max_new_tokens 1024 -> 8 (a random tiny model rarely stops)",
                                                         chain=SFT_ADAPTER, overrides={"max_new_tokens": 8}),
-    "extras/mod/llama3_full_sft.yaml": Example("refused: only on a CUDA GPU", "pure_bf16 (Mixture-of-Depths itself "
-                                               "runs on the CPU)"),
+    "extras/mod/llama3_full_sft.yaml": Example("trains", "Mixture-of-Depths, full, on bfloat16 weights (pure_bf16)"),
     "extras/fp8/llama3_fp8_deepspeed_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and DeepSpeed"),
     "extras/fp8/llama3_fp8_fsdp_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and FSDP; its fsdp list and "
                                                    "fsdp_transformer_layer_cls_to_wrap are refused too: transformers 5 "

@@ -55,6 +55,7 @@ RULES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "quantization_bit other than 4 or 8": ({"quantization_bit": 3}, ("quantization_bit",)),
     "reference quantization other than 4 or 8": ({"ref_model_quantization_bit": 2}, ("ref_model_quantization_bit",)),
     "fp8 with quantization": ({"fp8": True, "quantization_bit": 4}, ("fp8", "quantization_bit")),
+    "pure_bf16 with fp16": ({"pure_bf16": True, "fp16": True}, ("pure_bf16", "fp16")),
     "use_rslora without lora": ({"finetuning_type": "freeze", "use_rslora": True}, ("use_rslora", "finetuning_type")),
     "use_dora without lora": ({"finetuning_type": "full", "use_dora": True}, ("use_dora", "finetuning_type")),
     "pissa_init without lora": ({"finetuning_type": "full", "pissa_init": True}, ("pissa_init", "finetuning_type")),

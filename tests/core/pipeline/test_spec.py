@@ -220,3 +220,10 @@ def test_export_keys_of_tuneline_export_are_refused_in_a_pipeline_stage():
         build_pipeline(raw, overrides={})
     problems = [p for p in caught.value.problems if "is a key of `tuneline export`" in p]
     assert [p.split("'")[3] for p in problems] == ["export_hub_model_id: me/model", "export_quantization_bit: 4"]
+
+
+def test_tokenized_path_of_tuneline_train_is_refused_in_a_pipeline_stage():
+    raw = _pipeline([{"name": "a", "stage": "sft", "model_name_or_path": "m", "tokenized_path": "saves/data"}])
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(raw, overrides={})
+    assert [p for p in caught.value.problems if "'tokenized_path: saves/data' is a key of `tuneline train`" in p]

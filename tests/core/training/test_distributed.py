@@ -117,6 +117,8 @@ def test_deepspeed_and_fsdp_files_are_checked(tmp_path: Path):
     ds.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
     problems = check_parallel_settings({"deepspeed": str(ds)})
     assert len(problems) == 1 and "DeepSpeed, which is not installed" in problems[0] and "GPUs" in problems[0]
+    assert any("'pure_bf16: true' cannot train with DeepSpeed ZeRO-3" in p
+               for p in check_parallel_settings({"deepspeed": str(ds)}, pure_bf16=True))
     assert any("names no file" in p for p in check_parallel_settings({"deepspeed": str(tmp_path / "missing.json")}))
     (tmp_path / "broken.json").write_text("{zero")
     assert any("does not parse" in p for p in check_parallel_settings({"deepspeed": str(tmp_path / "broken.json")}))
