@@ -189,7 +189,7 @@ def test_oft_on_a_4_bit_base_trains_its_rotations_and_leaves_the_base_untouched(
     from bitsandbytes.nn import Linear4bit
     from peft.tuners.oft.layer import Linear as OFTLinear
 
-    model = prepared(tiny_base, FinetuningConfig(finetuning_type="oft", oft_target="all"), ModelConfig(quantization_bit=4))
+    model = prepared(tiny_base, FinetuningConfig(finetuning_type="oft", oft_target="q_proj,v_proj"), ModelConfig(quantization_bit=4))
     attention = model.get_base_model().model.layers[0].self_attn
     assert isinstance(attention.q_proj, OFTLinear) and isinstance(attention.q_proj.get_base_layer(), Linear4bit)
     before, base_weights = snapshot(model), dequantized(model)
