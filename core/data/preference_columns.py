@@ -70,11 +70,12 @@ def odds_ratio_pairs(dataset: Dataset) -> Dataset:
 
 
 def kto_examples(dataset: Dataset) -> Dataset:
-    """`prompt_ids`, `completion_ids`, `KL_completion_ids` and `label`, as TRL's KTOTrainer takes them.
+    """`prompt_ids`, `completion_ids`, `KL_completion_ids` and `label`, as TRL's KTOTrainer takes them,
+    and `KL_prompt_ids`, which `TokenizedKTOTrainer` puts before `KL_completion_ids`.
 
-    The KL completion is the reply of tuneline's `kl_*` example (LLaMA-Factory's pairing of each
-    prompt with the previous row's reply); TRL puts it after the example's own prompt, which is the
-    `kl_*` prompt unless truncation cut the two differently.
+    The KL sequence is tuneline's `kl_*` example split at its prompt (LLaMA-Factory's pairing of each
+    prompt with the previous row's reply, cut to cutoff_len on its own), so the KL term sees exactly
+    the tokens tokenization wrote.
     """
     check_columns(dataset, examples="feedback")
     return _map(dataset, _split_feedback)
@@ -96,15 +97,16 @@ def _split_pairs(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
 
 
 def _split_feedback(batch: dict[str, list]) -> dict[str, list]:
-    prompts, completions, kl_completions = [], [], []
+    prompts, completions, kl_prompts, kl_completions = [], [], [], []
     for ids, labels, kl_ids, kl_labels in zip(batch["input_ids"], batch["labels"], batch["kl_input_ids"],
                                               batch["kl_labels"]):
-        length = prompt_length(labels)
+        length, kl_length = prompt_length(labels), prompt_length(kl_labels)
         prompts.append(ids[:length])
         completions.append(ids[length:])
-        kl_completions.append(kl_ids[prompt_length(kl_labels):])
-    return {"prompt_ids": prompts, "completion_ids": completions, "KL_completion_ids": kl_completions,
-            "label": [bool(tag) for tag in batch["kto_tags"]]}
+        kl_prompts.append(kl_ids[:kl_length])
+        kl_completions.append(kl_ids[kl_length:])
+    return {"prompt_ids": prompts, "completion_ids": completions, "KL_prompt_ids": kl_prompts,
+            "KL_completion_ids": kl_completions, "label": [bool(tag) for tag in batch["kto_tags"]]}
 
 
 def _map(dataset: Dataset, function: Any, *, with_indices: bool = False) -> Dataset:

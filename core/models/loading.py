@@ -314,9 +314,9 @@ def method_problems(model: ModelConfig, finetuning: FinetuningConfig) -> list[st
     adapter = finetuning.finetuning_type in ADAPTER_TYPES
     bits = model.quantization_bit
     adapters = adapter_paths(model)
-    if bits is not None and not lora:
-        problems.append(f"'quantization_bit: {bits}' trains LoRA adapters only (quantized weights cannot be updated); "
-                        "set 'finetuning_type: lora' or remove quantization_bit.")
+    if bits is not None and not adapter:
+        problems.append(f"'quantization_bit: {bits}' trains LoRA or OFT adapters only (quantized weights cannot be "
+                        "updated); set 'finetuning_type: lora' or 'oft', or remove quantization_bit.")
     if bits is not None and lora and finetuning.pissa_init:
         problems.append("'pissa_init: true' needs the full-precision base (PiSSA rewrites it from its singular vectors), "
                         f"so it cannot start from 'quantization_bit: {bits}'; remove one of the two.")

@@ -1,6 +1,6 @@
 """Loading the base in 4 or 8 bits with bitsandbytes (QLoRA), as LLaMA-Factory configures it.
 
-The quantized weights stay frozen; only LoRA adapters on top of them train. Nothing is upcast
+The quantized weights stay frozen; only LoRA or OFT adapters on top of them train. Nothing is upcast
 beyond what the method needs: the non-quantized parameters keep the compute dtype. A model saved
 already quantized (GPTQ, AWQ, AQLM, ...) loads through transformers' loader for its method, which
 needs that method's package; without it, the message names the package.

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneline.core.config import FinetuningConfig, StageConfig
-from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
@@ -36,9 +35,6 @@ def build_kto_trainer(request: TrainerRequest) -> Trainer:
     """TRL's KTOTrainer for stage kto, ready to train on tuneline's tokenized feedback rows."""
     finetuning, args = request.finetuning, request.args
     raise_problems(kto_problems(finetuning))
-    if args.per_device_train_batch_size < 2:
-        raise ConfigError(f"'per_device_train_batch_size: {args.per_device_train_batch_size}' is too small for stage "
-                          "kto, which estimates its KL term from the other rows of a batch; set it to 2 or more.")
     from trl import KTOConfig
 
     from tuneline.core.data.preference_columns import kto_examples

@@ -12,6 +12,7 @@ from typing import Any
 
 from torch.utils.data import RandomSampler, Sampler, SequentialSampler
 from trl import DPOTrainer, KTOTrainer
+from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 from trl.import_utils import TRLExperimentalWarning
 
 with warnings.catch_warnings():
@@ -30,20 +31,57 @@ class TokenizedDPOTrainer(DPOTrainer):
 
 
 class TokenizedKTOTrainer(KTOTrainer):
-    """KTO on `alignment_data.kto_examples` rows, whose KL completions were paired at preprocessing."""
+    """KTO on `alignment_data.kto_examples` rows, whose KL sequences were paired at preprocessing.
+
+    Each row brings its own mismatched sequence for the KL term (its prompt with another row's
+    reply), so a batch of one row has a KL term too, computed from exactly the tokens tuneline wrote.
+    """
 
     shuffle: bool = True  # False for `disable_shuffling`, set by `kto.build_kto_trainer`
+
+    def __init__(self, *, args: Any, **trainer_arguments: Any) -> None:
+        # TRL refuses a batch of one row because it builds the KL completions from the batch's other
+        # rows; here they come with the rows, so its check is passed two rows and then given the real batch.
+        rows = args.per_device_train_batch_size
+        args.per_device_train_batch_size = max(rows, 2)
+        try:
+            super().__init__(args=args, **trainer_arguments)
+        finally:
+            args.per_device_train_batch_size = rows
+        self._train_batch_size = args.train_batch_size
+        collator = self.data_collator
+        self.data_collator = OwnKLPromptCollator(pad_token_id=collator.pad_token_id, max_length=collator.max_length,
+                                                 pad_to_multiple_of=collator.pad_to_multiple_of)
 
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
         return dataset
 
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        if "KL_prompt_ids" not in self._signature_columns:
+            self._signature_columns = [*self._signature_columns, "KL_prompt_ids"]
+
     def _get_train_sampler(self, train_dataset: Any = None) -> Sampler | None:
         """Shuffled batches, as LLaMA-Factory trains KTO. TRL keeps the rows in order only because it
         pairs each completion with a neighbour in the batch for the KL term; tuneline's rows bring
-        their KL completion with them. In order when `shuffle` is off (`disable_shuffling`); the
+        their KL sequence with them. In order when `shuffle` is off (`disable_shuffling`); the
         arguments always say sequential, which TRL insists on."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return RandomSampler(dataset) if self.shuffle else SequentialSampler(dataset)
+
+
+class OwnKLPromptCollator(DataCollatorForUnpairedPreference):
+    """TRL's KTO collator, with each KL sequence built from its own tokenized prompt (`KL_prompt_ids`)
+    rather than the example's: the two differ where cutoff_len cut the prompt to fit a longer or
+    shorter reply."""
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        own = [{key: value for key, value in example.items() if not key.startswith("KL_")} for example in examples]
+        output = super().torch_call(own)
+        mismatched = super().torch_call([{"prompt_ids": example["KL_prompt_ids"], "completion_ids": example["KL_completion_ids"],
+                                          "label": example["label"]} for example in examples])
+        output.update({f"KL_{key}": mismatched[key] for key in ("input_ids", "attention_mask", "completion_mask")})
+        return output
 
 
 class TokenizedORPOTrainer(ORPOTrainer):

@@ -107,7 +107,7 @@ def test_methods_that_cannot_train_together_fail_when_the_config_is_read():
     with pytest.raises(ConfigError) as error:
         build_stage_config({"finetuning_type": "freeze", "quantization_bit": 4, "loraplus_lr_ratio": 16})
     assert len(error.value.problems) == 2
-    assert "'quantization_bit: 4' trains LoRA adapters only" in str(error.value) and "loraplus_lr_ratio" in str(error.value)
+    assert "'quantization_bit: 4' trains LoRA or OFT adapters only" in str(error.value) and "loraplus_lr_ratio" in str(error.value)
 
 
 def test_strict_template_and_allow_template_mismatch_contradict():

@@ -184,6 +184,23 @@ def test_qlora_trains_the_adapter_and_leaves_the_quantized_base_untouched(tiny_b
 
 
 @pytest.mark.slow
+def test_oft_on_a_4_bit_base_trains_its_rotations_and_leaves_the_base_untouched(tiny_base: Path, batch):
+    """peft's OFT wraps bitsandbytes' Linear4bit layers, as LLaMA-Factory's QOFT examples train them."""
+    from bitsandbytes.nn import Linear4bit
+    from peft.tuners.oft.layer import Linear as OFTLinear
+
+    model = prepared(tiny_base, FinetuningConfig(finetuning_type="oft", oft_target="q_proj,v_proj"), ModelConfig(quantization_bit=4))
+    attention = model.get_base_model().model.layers[0].self_attn
+    assert isinstance(attention.q_proj, OFTLinear) and isinstance(attention.q_proj.get_base_layer(), Linear4bit)
+    before, base_weights = snapshot(model), dequantized(model)
+    first, last = train_steps(model, batch)
+    rotations = {name for name, _ in model.named_parameters() if ".oft_R." in name}  # not its index buffers
+    assert last < first
+    assert rotations and changed(before, model) == trainable(model) == rotations
+    assert len(base_weights) == 14 and all(torch.equal(weight, dequantized(model)[name]) for name, weight in base_weights.items())
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [4, 8])
 def test_qlora_gradients_after_evaluation_and_generation_equal_those_before(tiny_base: Path, batch, bits: int):
     model = prepared(tiny_base, FinetuningConfig(lora_rank=4), ModelConfig(quantization_bit=bits))

@@ -135,7 +135,8 @@ def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
     examples = load(feedback)[0]["train"].select(range(8))
     for row, example in zip(examples, kto_examples(examples)):
         assert example["prompt_ids"] + example["completion_ids"] == row["input_ids"]
-        assert row["kl_input_ids"][-len(example["KL_completion_ids"]):] == example["KL_completion_ids"]
+        assert example["KL_prompt_ids"] + example["KL_completion_ids"] == row["kl_input_ids"]
+        assert len(example["KL_prompt_ids"]) == prompt_length(row["kl_labels"])
         assert example["label"] is row["kto_tags"]
     sft_rows = Dataset.from_dict({"input_ids": [[1, 2]], "attention_mask": [[1, 1]], "labels": [[-100, 2]]})
     with pytest.raises(ConfigError, match="stage kto needs .*kl_input_ids"):
@@ -156,14 +157,23 @@ def test_unusable_preference_settings_are_named_when_the_config_is_read(keys: di
     assert any(fragment in problem for problem in error.value.problems), error.value.problems
 
 
-def test_kto_needs_two_rows_per_batch(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_kto_trains_on_batches_of_one_row(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:
+    """Each row brings its KL sequence, so a batch of one row trains with a KL term (TRL alone refuses it)."""
     from tuneline.core.stages.kto import build_kto_trainer
 
     data, tokenizer = load(feedback)
     method = finetuning("kto", finetuning_type="lora")
-    with pytest.raises(ConfigError, match="'per_device_train_batch_size: 1' is too small for stage kto"):
-        build_kto_trainer(TrainerRequest(model=policy(tiny_base, method, tokenizer), tokenizer=tokenizer, train_dataset=data["train"],
-                          finetuning=method, args=trainer_args(tmp_path, per_device_train_batch_size=1)))
+    trainer = build_kto_trainer(TrainerRequest(model=policy(tiny_base, method, tokenizer), tokenizer=tokenizer,
+                                               train_dataset=data["train"], finetuning=method,
+                                               args=trainer_args(tmp_path, per_device_train_batch_size=1, max_steps=3,
+                                                                 learning_rate=1e-2, logging_steps=1)))
+    lora_b = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_B" in name}
+    trainer.train()
+    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(steps) == 3 and trainer.state.train_batch_size == 1
+    assert all(entry["loss"] == entry["loss"] and "kl" in entry for entry in steps)
+    assert any(not torch.equal(p, dict(trainer.model.named_parameters())[name]) for name, p in lora_b.items())
 
 
 def test_disable_shuffling_keeps_kto_rows_in_order(tiny_base: Path, feedback: Path, tmp_path: Path) -> None:
