@@ -63,12 +63,7 @@ EXAMPLES: dict[str, Example] = {
     "train_lora/llama3_lora_reward.yaml": Example("trains", "LoRA reward model"),
     "train_lora/llama3_lora_dpo.yaml": Example("trains", "LoRA DPO"),
     "train_lora/llama3_lora_kto.yaml": Example("trains", "LoRA KTO, one row per batch (each row's KL sequence paired "
-                                               "when tokenizing)",
-                                               xfail="gap: the llama3 template's stop word <|eom_id|> is new to this "
-                                                     "Llama-3 tokenizer, so the embeddings grow and peft trains the new "
-                                                     "rows through a wrapper on the tied output head, which TRL's fused "
-                                                     "LM head cannot read (LLaMA-Factory grows them only with "
-                                                     "resize_vocab; the DPO example meets the same)"),
+                                               "when tokenizing)"),
     "train_lora/llama3_lora_ppo.yaml": Example("trains", "LoRA PPO against the reward example's output; max_new_tokens "
                                                "512 -> 8 (a random tiny model rarely stops)",
                                                chain={"reward_model": "train_lora/llama3_lora_reward.yaml"},
@@ -124,11 +119,7 @@ EXAMPLES: dict[str, Example] = {
                                                    "fsdp_transformer_layer_cls_to_wrap are refused too: transformers 5 "
                                                    "takes neither"),
     "extras/qoft/llama3_oft_sft_bnb_npu.yaml": Example("trains", "OFT on a 4-bit bitsandbytes base, which runs on the "
-                                                       "CPU; no key of it needs an NPU",
-                                                       xfail="gap: the llama3 template's stop word <|eom_id|> is new to "
-                                                             "this Llama-3 tokenizer, and a quantized base cannot grow "
-                                                             "its embeddings for it (LLaMA-Factory grows them only with "
-                                                             "resize_vocab; train_qlora's otfq example meets the same)"),
+                                                       "CPU; no key of it needs an NPU"),
     "extras/qoft/llama3_oft_sft_gptq.yaml": Example("refused: quantized with gptq", "a GPTQ base", base="llama3-gptq"),
     "extras/qoft/llama3_oft_sft_awq.yaml": Example("refused: quantized with awq", "an AWQ base", base="llama3-awq"),
     # merge_lora
