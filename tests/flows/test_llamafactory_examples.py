@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import assert_output_layout
 
 FOLDERS = ("train_lora", "train_full", "train_qlora", "extras", "merge_lora")
 NO_CHAIN: Mapping[str, str] = {}
@@ -60,10 +61,13 @@ EXAMPLES: dict[str, Example] = {
     # train_lora
     "train_lora/llama3_lora_sft.yaml": Example("trains", "LoRA SFT"),
     "train_lora/llama3_lora_pretrain.yaml": Example("trains", "LoRA pre-training on c4_demo"),
-    "train_lora/llama3_lora_reward.yaml": Example("trains", "LoRA reward model"),
-    "train_lora/llama3_lora_dpo.yaml": Example("trains", "LoRA DPO"),
+    "train_lora/llama3_lora_reward.yaml": Example("trains", "LoRA reward model; logging_steps 10 -> 1 (its log checked)",
+                                                  overrides={"logging_steps": 1}),
+    "train_lora/llama3_lora_dpo.yaml": Example("trains", "LoRA DPO; logging_steps 10 -> 1 (its log checked)",
+                                               overrides={"logging_steps": 1}),
     "train_lora/llama3_lora_kto.yaml": Example("trains", "LoRA KTO, one row per batch (each row's KL sequence paired "
-                                               "when tokenizing)"),
+                                               "when tokenizing); logging_steps 10 -> 1 (its log checked)",
+                                               overrides={"logging_steps": 1}),
     "train_lora/llama3_lora_ppo.yaml": Example("trains", "LoRA PPO against the reward example's output; max_new_tokens "
                                                "512 -> 8 (a random tiny model rarely stops)",
                                                chain={"reward_model": "train_lora/llama3_lora_reward.yaml"},
@@ -358,6 +362,13 @@ def test_example_config_trains_or_is_refused_naming_what_it_needs(runs: ExampleR
     state = outcome.output / "trainer_state.json"
     if state.is_file():  # the trainer-based stages; ppo's own loop writes none
         assert json.loads(state.read_text())["global_step"] == 2  # max_steps: 2
+    if name in LAYOUT_CHECKED:
+        assert_output_layout(outcome.output, LAYOUT_CHECKED[name])
+
+
+# the plain LoRA runs of the alignment stages write LLaMA-Factory's output layout file for file
+LAYOUT_CHECKED = {"train_lora/llama3_lora_reward.yaml": "rm", "train_lora/llama3_lora_dpo.yaml": "dpo",
+                  "train_lora/llama3_lora_kto.yaml": "kto"}
 
 
 def expected_files(config: Mapping[str, Any]) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 The expected files and log keys (tests/data/output_layout.json) were recorded from the release
 before stage kinds had a registry. The runs that other tests make check them (`assert_output_layout`:
-sft in test_single_stage, rm, dpo, kto and ppo in test_alignment_stages and test_ppo, every kind of
+sft in test_single_stage, rm, dpo and kto in test_llamafactory_examples, ppo in test_ppo, every kind of
 a pipeline in test_chain); pt, which no other test trains with `tuneline train`, is run here.
 """
 

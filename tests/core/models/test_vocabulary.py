@@ -116,7 +116,7 @@ def test_lora_trains_exactly_the_new_rows_saves_reloads_and_merges_them(tokenize
     from peft import PeftModel
     from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
-    from tests.conftest import train_steps
+    from conftest import train_steps
     from tuneline.core.models.export import merge_adapter, write_hf_folder
     from tuneline.core.errors import ConfigError
     from tuneline.core.models.loading import apply_finetuning, load_model
