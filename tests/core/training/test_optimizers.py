@@ -406,6 +406,9 @@ def test_galore_with_an_8bit_optim_is_refused_up_front_where_its_step_would_fail
     with pytest.raises(AssertionError, match="CUDA"):
         galore_torch.GaLoreAdamW8bit([{"params": [projected], "rank": 4, "update_proj_gap": 10, "scale": 0.25,
                                        "proj_type": "std"}]).step()
+    # transformers registers 32-bit overrides for embeddings by parameter id in bitsandbytes' global
+    # manager; an earlier test's freed parameter may share this one's id
+    bitsandbytes.optim.GlobalOptimManager.get_instance().initialize()
     before, eight_bit = plain.detach().clone(), bitsandbytes.optim.AdamW8bit([plain], lr=1e-2)
     eight_bit.step()
     assert not torch.equal(plain.detach(), before) and eight_bit.state[plain]["state1"].dtype == torch.uint8
