@@ -10,10 +10,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from accelerate.utils import is_peft_model
 from torch.utils.data import RandomSampler, Sampler, SequentialSampler
 from trl import DPOTrainer, KTOTrainer
 from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 from trl.import_utils import TRLExperimentalWarning
+
+from tuneline.core.training.full_logits_head import prefer_full_logits
 
 with warnings.catch_warnings():
     # ORPO and CPO (SimPO) live in trl.experimental, which warns on import; tuneline pins its TRL
@@ -25,6 +28,11 @@ with warnings.catch_warnings():
 
 class TokenizedDPOTrainer(DPOTrainer):
     """DPO (sigmoid, hinge, ipo, robust) on `alignment_data.dpo_pairs` rows."""
+
+    def __init__(self, *args: Any, **trainer_arguments: Any) -> None:
+        super().__init__(*args, **trainer_arguments)
+        if not self.use_weighting:  # WPO's weights need a field only TRL's head computes
+            _score_from_full_logits(self, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
 
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
         return dataset
@@ -49,6 +57,7 @@ class TokenizedKTOTrainer(KTOTrainer):
         finally:
             args.per_device_train_batch_size = rows
         self._train_batch_size = args.train_batch_size
+        _score_from_full_logits(self, outputs=("log_probs", "entropy", "mean_logits"))
         collator = self.data_collator
         self.data_collator = OwnKLPromptCollator(pad_token_id=collator.pad_token_id, max_length=collator.max_length,
                                                  pad_to_multiple_of=collator.pad_to_multiple_of)
@@ -68,6 +77,15 @@ class TokenizedKTOTrainer(KTOTrainer):
         arguments always say sequential, which TRL insists on."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return RandomSampler(dataset) if self.shuffle else SequentialSampler(dataset)
+
+
+def _score_from_full_logits(trainer: DPOTrainer | KTOTrainer, *, outputs: tuple[str, ...]) -> None:
+    """`full_logits_head.prefer_full_logits` on the policy and the reference model, given the fields
+    the trainer asked TRL's fused head for (the reference is asked for log-probabilities alone)."""
+    policy = trainer.model.get_base_model() if is_peft_model(trainer.model) else trainer.model
+    prefer_full_logits(policy, outputs=outputs)
+    if trainer.ref_model is not None:
+        prefer_full_logits(trainer.accelerator.unwrap_model(trainer.ref_model), outputs=("log_probs",))
 
 
 class OwnKLPromptCollator(DataCollatorForUnpairedPreference):

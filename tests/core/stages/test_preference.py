@@ -168,6 +168,7 @@ def test_kto_trains_on_batches_of_one_row(tiny_base: Path, feedback: Path, tmp_p
                                                train_dataset=data["train"], finetuning=method,
                                                args=trainer_args(tmp_path, per_device_train_batch_size=1, max_steps=3,
                                                                  learning_rate=1e-2, logging_steps=1)))
+    assert full_logits_scoring(trainer.model.get_base_model())
     lora_b = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_B" in name}
     trainer.train()
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -192,6 +193,11 @@ def test_disable_shuffling_keeps_kto_rows_in_order(tiny_base: Path, feedback: Pa
                                                    train_dataset=data["train"], finetuning=method, args=args))
         samplers.append(trainer._get_train_sampler())
     assert isinstance(samplers[0], RandomSampler) and isinstance(samplers[1], SequentialSampler)
+
+
+def full_logits_scoring(model) -> bool:
+    """Whether `core.training.full_logits_head` answers the model's fused-head calls."""
+    return model.forward.__func__.__code__.co_qualname.startswith("prefer_full_logits")
 
 
 # --- reference models --------------------------------------------------------------------
@@ -297,6 +303,7 @@ def test_each_pref_loss_trains_a_few_steps(keys: dict, trainer_name: str, object
     assert trainer.beta == method.pref_beta
     if trainer_name == "TokenizedDPOTrainer":
         assert (trainer.loss_types, trainer.loss_weights) == objective
+        assert full_logits_scoring(trainer.model.get_base_model())
     if trainer_name == "TokenizedCPOTrainer":
         assert (trainer.loss_type, trainer.cpo_alpha, trainer.simpo_gamma) == objective
     start = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
