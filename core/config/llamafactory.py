@@ -97,7 +97,7 @@ def unavailable_problems(config: StageConfig, *, has_cuda: Callable[[], bool]) -
     cuda_asked = [(key, table.what) for table in NEEDS_CUDA for key in _asking(table, flat, defaults)]
     problems = []
     if cuda_asked and not has_cuda():
-        problems.extend(f"'{key}: {flat[key]}' needs {what}, which run only on a CUDA GPU, and this machine has none; "
+        problems.extend(f"'{key}: {flat[key]}' needs {what}, available only on a CUDA GPU, and this machine has none; "
                         "remove the key, or run the stage on a CUDA machine." for key, what in cuda_asked)
     cuda_keys = {key for key, _ in cuda_asked}
     problems.extend(f"'{key}: {flat[key]}' ({table.what}) is a LLaMA-Factory key that this version of tuneline reads but does "

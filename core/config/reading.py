@@ -29,6 +29,10 @@ from tuneline.core.errors import ConfigError, nearest
 _IGNORED_TRAINING_KEYS = frozenset({"ddp_timeout"})
 # Trainer keys that transformers 5 renamed: old name -> new name (same meaning).
 _RENAMED_TRAINING_KEYS = {"warmup_ratio": "warmup_steps", "logging_dir": None}
+# Trainer keys that transformers 5 moved into `fsdp_config` (LLaMA-Factory's FSDP examples still set them):
+# old key -> its name inside fsdp_config.
+_FSDP_CONFIG_KEYS = {"fsdp_transformer_layer_cls_to_wrap": "transformer_layer_cls_to_wrap",
+                     "fsdp_min_num_params": "min_num_params"}
 
 
 _SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
@@ -131,12 +135,15 @@ def read_stage_config(raw: Mapping[str, Any]) -> tuple[StageConfig, list[str]]:
             if _RENAMED_TRAINING_KEYS[key] in raw:
                 problems.append(f"'{key}' and '{_RENAMED_TRAINING_KEYS[key]}' both set; keep one.")
             training[_RENAMED_TRAINING_KEYS[key]] = value
+        elif key in _FSDP_CONFIG_KEYS:
+            continue
         elif key in training_fields():
-            training[key] = value
+            training[key] = " ".join(map(str, value)) if key == "fsdp" and isinstance(value, list) else value
         else:
             guess = nearest(key, valid_keys())
             hint = f"; did you mean '{guess}'?" if guess else " (neither a tuneline/LLaMA-Factory key nor a transformers trainer argument)."
             problems.append(f"unknown key '{key}'{hint}")
+    _move_into_fsdp_config(raw, training, problems)
     built = {name: group(**coerce_fields(group, grouped[name], problems)) for name, group in GROUPS.items()}
     config = StageConfig(training=coerce_all(training, training_fields(), problems), **built)
     problems.extend(conflicts(config))
@@ -145,6 +152,26 @@ def read_stage_config(raw: Mapping[str, Any]) -> tuple[StageConfig, list[str]]:
         problems.append("'pure_bf16: true' trains in bfloat16, which this machine's GPU does not compute; remove the key "
                         "(the trainer then keeps float32 weights), or run on a GPU with bfloat16 (Ampere or newer).")
     return config, problems
+
+
+def _move_into_fsdp_config(raw: Mapping[str, Any], training: dict[str, Any], problems: list[str]) -> None:
+    """Put the FSDP keys that transformers 4 took on their own into `training['fsdp_config']`, where
+    transformers 5 reads them (`fsdp` itself takes LLaMA-Factory's list as transformers' space-separated string)."""
+    moved = {inner: raw[key] for key, inner in _FSDP_CONFIG_KEYS.items() if key in raw}
+    if not moved:
+        return
+    fsdp_config = training.get("fsdp_config") or {}
+    if not isinstance(fsdp_config, dict):
+        problems.append(f"{', '.join(repr(k) for k in _FSDP_CONFIG_KEYS if k in raw)} and 'fsdp_config: {fsdp_config}' "
+                        "(a file) are both set; put " + ", ".join(moved) + " into that file, which transformers 5 reads.")
+        return
+    if layers := moved.get("transformer_layer_cls_to_wrap"):
+        moved["transformer_layer_cls_to_wrap"] = [layers] if isinstance(layers, str) else layers
+    clashes = sorted(set(moved) & set(fsdp_config))
+    if clashes:
+        named = ", ".join(f"'{old}'" for old, inner in _FSDP_CONFIG_KEYS.items() if inner in clashes)
+        problems.append(f"{named} set both as a key and inside 'fsdp_config'; keep the one in fsdp_config.")
+    training["fsdp_config"] = {**moved, **fsdp_config}
 
 
 def _has_cuda() -> bool:

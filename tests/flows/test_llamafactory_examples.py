@@ -120,8 +120,8 @@ EXAMPLES: dict[str, Example] = {
     "extras/mod/llama3_full_sft.yaml": Example("trains", "Mixture-of-Depths, full, on bfloat16 weights (pure_bf16)"),
     "extras/fp8/llama3_fp8_deepspeed_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and DeepSpeed"),
     "extras/fp8/llama3_fp8_fsdp_sft.yaml": Example("refused: FP8 training", "FP8 (CUDA) and FSDP; its fsdp list and "
-                                                   "fsdp_transformer_layer_cls_to_wrap are refused too: transformers 5 "
-                                                   "takes neither"),
+                                                   "fsdp_transformer_layer_cls_to_wrap are read into transformers 5's "
+                                                   "fsdp_config"),
     "extras/qoft/llama3_oft_sft_bnb_npu.yaml": Example("trains", "OFT on a 4-bit bitsandbytes base, which runs on the "
                                                        "CPU; no key of it needs an NPU"),
     "extras/qoft/llama3_oft_sft_gptq.yaml": Example("refused: quantized with gptq", "a GPTQ base", base="llama3-gptq"),

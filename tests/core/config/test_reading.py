@@ -38,6 +38,17 @@ def test_renamed_trainer_keys_keep_their_meaning():
     assert config.training == {"warmup_steps": 0.1}
 
 
+def test_fsdp_keys_of_transformers_4_move_into_fsdp_config():
+    """LLaMA-Factory's FSDP example sets `fsdp` as a list and the layer class as its own key."""
+    config = build_stage_config({"fsdp": ["full_shard", "auto_wrap"], "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+                                 "fsdp_config": {"activation_checkpointing": True}})
+    assert config.training == {"fsdp": "full_shard auto_wrap",
+                               "fsdp_config": {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "activation_checkpointing": True}}
+    with pytest.raises(ConfigError) as caught:
+        build_stage_config({"fsdp": "full_shard", "fsdp_min_num_params": 100, "fsdp_config": {"min_num_params": 200}})
+    assert caught.value.problems == ["'fsdp_min_num_params' set both as a key and inside 'fsdp_config'; keep the one in fsdp_config."]
+
+
 def test_overrides_are_yaml_scalars_and_win_over_the_file(tmp_path: Path):
     path = tmp_path / "stage.yaml"
     path.write_text(yaml.safe_dump({"learning_rate": 1e-4, "stage": "sft"}))
