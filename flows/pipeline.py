@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.results import ModelRef, StageResult
+from tuneline.core.config import InferenceConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.tracking.lineage import lineage_tags
 from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
@@ -153,7 +154,10 @@ def full_model(name: str, state: ChainState) -> ModelRef:
         stage, trained = state.pipeline.stage(name), state.produced[name]
         if isinstance(stage, TrainingStage) and not stage.produces_policy:
             raise ConfigError(f"stage '{name}' is an {stage.kind} stage; its reward model is not a causal LM to start from or merge.")
-        merged = call(state, merge, f"{name}/merge", state.context, name=name, key=merge_key(trained_key=trained.key), trained=trained)
+        rope = {"rope_scaling": stage.config.model.rope_scaling, "model_max_length": stage.config.data.cutoff_len} \
+            if isinstance(stage, TrainingStage) and stage.config.model.rope_scaling else {}
+        merged = call(state, merge, f"{name}/merge", state.context, name=name, key=merge_key(trained_key=trained.key),
+                      trained=trained, **rope)
         state.models[name] = merged.as_model()
     return state.models[name]
 
@@ -175,8 +179,10 @@ def run_export(pipeline: Pipeline, state: ChainState) -> StageResult:
     stage = pipeline.stage(settings.stage)
     model = full_model(stage.name, state)
     template = export_template(stage.config if isinstance(stage, TrainingStage) else None)
-    key = export_key(settings, model_key=model.key, template=template)
-    return call(state, export, f"{stage.name}/export", state.context, settings, key=key, model=model, template=template)
+    inference = stage.config.inference if isinstance(stage, TrainingStage) else InferenceConfig()
+    key = export_key(settings, model_key=model.key, template=template, inference=inference)
+    return call(state, export, f"{stage.name}/export", state.context, settings, key=key, model=model, template=template,
+                inference=inference)
 
 
 STAGE_RUNNERS = {BaseStage: run_base, TrainingStage: run_training_stage}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
+from tuneline.core.config import InferenceConfig
 from tuneline.core.pipeline.spec import ExportSettings
 from tuneline.core.pipeline.stage_runs import write_export
 from tuneline.core.store.results import ModelRef
@@ -11,9 +12,13 @@ from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, 
 
 
 @task(name="export", **STAGE_TASK_OPTIONS)
-def export(context: RunContext, settings: ExportSettings, *, key: str, model: ModelRef, template: str) -> StageOutcome:
+def export(context: RunContext, settings: ExportSettings, *, key: str, model: ModelRef, template: str,
+           inference: InferenceConfig) -> StageOutcome:
+    """`inference`: the exported stage's infer_dtype (the weights' dtype) and use_kv_cache (the config's use_cache)."""
     def work(draft, run_id):
-        write_export(draft.path, model=model.path, template=template, export_size_gb=settings.export_size)
+        write_export(draft.path, model=model.path, template=template, export_size_gb=settings.export_size,
+                     infer_dtype=inference.infer_dtype, use_kv_cache=inference.use_kv_cache)
 
-    params = {"stage": settings.stage, "export_size": settings.export_size, "template": template}
+    params = {"stage": settings.stage, "export_size": settings.export_size, "template": template,
+              "infer_dtype": inference.infer_dtype, "use_kv_cache": inference.use_kv_cache}
     return run_stage(context, name=f"{settings.stage}/export", kind="export", key=key, params=params, inputs={"model": model.key}, work=work)

@@ -12,15 +12,17 @@ if TYPE_CHECKING:
 
 
 def merge_adapter(base_path: str | Path, adapter_path: str | Path, output_dir: str | Path, *,
-                  model_config: ModelConfig | None = None) -> dict[str, int]:
+                  model_config: ModelConfig | None = None, model_max_length: int | None = None) -> dict[str, int]:
     """Fold the adapter's low-rank updates into the base weights; write model and tokenizer.
-    `model_config` holds the loading settings of a base from the hub (its token, revision, cache)."""
+    `model_config` holds the loading settings of a base from the hub (its token, revision, cache)
+    and the `rope_scaling` the adapter was trained with, which scales RoPE to `model_max_length`
+    as training did, so the merged model's config says so."""
     from peft import PeftModel
 
     from tuneline.core.models.loading import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(adapter_path)
-    base = load_model(base_path, model=model_config, vocab_size=len(tokenizer))
+    base = load_model(base_path, model=model_config, vocab_size=len(tokenizer), model_max_length=model_max_length)
     merged = PeftModel.from_pretrained(base, str(adapter_path)).merge_and_unload()
     merged.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.models.base_model import build_base_model
-from tuneline.core.config import StageConfig, trains
+from tuneline.core.config import InferenceConfig, StageConfig, trains
 from tuneline.core.config.added_tokens import added_tokens
 from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, read_rows
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
@@ -200,5 +200,7 @@ def merge_key(*, trained_key: str) -> str:
     return stage_key("merge", config={}, upstream={"trained": trained_key})
 
 
-def export_key(settings: ExportSettings, *, model_key: str, template: str) -> str:
-    return stage_key("export", config={"export_size": settings.export_size, "template": template}, upstream={"model": model_key})
+def export_key(settings: ExportSettings, *, model_key: str, template: str, inference: InferenceConfig) -> str:
+    return stage_key("export", config={"export_size": settings.export_size, "template": template,
+                                       "infer_dtype": inference.infer_dtype, "use_kv_cache": inference.use_kv_cache},
+                     upstream={"model": model_key})

@@ -145,9 +145,10 @@ def export_template(config: StageConfig | None) -> str:
     return (config.data.template if config is not None else None) or DEFAULT_TEMPLATE
 
 
-def merge_into(output_dir: str | Path, *, start_model: str, adapter: str, model_config: ModelConfig | None = None) -> dict[str, int]:
-    """Fold a LoRA adapter into the model it was trained from, written to `output_dir`."""
-    return merge_adapter(start_model, adapter, output_dir, model_config=model_config)
+def merge_into(output_dir: str | Path, *, start_model: str, adapter: str, model_config: ModelConfig | None = None,
+               model_max_length: int | None = None) -> dict[str, int]:
+    """Fold a LoRA adapter into the model it was trained from, written to `output_dir` (see `merge_adapter`)."""
+    return merge_adapter(start_model, adapter, output_dir, model_config=model_config, model_max_length=model_max_length)
 
 
 def write_export(output_dir: str | Path, *, model: str, template: str, export_size_gb: int,

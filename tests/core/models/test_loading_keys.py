@@ -192,6 +192,25 @@ def test_export_writes_infer_dtype_weights_the_use_kv_cache_setting_and_scaled_r
         assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}
 
 
+def test_a_merge_keeps_the_rope_scaling_its_adapter_trained_with(tiny_base: Path, tmp_path: Path):
+    """The pipeline's merge of a stage trained with rope_scaling at cutoff_len 3000 (1024 positions)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoTokenizer
+
+    from tuneline.core.pipeline.stage_runs import merge_into
+
+    adapter = get_peft_model(load_model(tiny_base), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    adapter.save_pretrained(tmp_path / "adapter")
+    AutoTokenizer.from_pretrained(tiny_base).save_pretrained(tmp_path / "adapter")
+    merge_into(tmp_path / "merged", start_model=str(tiny_base), adapter=str(tmp_path / "adapter"),
+               model_config=ModelConfig(rope_scaling="linear"), model_max_length=3000)
+    config = json.loads((tmp_path / "merged/config.json").read_text())
+    assert config["max_position_embeddings"] == 3072 and config["rope_parameters"]["rope_type"] == "linear"
+    assert config["rope_parameters"]["factor"] == 3.0
+    merge_into(tmp_path / "plain", start_model=str(tiny_base), adapter=str(tmp_path / "adapter"))
+    assert json.loads((tmp_path / "plain/config.json").read_text())["max_position_embeddings"] == 1024
+
+
 @pytest.mark.slow
 def test_pissa_convert_saves_a_plain_lora_adapter_equal_to_the_trained_pissa_model(tiny_base: Path, tmp_path: Path):
     """A few Trainer steps with the fast SVD (pissa_iter 2): the converted adapter, on the unchanged
