@@ -21,7 +21,7 @@ from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root, trains
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.dataset_info import get_dataset_attrs
-from tuneline.core.data.tokenization import TOKENIZER_DIR, dataset_fingerprints, dataset_names, render_preview
+from tuneline.core.data.tokenization import TEMPLATE_WARNING_FILE, TOKENIZER_DIR, dataset_fingerprints, dataset_names, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
@@ -31,7 +31,8 @@ from tuneline.core.worker.preload import needs_bitsandbytes
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.models.gptq import gptq_machine_problems
 from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, train_job
-from tuneline.core.pipeline.tokenized_folders import holds_files, ignored_settings, load_tokenized, save_tokenized, write_record
+from tuneline.core.pipeline.tokenized_folders import (holds_files, ignored_settings, load_tokenized, save_tokenized, saved_counters,
+                                                       write_record)
 from tuneline.core.training.job import LOG_FILE
 from tuneline.core.training.optimizers.rules import parallel_problems
 
@@ -145,22 +146,33 @@ def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[s
 
     def write(draft: Path) -> None:
         counters.update(tokenize_stage_data(config, tokenizer_path=config.model.model_name_or_path, output_dir=draft))
-        write_record(draft, config, tokenizer_key=tokenizer_fingerprint(config.model.model_name_or_path))
+        write_record(draft, config, tokenizer_key=tokenizer_fingerprint(config.model.model_name_or_path), counters=counters)
 
     write_user_folder(output, write, key="--output", overwrite=config.output.overwrite_output_dir)
     return counters
 
 
 def preview(config_path: str, overrides: list[str], *, count: int) -> str:
-    """The first `count` training examples, trained tokens in [[brackets]], and the counters."""
+    """The first `count` training examples, trained tokens in [[brackets]], and the counters: of the
+    dataset saved in `tokenized_path` where that folder holds one (what training would load), else of
+    the config's datasets tokenized (through the cache; preview never writes `tokenized_path`)."""
     from datasets import load_from_disk
 
     from tuneline.core.store.artifacts import read_manifest
     from tuneline.core.models.loading import load_tokenizer
 
     config = load_stage_config(config_path, overrides)
-    _require(config, ("model_name_or_path", "dataset"), source=config_path)
-    tokenized = tokenized_dataset(config)
+    saved = Path(config.data.tokenized_path) if config.data.tokenized_path else None
+    if saved is not None and holds_files(saved):
+        _require(config, ("model_name_or_path",), source=config_path)
+        tokenized = load_tokenized(saved, config=config, tokenizer_key=tokenizer_fingerprint(config.model.model_name_or_path))
+        warning_file = saved / TEMPLATE_WARNING_FILE
+        manifest = {"metrics": saved_counters(saved),
+                    TEMPLATE_WARNING: warning_file.read_text(encoding="utf-8").strip() if warning_file.is_file() else None}
+    else:
+        _require(config, ("model_name_or_path", "dataset"), source=config_path)
+        tokenized = tokenized_dataset(config)
+        manifest = read_manifest(tokenized)
     tokenizer = load_tokenizer(tokenized / TOKENIZER_DIR)
     train = load_from_disk(str(tokenized))["train"]
     blocks = []
@@ -169,7 +181,6 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
         trained = sum(1 for label in example["labels"] if label != -100)
         blocks.append(f"--- example {index}: {len(example['input_ids'])} tokens, {trained} trained [[like this]]\n"
                       + render_preview(example, tokenizer).split("\n\n", 1)[1])
-    manifest = read_manifest(tokenized)
     if manifest.get(TEMPLATE_WARNING):
         blocks.append(f"template warning: {manifest[TEMPLATE_WARNING]}")
     blocks.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(manifest["metrics"].items())))

@@ -21,7 +21,7 @@ from tuneline.core.data.tokenization import TOKENIZER_DIR
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.stage_runs import tokenize_params
 from tuneline.core.stages.registry import stage_kind
-from tuneline.core.store.artifacts import MANIFEST
+from tuneline.core.store.artifacts import MANIFEST, read_manifest
 from tuneline.core.store.user_folders import WRITTEN_RECORD, write_user_folder
 
 RECORD = "tokenized_dataset.json"
@@ -44,16 +44,24 @@ def tokenized_record(config: StageConfig, *, tokenizer_key: str) -> dict[str, An
     return json.loads(json.dumps(record, default=str))
 
 
-def write_record(folder: Path, config: StageConfig, *, tokenizer_key: str) -> None:
-    (folder / RECORD).write_text(json.dumps(tokenized_record(config, tokenizer_key=tokenizer_key), indent=1),
-                                 encoding="utf-8")
+def write_record(folder: Path, config: StageConfig, *, tokenizer_key: str, counters: Mapping[str, int]) -> None:
+    """The record, with tokenizing's `counters` (rows, tokens, ...) for `data preview` to show."""
+    record = {**tokenized_record(config, tokenizer_key=tokenizer_key), "counters": dict(counters)}
+    (folder / RECORD).write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+
+
+def saved_counters(folder: Path) -> dict[str, int]:
+    """Tokenizing's counters as the folder's record holds them (none in a record without them)."""
+    return dict(_read_record(folder).get("counters") or {})
 
 
 def save_tokenized(folder: Path, *, tokenized: Path, config: StageConfig, tokenizer_key: str) -> Path:
     """Copy the tokenized data at `tokenized` (an artifact of the store) into `folder` with its record."""
+    counters = read_manifest(tokenized).get("metrics") or {}
+
     def write(draft: Path) -> None:
         shutil.copytree(tokenized, draft, ignore=shutil.ignore_patterns(MANIFEST))
-        write_record(draft, config, tokenizer_key=tokenizer_key)
+        write_record(draft, config, tokenizer_key=tokenizer_key, counters=counters)
 
     return write_user_folder(folder, write, key=KEY, overwrite=config.output.overwrite_output_dir)
 

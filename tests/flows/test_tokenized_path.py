@@ -16,7 +16,7 @@ from datasets import load_from_disk
 from tuneline.core.pipeline.tokenized_folders import RECORD
 from tuneline.core.stages.registry import load_stage_config
 from tuneline.flows.cli import main
-from tuneline.flows.single import training_data
+from tuneline.flows.single import preview, training_data
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +54,11 @@ def test_tokenized_path_is_saved_once_then_loaded_without_tokenizing(two_row_sta
     assert "loaded the tokenized dataset of tokenized_path" in out and "cutoff_len" in out  # a setting not used, named
     assert {p.relative_to(saved): p.stat().st_mtime_ns for p in saved.rglob("*")} == first  # nothing rewritten
     assert cached_artifacts(tmp_path) == artifacts  # nothing tokenized
+
+    # data preview shows what training loads: the saved rows and their counters, with the datasets gone
+    shown = preview(str(two_row_stage(tokenized_path=str(saved))), [], count=1)
+    assert shown.startswith("--- example 0: 10 tokens, 3 trained") and "rows_in=2, total_tokens=21" in shown
+    assert cached_artifacts(tmp_path) == artifacts
 
 
 def test_data_preprocess_output_loads_as_tokenized_path(two_row_stage, tmp_path: Path):
