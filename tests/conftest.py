@@ -293,6 +293,37 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "TUNELINE_CACHE": str(cwd / "cache")})
 
 
+def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`tuneline ARGS` as `run_cli` runs it, but in this process: no interpreter start or imports to
+    pay for each case. An exception that would end the command in a traceback is printed as one."""
+    import contextlib
+    import io
+    import traceback
+
+    from tuneline.flows.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd, old_cache = os.getcwd(), os.environ.get("TUNELINE_CACHE")
+    os.environ["TUNELINE_CACHE"] = str(cwd / "cache")
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse's own errors
+                code = e.code if isinstance(e.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(old_cwd)
+        if old_cache is None:
+            os.environ.pop("TUNELINE_CACHE", None)
+        else:
+            os.environ["TUNELINE_CACHE"] = old_cache
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr

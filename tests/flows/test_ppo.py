@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_output_layout
+from conftest import assert_output_layout, run_cli_here
 import yaml
 
 from tuneline.core.training.checkpoints import RECORD_FILE
@@ -121,7 +121,7 @@ def test_a_killed_ppo_run_resumes_to_the_weights_of_an_uninterrupted_one(ppo_con
 def test_ppo_without_a_reward_model_is_refused_before_loading_anything(tiny_base: Path, tmp_path: Path):
     config = write_config(tmp_path, "ppo", {"model_name_or_path": str(tiny_base), "stage": "ppo",
                                             "dataset": "demo_preference", "output_dir": "out"})
-    result = train(config)
+    result = run_cli_here("train", str(config), cwd=config.parent)
     assert result.returncode == 2
     assert "'stage: ppo' needs 'reward_model'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -138,7 +138,8 @@ def test_a_reward_model_with_another_tokenizer_is_refused(ppo_config: Path, tmp_
         (foreign / name).unlink(missing_ok=True)
     shutil.copy(shared_dir / "tokenizers/qwen2.5/tokenizer.json", foreign)
     shutil.copy(shared_dir / "tokenizers/qwen2.5/tokenizer_config.json", foreign)
-    result = train(ppo_config, f"reward_model={foreign}", "output_dir=foreign", "max_steps=1")
+    result = run_cli_here("train", str(ppo_config), f"reward_model={foreign}", "output_dir=foreign", "max_steps=1",
+                          cwd=ppo_config.parent)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "uses another tokenizer than the policy" in result.stderr
 
