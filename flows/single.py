@@ -57,6 +57,7 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
     ft = config.finetuning
     without_bitsandbytes = not needs_bitsandbytes(model=dataclasses.asdict(config.model), training=config.training,
+                                                  finetuning=dataclasses.asdict(ft),
                                                   model_paths=[config.model.model_name_or_path, ft.ref_model, ft.reward_model])
     with worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker:  # imports while we tokenize
         # every dataset entry and file checked before any model loads (a saved tokenized dataset reads none)

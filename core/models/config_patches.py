@@ -59,7 +59,9 @@ def scale_rope(config: PretrainedConfig, rope_type: str | None, *, model_max_len
     # transformers 5 keeps the rotary settings in `rope_parameters` (rope_scaling is its old name)
     field = "rope_parameters" if hasattr(config, "rope_parameters") else "rope_scaling"
     current = dict(getattr(config, field) or {})
-    old_length = current.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
+    # measured from the positions the model takes now, as LLaMA-Factory does: a model already scaled
+    # for long inputs (Llama 3.1's llama3 RoPE) keeps its scaling for a length within them
+    old_length = getattr(config, "max_position_embeddings", None)
     if old_length is None:
         raise ConfigError(f"'rope_scaling: {rope_type}': the model's config.json names no max_position_embeddings to "
                           "scale from; remove rope_scaling.")

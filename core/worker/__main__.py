@@ -54,7 +54,8 @@ def train(job_path: str) -> int:
 
     try:
         job = TrainJob.read(job_path)
-        if not needs_bitsandbytes(model=job.model, training=job.training, model_paths=job_model_paths(job)):
+        if not needs_bitsandbytes(model=job.model, training=job.training, finetuning=job.finetuning,
+                                  model_paths=job_model_paths(job)):
             keep_out_bitsandbytes()
         check_world_size(job.world_size, seen=int(os.environ.get("WORLD_SIZE", "1")))  # before any model loads
         from tuneline.core.worker.run import run_training

@@ -29,10 +29,14 @@ TORCH_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused", "adafactor", "sgd"
 BITSANDBYTES = "bitsandbytes"
 
 
-def needs_bitsandbytes(*, model: Mapping[str, Any], training: Mapping[str, Any], model_paths: Iterable[str | None]) -> bool:
-    """Whether training may call bitsandbytes: `quantization_bit`, an `optim` outside TORCH_OPTIMS, or
-    a model among `model_paths` that is not a local folder whose config.json says it is unquantized."""
+def needs_bitsandbytes(*, model: Mapping[str, Any], training: Mapping[str, Any], finetuning: Mapping[str, Any],
+                       model_paths: Iterable[str | None]) -> bool:
+    """Whether training may call bitsandbytes: `quantization_bit` (or `ref_model_quantization_bit`,
+    `reward_model_quantization_bit`), an `optim` outside TORCH_OPTIMS, or a model among `model_paths`
+    that is not a local folder whose config.json says it is unquantized."""
     if model.get("quantization_bit") is not None:
+        return True
+    if any(finetuning.get(key) is not None for key in ("ref_model_quantization_bit", "reward_model_quantization_bit")):
         return True
     if str(training.get("optim") or DEFAULT_OPTIM) not in TORCH_OPTIMS:
         return True

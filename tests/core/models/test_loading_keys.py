@@ -52,6 +52,20 @@ def test_rope_scaling_reaches_the_loaded_model_and_is_left_off_for_a_length_it_t
     assert "left unscaled" in capsys.readouterr().out
 
 
+def test_rope_scaling_leaves_a_long_context_model_as_it_is_for_a_length_within_it():
+    """Llama 3.1's config (llama3 RoPE, 8192 -> 131072 positions): 16384 tokens fit, as LLaMA-Factory measures."""
+    from transformers import LlamaConfig
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "rope_theta": 500000.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    config = LlamaConfig(max_position_embeddings=131072, rope_parameters=dict(llama3))
+    scale_rope(config, "linear", model_max_length=16384)
+    assert config.max_position_embeddings == 131072 and config.rope_parameters == llama3
+    scale_rope(config, "linear", model_max_length=200000)
+    assert config.max_position_embeddings == 262144 and config.rope_parameters == {"rope_type": "linear", "factor": 2.0,
+                                                                                    "rope_theta": 500000.0}
+
+
 def test_rope_scaling_on_a_model_without_rope_names_the_key():
     from transformers import GPT2Config
 

@@ -23,13 +23,15 @@ def folder_with_config(path: Path, **config) -> str:
 def test_only_jobs_that_may_call_bitsandbytes_keep_it(tmp_path):
     plain = folder_with_config(tmp_path / "plain")
     quantized = folder_with_config(tmp_path / "quantized", quantization_config={"quant_method": "bitsandbytes"})
-    assert not needs_bitsandbytes(model={}, training={}, model_paths=[plain, None])
-    assert not needs_bitsandbytes(model={"quantization_bit": None}, training={"optim": "adamw_torch"}, model_paths=[plain])
-    assert needs_bitsandbytes(model={"quantization_bit": 4}, training={}, model_paths=[plain])
+    assert not needs_bitsandbytes(model={}, training={}, finetuning={}, model_paths=[plain, None])
+    assert not needs_bitsandbytes(model={"quantization_bit": None}, training={"optim": "adamw_torch"}, finetuning={}, model_paths=[plain])
+    assert needs_bitsandbytes(model={"quantization_bit": 4}, training={}, finetuning={}, model_paths=[plain])
     for optim in ("adamw_8bit", "paged_adamw_32bit", "lion_32bit", "adamw_bnb_8bit"):
-        assert needs_bitsandbytes(model={}, training={"optim": optim}, model_paths=[plain]), optim
-    assert needs_bitsandbytes(model={}, training={}, model_paths=[plain, quantized])  # a pre-quantized reference
-    assert needs_bitsandbytes(model={}, training={}, model_paths=["org/model-on-the-hub"])  # unknown: allowed
+        assert needs_bitsandbytes(model={}, training={"optim": optim}, finetuning={}, model_paths=[plain]), optim
+    assert needs_bitsandbytes(model={}, training={}, finetuning={}, model_paths=[plain, quantized])  # a pre-quantized reference
+    assert needs_bitsandbytes(model={}, training={}, finetuning={}, model_paths=["org/model-on-the-hub"])  # unknown: allowed
+    for key in ("ref_model_quantization_bit", "reward_model_quantization_bit"):  # a reference loaded in 4 bits
+        assert needs_bitsandbytes(model={}, training={}, finetuning={key: 4}, model_paths=[plain])
 
 
 def test_kept_out_bitsandbytes_reads_as_not_installed():
