@@ -57,6 +57,11 @@ def training_arguments(output_dir: str, training: Mapping[str, Any], *, sequenti
     values.pop("save_total_limit", None)
     if values.get("save_steps") and "save_strategy" not in training:
         values["save_strategy"] = "steps"
+    # The trainer pickles its arguments into every checkpoint and output folder (training_args.bin),
+    # so the hub token goes to huggingface_hub through the environment of this process instead.
+    hub_token = values.pop("hub_token", None)
+    if hub_token and values.get("push_to_hub"):
+        os.environ["HF_TOKEN"] = hub_token
     if values.get("gradient_checkpointing"):
         values["gradient_checkpointing_kwargs"] = {"use_reentrant": use_reentrant_gc,
                                                    **(values.get("gradient_checkpointing_kwargs") or {})}

@@ -17,6 +17,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SECRETS = {"hf_hub_token": "hf_tok3nHF", "ms_hub_token": "ms-tok3nMS", "om_hub_token": "om-tok3nOM"}
+TRAINER_TOKEN = "hf_tr4inerTok"  # transformers' own `hub_token`, which its trainer pickles into training_args.bin
 PROFILER = {"enable_torch_profiler": True, "profiler_wait_steps": 1, "profiler_warmup_steps": 1, "profiler_active_steps": 1,
             "profiler_repeat": 1, "profiler_with_stack": False, "profile_modules": "*.layers.*.mlp"}
 
@@ -44,7 +45,7 @@ def tracked(tiny_base: Path, tmp_path_factory) -> TrackedRun:
     config = build_stage_config({
         "model_name_or_path": str(tiny_base), "stage": "sft", "lora_rank": 4, "dataset": "demo_alpaca",
         "dataset_dir": str(REPO_ROOT / "data"), "template": "chatml", "cutoff_len": 32, "max_samples": 8, "max_steps": 3,
-        "per_device_train_batch_size": 2, "logging_steps": 1, "report_to": "none", "output_dir": "unused", **SECRETS, **PROFILER})
+        "per_device_train_batch_size": 2, "logging_steps": 1, "report_to": "none", "output_dir": "unused", "hub_token": TRAINER_TOKEN, **SECRETS, **PROFILER})
     assert (config.model.hf_hub_token, config.model.ms_hub_token, config.model.om_hub_token) == tuple(SECRETS.values())
     tokenize_stage_data(config, tokenizer_path=tiny_base, output_dir=root / "tokenized")
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -76,7 +77,8 @@ def test_hub_tokens_reach_the_worker_and_no_file_mlflow_record_or_log(tracked: T
     assert tracking.client(tracked.uri).get_run(tracked.run_id).data.params["ms_hub_token"] == tracking.REDACTED
     written = [path for path in tracked.root.rglob("*") if path.is_file()]
     assert any(path.name == "mlflow.db" for path in written) and any(path.name == JOB_FILE for path in written)
-    for name, secret in SECRETS.items():
+    assert any(path.name == "training_args.bin" for path in written)
+    for name, secret in {**SECRETS, "hub_token": TRAINER_TOKEN}.items():
         assert not [path for path in written if secret.encode() in path.read_bytes()], name
         assert secret not in "\n".join(tracked.lines), name
 
