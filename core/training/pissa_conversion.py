@@ -11,6 +11,9 @@ when training starts) and `pissa_converted/` (written when training ends).
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +34,11 @@ class PissaConversion(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: PeftModel | None = None, **kwargs: Any) -> None:
+        initial = Path(args.output_dir) / INITIAL_DIR
         if args.should_save and state.global_step == 0:  # a resumed run keeps the first attempt's start
-            save_initial_adapter(model, Path(args.output_dir) / INITIAL_DIR)
+            save_initial_adapter(model, initial)
+        elif args.should_save:
+            check_initial_adapter(initial)  # before training, so the training is not lost at its end
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      model: PeftModel | None = None, **kwargs: Any) -> None:
@@ -47,14 +53,28 @@ def save_initial_adapter(model: PeftModel, folder: Path) -> None:
     init = config.init_lora_weights
     config.init_lora_weights = True
     try:
-        model.save_pretrained(str(folder))
+        _save_whole(folder, lambda draft: model.save_pretrained(str(draft)))
     finally:
         config.init_lora_weights = init
 
 
-def save_converted_adapter(model: PeftModel, folder: Path, *, initial: Path) -> None:
+def check_initial_adapter(initial: Path) -> None:
     if not (initial / "adapter_config.json").is_file():
         raise ConfigError(f"'pissa_convert: true' needs the adapter as PiSSA started it, in {initial}, which is missing "
                           "(removed while the stage ran, or the run resumed from a checkpoint written without "
                           "pissa_convert); train the stage again from the start.")
-    model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(initial))
+
+
+def save_converted_adapter(model: PeftModel, folder: Path, *, initial: Path) -> None:
+    check_initial_adapter(initial)
+    _save_whole(folder, lambda draft: model.save_pretrained(str(draft), path_initial_model_for_weight_conversion=str(initial)))
+
+
+def _save_whole(folder: Path, save: Callable[[Path], None]) -> None:
+    """`save` into a draft beside `folder`, then the draft renamed to it: a kill leaves no half-written adapter."""
+    draft = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(draft, ignore_errors=True)  # our own draft, left by a killed run
+    save(draft)
+    if folder.exists():
+        shutil.rmtree(folder)  # an earlier attempt's, in the stage's own output folder
+    os.replace(draft, folder)

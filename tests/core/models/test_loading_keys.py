@@ -225,6 +225,16 @@ def test_a_merge_keeps_the_rope_scaling_its_adapter_trained_with(tiny_base: Path
     assert json.loads((tmp_path / "plain/config.json").read_text())["max_position_embeddings"] == 1024
 
 
+def test_a_resumed_pissa_convert_run_without_its_starting_adapter_stops_before_training(tmp_path: Path):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from tuneline.core.training.pissa_conversion import PissaConversion
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
+    with pytest.raises(ConfigError, match="'pissa_convert: true' needs the adapter as PiSSA started it"):
+        PissaConversion().on_train_begin(args, TrainerState(global_step=4), TrainerControl(), model=None)
+
+
 @pytest.mark.slow
 def test_pissa_convert_saves_a_plain_lora_adapter_equal_to_the_trained_pissa_model(tiny_base: Path, tmp_path: Path):
     """A few Trainer steps with the fast SVD (pissa_iter 2): the converted adapter, on the unchanged
@@ -255,6 +265,7 @@ def test_pissa_convert_saves_a_plain_lora_adapter_equal_to_the_trained_pissa_mod
         assert not torch.allclose(load_model(tiny_base)(input_ids=ids).logits, trained, atol=1e-2)  # training moved it
         assert torch.equal(model(input_ids=ids).logits, trained)  # converting left the trained model as it was
     saved = json.loads((tmp_path / "out/pissa_converted/adapter_config.json").read_text())
+    assert not list((tmp_path / "out").glob(".*.partial"))  # both folders renamed into place
     assert saved["r"] == 8 and saved["init_lora_weights"] is True
 
 
