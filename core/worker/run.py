@@ -117,7 +117,7 @@ def run_prediction(job: TrainJob, args) -> dict[str, float]:
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
     datasets = load_from_disk(job.dataset_path)
     model = load_model(job.model_path, model=model_config, vocab_size=len(tokenizer), training=job.training,
-                       pure_bf16=job.finetuning.get("pure_bf16", False))
+                       pure_bf16=job.finetuning.get("pure_bf16", False), model_max_length=job.model_max_length)
     quantized = getattr(model, "hf_quantizer", None) is not None  # placed on its device already
     for path in adapter_paths(model_config):
         model = load_adapter(model, path, model_config=model_config, trainable=False)
