@@ -206,6 +206,31 @@ def test_export_writes_infer_dtype_weights_the_use_kv_cache_setting_and_scaled_r
         assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}
 
 
+def test_an_auto_dtype_export_and_a_merge_write_the_dtype_the_base_was_saved_in(tiny_base: Path, tmp_path: Path):
+    """A CPU loads every model in float32; LLaMA-Factory's export writes the saved dtype all the same."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    from tuneline.core.models.export import auto_export_dtype
+    from tuneline.core.pipeline.stage_runs import export_folder, merge_into
+    from tuneline.core.stages.registry import build_stage_config
+
+    base = tmp_path / "bf16"
+    load_model(tiny_base).to(torch.bfloat16).save_pretrained(base)
+    AutoTokenizer.from_pretrained(tiny_base).save_pretrained(base)
+    assert auto_export_dtype(base) == torch.bfloat16 and auto_export_dtype(tiny_base) == torch.float32  # float32 on a CPU
+    adapter = get_peft_model(load_model(base), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    adapter.save_pretrained(tmp_path / "adapter")
+    AutoTokenizer.from_pretrained(tiny_base).save_pretrained(tmp_path / "adapter")
+    merge_into(tmp_path / "merged", start_model=str(base), adapter=str(tmp_path / "adapter"))
+    export = export_folder(build_stage_config({"model_name_or_path": str(base), "export_dir": str(tmp_path / "export"),
+                                               "template": "default", "export_size": 1}))
+    for folder in (tmp_path / "merged", export):
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+            assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}, folder
+
+
 def test_a_merge_keeps_the_rope_scaling_its_adapter_trained_with(tiny_base: Path, tmp_path: Path):
     """The pipeline's merge of a stage trained with rope_scaling at cutoff_len 3000 (1024 positions)."""
     from peft import LoraConfig, get_peft_model
