@@ -84,6 +84,16 @@ def read_manifest(path: str | Path) -> dict[str, Any] | None:
     return json.loads(file.read_text(encoding="utf-8"))
 
 
+def own_manifest(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest if it is one tuneline wrote for it; None for none, for one that does not
+    parse or is not an object, or for another program's (a shared cache may hold any folder)."""
+    try:
+        manifest = read_manifest(folder)
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and names_itself(folder, manifest) else None
+
+
 def names_itself(folder: Path, manifest: Mapping[str, Any]) -> bool:
     """Whether `manifest` is one tuneline wrote for `folder`: it names the folder's kind and key
     (another program's `manifest.json` in a shared cache folder does not)."""

@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterator, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneline.core.store.artifacts import MANIFEST, damage_noted, lock_path, names_itself, read_manifest
+from tuneline.core.store.artifacts import MANIFEST, damage_noted, lock_path, own_manifest
 from tuneline.core.store.locks import lock_if_free
 
 _PARTIAL, _DAMAGED, _LOCK = ".partial", ".damaged", ".lock"
@@ -63,18 +63,15 @@ def _judge(entry: Path, *, referenced: Set[str], unreferenced: str) -> tuple[str
     name = entry.name
     if name.startswith(".") and name.endswith(_PARTIAL):
         key = name[1 : -len(_PARTIAL)]
-        if read_manifest(entry.with_name(key)) is not None:
+        if own_manifest(entry.with_name(key)) is not None:
             return key, "draft superseded by its finished artifact"
         return key, None if key in referenced else "draft that no recent run references"
     if name.startswith(".") and name.endswith(_DAMAGED):
         return name[1 : -len(_DAMAGED)], "damaged artifact, set aside"
     if name.startswith("."):
         return name, None  # nothing tuneline writes: left alone
-    manifest = read_manifest(entry)
-    if manifest is None:
+    if own_manifest(entry) is None:  # none, or not tuneline's for this folder: left alone unless verify set it aside
         return name, "artifact marked damaged by tuneline verify" if damage_noted(entry) is not None else None
-    if not names_itself(entry, manifest):
-        return name, None
     return name, None if name in referenced else unreferenced
 
 

@@ -15,8 +15,12 @@ from tuneline.core.store.verify import finished_artifacts
 
 
 def note_use(artifact: Artifact) -> None:
-    """Record that `artifact` was used now."""
-    os.utime(artifact.path / MANIFEST)
+    """Record that `artifact` was used now; a cache this process may only read keeps its old time
+    (its artifacts then look older to `tuneline gc` than they are, and nothing else changes)."""
+    try:
+        os.utime(artifact.path / MANIFEST)
+    except OSError:
+        pass
 
 
 def recently_used(workspace: str | Path, kind: str, *, count: int) -> set[str]:

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneline.core.store.artifacts import MANIFEST, Artifact, artifact_lock, mark_damaged, names_itself, read_manifest
+from tuneline.core.store.artifacts import MANIFEST, Artifact, artifact_lock, mark_damaged, own_manifest, read_manifest
 from tuneline.core.store.integrity import content_problems, recorded_files
 
 
@@ -38,8 +38,8 @@ def finished_artifacts(workspace: str | Path, *, kinds: Collection[str] | None =
         folder = manifest_file.parent
         if folder.name.startswith(".") or (kinds is not None and folder.parent.name not in kinds):
             continue
-        manifest = read_manifest(folder)
-        if manifest is not None and names_itself(folder, manifest):
+        manifest = own_manifest(folder)
+        if manifest is not None:
             yield Artifact(folder, manifest)
 
 

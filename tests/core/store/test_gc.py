@@ -65,3 +65,28 @@ def test_gc_skips_what_a_process_locked_after_the_listing(tmp_path: Path, worksp
         removed = {item.path for item in remove_garbage(tmp_path, garbage)}
     assert workspace["stale"] not in removed and workspace["stale"].is_dir()
     assert workspace["old"] in removed
+
+
+@pytest.mark.parametrize("content", ["not json {", "[1, 2]", '{"kind": "trained", "key": "someone-else"}'])
+def test_folders_with_another_programs_manifest_are_left_alone_by_gc_and_verify(tmp_path: Path, content: str):
+    """A shared cache may hold any folder: a manifest.json tuneline did not write for it is never garbage."""
+    from tuneline.core.store.verify import finished_artifacts
+
+    foreign = tmp_path / "artifacts" / "trained" / "theirs"
+    foreign.mkdir(parents=True)
+    (foreign / "manifest.json").write_text(content)
+    mine = finished(tmp_path, "trained", "sft-mine")
+    assert [item.path for item in find_garbage(tmp_path, referenced=set())] == [mine]
+    assert [artifact.path for artifact in finished_artifacts(tmp_path)] == [mine]
+
+
+def test_noting_a_use_survives_a_manifest_gone_meanwhile(tmp_path: Path):
+    """gc removes an artifact's manifest first; a process serving it at that moment (or from a cache it
+    may only read, where os.utime fails alike) keeps serving what it holds."""
+    from tuneline.core.store.artifacts import find_artifact
+    from tuneline.core.store.recency import note_use
+
+    finished(tmp_path, "tokenized", "tokenize-a")
+    artifact = find_artifact(tmp_path, "tokenized", "tokenize-a")
+    (artifact.path / "manifest.json").unlink()
+    note_use(artifact)
