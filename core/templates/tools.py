@@ -370,11 +370,14 @@ def parse_calls(content: str) -> list[Call]:
     parsed = _parse(content, what="function message")
     calls = parsed if isinstance(parsed, list) else [parsed]
     try:
-        return [(call["name"], call["arguments"]) for call in calls]
+        found = [(call["name"], call["arguments"]) for call in calls]
     except (KeyError, TypeError) as e:
         raise DataError(
             f'a function message must hold {{"name": ..., "arguments": ...}} or a list of them, got {content[:200]!r}'
         ) from e
+    if not all(isinstance(name, str) for name, _ in found):
+        raise DataError(f"a tool call's name must be a string: {content[:200]!r}")
+    return found
 
 
 def call_text(template: Template, content: str) -> str:

@@ -5,6 +5,7 @@ are checked against LLaMA-Factory's own rows in test_golden.py."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -55,3 +56,20 @@ def test_template_keys_are_read_with_llamafactorys_values():
                                  "enable_thinking": None, "preserve_thinking": True})
     assert (config.data.default_system, config.data.tool_format, config.data.enable_thinking) == ("", "qwen3_5", None)
     assert len(TOOL_FORMATS) == 13
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    ('{"name": 7, "arguments": {}}', "a tool call's name must be a string"),
+    ('{"name": "f", "arguments": [1]}', "the tool call arguments are not an object"),
+    ('{"arguments": {}}', 'a function message must hold {"name": ..., "arguments": ...}'),
+])
+def test_a_malformed_tool_call_is_a_data_error_in_every_tool_format(content: str, fragment: str):
+    from tuneline.core.errors import DataError
+    from tuneline.core.templates.tools import call_text
+
+    for tool_format in ("glm4_moe", "qwen3_5", "seed_oss", "default"):
+        template = with_template_keys(get_template("qwen"), **{**KEYS, "tool_format": tool_format})
+        if fragment.startswith("the tool call arguments") and tool_format == "default":
+            continue  # the default format writes the arguments as JSON, whatever they are
+        with pytest.raises(DataError, match=re.escape(fragment)):
+            call_text(template, content)
