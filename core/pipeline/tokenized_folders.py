@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import StageConfig
+from tuneline.core.config.added_tokens import added_tokens
 from tuneline.core.data.tokenization import TOKENIZER_DIR
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.stage_runs import tokenize_params
@@ -27,8 +28,10 @@ from tuneline.core.store.user_folders import WRITTEN_RECORD, write_user_folder
 RECORD = "tokenized_dataset.json"
 FORMAT = "tuneline tokenized dataset"
 KEY = "tokenized_path"
-# The settings that decide which token ids a row becomes: a saved dataset must agree on them.
-TOKEN_SETTINGS = ("template", "split_special_tokens", "add_tokens", "add_special_tokens", "new_special_tokens_config")
+# The settings that decide which token ids a row becomes: a saved dataset must agree on them, and on
+# the tokens added to the vocabulary (`added`: those a new_special_tokens_config file names, not its path).
+TOKEN_SETTINGS = ("template", "split_special_tokens")
+ADDED_TOKEN_KEYS = ("add_tokens", "add_special_tokens", "new_special_tokens_config")
 REQUIRED_ENTRIES = ("dataset_dict.json", "train", TOKENIZER_DIR)
 
 
@@ -39,8 +42,9 @@ def holds_files(folder: Path) -> bool:
 
 def tokenized_record(config: StageConfig, *, tokenizer_key: str) -> dict[str, Any]:
     """The record of a dataset tokenized for `config`, as its JSON file reads back."""
+    tokens = added_tokens(config.model)
     record = {"format": FORMAT, "examples": stage_kind(config.finetuning.stage).examples, "tokenizer": tokenizer_key,
-              "settings": tokenize_params(config)}
+              "settings": tokenize_params(config), "added": {"plain": list(tokens.plain), "special": list(tokens.special)}}
     return json.loads(json.dumps(record, default=str))
 
 
@@ -84,11 +88,15 @@ def load_tokenized(folder: Path, *, config: StageConfig, tokenizer_key: str) -> 
         problems.append(f"'{KEY}: {folder}' was tokenized with another tokenizer than the one of 'model_name_or_path: "
                         f"{config.model.model_name_or_path}'; point the key at a new folder to tokenize for this model.")
     settings = saved.get("settings") or {}
-    differing = [key for key in TOKEN_SETTINGS if settings.get(key) != wanted["settings"].get(key)]
+    # a record written before `added` was kept compares the keys themselves
+    compared = TOKEN_SETTINGS if "added" in saved else TOKEN_SETTINGS + ADDED_TOKEN_KEYS
+    differing = [f"'{key}' {settings.get(key)!r} there, {wanted['settings'].get(key)!r} here"
+                 for key in compared if settings.get(key) != wanted["settings"].get(key)]
+    if "added" in saved and saved["added"] != wanted["added"]:
+        differing.append(f"added tokens {saved['added']} there, {wanted['added']} here")
     if differing:
-        shown = ", ".join(f"'{key}' {settings.get(key)!r} there, {wanted['settings'].get(key)!r} here" for key in differing)
-        problems.append(f"'{KEY}: {folder}' was tokenized with other token settings ({shown}); set them as saved, or point "
-                        "the key at a new folder to tokenize with these.")
+        problems.append(f"'{KEY}: {folder}' was tokenized with other token settings ({', '.join(differing)}); set them as "
+                        "saved, or point the key at a new folder to tokenize with these.")
     if problems:
         raise ConfigError(problems)
     return folder
@@ -98,7 +106,8 @@ def ignored_settings(folder: Path, config: StageConfig) -> list[str]:
     """The data settings of `config` that differ from those `folder` was tokenized with (the saved ones hold)."""
     saved = _read_record(folder).get("settings") or {}
     wanted = tokenized_record(config, tokenizer_key="")["settings"]
-    return sorted(key for key, value in wanted.items() if key not in TOKEN_SETTINGS and saved.get(key) != value)
+    return sorted(key for key, value in wanted.items()
+                  if key not in TOKEN_SETTINGS + ADDED_TOKEN_KEYS and saved.get(key) != value)
 
 
 def _read_record(folder: Path) -> Mapping[str, Any]:

@@ -90,3 +90,21 @@ def test_a_dataset_saved_for_another_stage_or_template_exits_2_naming_the_key(tw
     assert code == 2 and "Traceback" not in message, message
     assert f"'tokenized_path: {saved}' holds supervised examples, and 'stage: pt' trains on pretrain ones" in message
     assert "'template' 'default' there, 'chatml' here" in message
+
+
+def test_a_tokens_file_edited_in_place_is_a_token_setting_that_differs(two_row_stage, tmp_path: Path):
+    """new_special_tokens_config is compared by the tokens it names, not by its path."""
+    from tuneline.core.errors import ConfigError
+
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text('"<|tool|>": "a tool call"\n')
+    saved = tmp_path / "tokenized"
+    training_data(load_stage_config(str(two_row_stage(tokenized_path=str(saved), new_special_tokens_config=str(tokens)))))
+    tokens.write_text('"<|tool|>": "a tool call, described anew"\n')  # same tokens: still loads
+    config = load_stage_config(str(two_row_stage(tokenized_path=str(saved), new_special_tokens_config=str(tokens))))
+    assert training_data(config) == saved
+    tokens.write_text('"<|tool|>": "a tool call"\n"<|result|>": "its result"\n')
+    with pytest.raises(ConfigError) as caught:
+        training_data(load_stage_config(str(two_row_stage(tokenized_path=str(saved), new_special_tokens_config=str(tokens)))))
+    assert "added tokens {'plain': [], 'special': ['<|tool|>']} there, {'plain': [], 'special': ['<|tool|>', '<|result|>']} here" \
+        in str(caught.value)
