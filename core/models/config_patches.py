@@ -22,11 +22,13 @@ INFERENCE_ROPE_FACTOR = 2.0
 LLAMA3_FREQ_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 # Mixture-of-experts model types whose config takes the router's load-balancing loss, by the attribute
-# that holds its weight (LLaMA-Factory 0.9.5's lists), and those whose forward adds it to the loss
-# only when asked to return the router logits.
+# that holds its weight (LLaMA-Factory 0.9.5's lists; DBRX and GLM-4.5V, whose routers LLaMA-Factory
+# turns on at their own weight, take the key's weight here too), and those whose forward adds it to the
+# loss only when asked to return the router logits.
 ROUTER_LOSS_ATTRIBUTE = {
     **dict.fromkeys(("ernie4_5_moe", "granitemoe", "jamba", "llama4", "mixtral", "olmoe", "phimoe", "qwen2_moe",
                      "qwen3_moe"), "router_aux_loss_coef"),
+    "dbrx": "ffn_config.moe_loss_weight",
     "deepseek": "aux_loss_alpha",
     "jetmoe": "aux_loss_coef",
 }
@@ -34,7 +36,7 @@ ROUTER_LOGITS_TYPES = frozenset(("dbrx", "ernie4_5_moe", "granitemoe", "jamba", 
                                  "phimoe", "qwen2_moe", "qwen3_moe"))
 # Multimodal configs whose text model is one of those (the loss is set on their text_config).
 TEXT_ROUTER_LOGITS_TYPES = frozenset(("glm4v_moe_text", "qwen3_moe"))
-TEXT_ROUTER_LOSS_TYPES = frozenset(("qwen3_moe",))
+TEXT_ROUTER_LOSS_TYPES = TEXT_ROUTER_LOGITS_TYPES
 
 
 def patch_config(config: PretrainedConfig, model: ModelConfig, *, model_max_length: int | None, trainable: bool,
@@ -98,7 +100,11 @@ def set_router_loss(config: PretrainedConfig, coefficient: float) -> None:
     if text_type in TEXT_ROUTER_LOGITS_TYPES:
         text_config.output_router_logits = True
     if model_type in ROUTER_LOSS_ATTRIBUTE:
-        setattr(config, ROUTER_LOSS_ATTRIBUTE[model_type], coefficient)
+        *parents, name = ROUTER_LOSS_ATTRIBUTE[model_type].split(".")
+        holder = config
+        for parent in parents:
+            holder = getattr(holder, parent)
+        setattr(holder, name, coefficient)
     else:
         text_config.router_aux_loss_coef = coefficient
 

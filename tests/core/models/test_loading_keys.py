@@ -136,6 +136,20 @@ def test_moe_aux_loss_coef_weighs_the_router_loss_into_the_training_loss(tiny_mo
         load_model(tiny_base, model=keys, trainable=True)
 
 
+def test_moe_aux_loss_coef_reaches_dbrx_and_glm4v_moe_configs():
+    """DBRX keeps its router weight in ffn_config, GLM-4.5V in its text model's config."""
+    from transformers import DbrxConfig
+    from transformers.models.glm4v_moe.configuration_glm4v_moe import Glm4vMoeConfig
+
+    from tuneline.core.models.config_patches import set_router_loss
+
+    dbrx, glm = DbrxConfig(), Glm4vMoeConfig()
+    set_router_loss(dbrx, 0.3)
+    set_router_loss(glm, 0.2)
+    assert dbrx.ffn_config.moe_loss_weight == 0.3 and dbrx.output_router_logits is True
+    assert glm.text_config.router_aux_loss_coef == 0.2 and glm.text_config.output_router_logits is True
+
+
 def test_adapter_folder_loads_each_adapter_from_that_subfolder(tiny_base: Path, tmp_path: Path):
     torch.manual_seed(0)
     saved = apply_finetuning(load_model(tiny_base), FinetuningConfig(lora_rank=2))
