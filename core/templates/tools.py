@@ -137,7 +137,7 @@ def _default_tools(tools: list[dict[str, Any]]) -> str:
 
 
 def _qwen_tools(tools: list[dict[str, Any]]) -> str:
-    return _QWEN_TOOL_PROMPT.format(tool_text="".join("\n" + _dumps(_wrap(tool)) for tool in tools))
+    return _QWEN_TOOL_PROMPT.format(tool_text=_qwen_tool_list(tools))
 
 
 def _mistral_tools(tools: list[dict[str, Any]]) -> str:
@@ -279,7 +279,7 @@ def _llama3_calls(calls: list[Call]) -> str:
 
 def _seed_call(name: str, arguments: dict[str, Any]) -> str:
     params = "".join(
-        f"\n<parameter={key}>{value if isinstance(value, str) else _dumps(value)}</parameter>"
+        f"\n<parameter={key}>{_text(value)}</parameter>"
         for key, value in arguments.items()
     )
     return f"\n<seed:tool_call>\n<function={name}{params}\n</function>\n</seed:tool_call>"
