@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import ModelConfig
+from tuneline.core.models.config_patches import set_kv_cache
 
 if TYPE_CHECKING:
     import torch
@@ -22,7 +23,7 @@ def prepare_for_training(model: PreTrainedModel, model_config: ModelConfig, trai
     if model_config.upcast_layernorm:
         upcast_norms(model)
     prepare_checkpointing(model, training)
-    model.config.use_cache = False  # a cache only serves generation; training recomputes every position
+    set_kv_cache(model.config, enabled=False)  # a cache only serves generation; training recomputes every position
     if model_config.upcast_lmhead_output:
         upcast_logits(model)
 
