@@ -8,13 +8,12 @@ is the token of every hub download. Weights load from safetensors only, unless
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from tuneline.core.models.adapters import (ADAPTER_CONFIG, adapter_paths, apply_adapter, linear_module_names, load_adapter,
-                                           loraplus_optimizer, pickle_weights_message)
+                                           loraplus_optimizer)
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.folders import model_folder_problem, tokenizer_folder_problem
@@ -22,8 +21,9 @@ from tuneline.core.models.config_patches import patch_config
 from tuneline.core.models.freeze import apply_freeze, apply_full
 from tuneline.core.models.preparation import prepare_for_training, print_parameter_status
 from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
-from tuneline.core.models.quantization import (keep_4bit_layout_for_training, prequantized_method, prequantized_support_message,
-                                               quantization_config, quantized_device_map)
+from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config
+from tuneline.core.models.pretrained import (KEY, check_weights_format, first_line, from_pretrained_checked, load_config,
+                                             unreachable_model_message)
 from tuneline.core.models.vocabulary import grow_vocabulary
 
 if TYPE_CHECKING:
@@ -37,9 +37,7 @@ __all__ = ["apply_finetuning", "count_parameters", "linear_module_names", "load_
 Head = Literal["causal_lm", "score"]
 # LLaMA-Factory's `flash_attn` values and the attention implementation transformers calls them.
 ATTENTION = {"auto": None, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 ADAPTER_TYPES = ("lora", "oft")  # the finetuning types that train (and save) a peft adapter
-KEY = "model_name_or_path"  # the key that names the folders loaded here, for messages
 
 
 def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> PreTrainedTokenizerBase:
@@ -64,11 +62,11 @@ def load_tokenizer(path: str | Path, *, model: ModelConfig | None = None) -> Pre
             token=model.hf_hub_token,
         )
     except OSError as e:
-        raise ConfigError(_unreachable_model_message(KEY, path)) from e
+        raise ConfigError(unreachable_model_message(KEY, path)) from e
     except Exception as e:  # tokenizers, sentencepiece and transformers each raise their own kinds for a bad file
         if not local:
             raise
-        raise ConfigError(f"'{KEY}: {path}' holds a tokenizer that cannot be loaded ({_first_line(e)}); copy the "
+        raise ConfigError(f"'{KEY}: {path}' holds a tokenizer that cannot be loaded ({first_line(e)}); copy the "
                           "tokenizer's files into it again from where they came from.") from e
 
 
@@ -101,52 +99,19 @@ def load_model(
     problem = model_folder_problem(Path(path), key=KEY, trust_remote_code=model.trust_remote_code) if local else None
     if problem:
         raise ConfigError(problem)
-    config = _load_config(path, model, **({"num_labels": 1} if head == "score" else {}))
+    config = load_config(path, model, **({"num_labels": 1} if head == "score" else {}))
     routing = _routing_of_folder(config, path=path, asked=model.mixture_of_depths)
     patch_config(config, model, model_max_length=model_max_length, trainable=trainable, use_kv_cache=use_kv_cache)
     dtype = compute_dtype(training or {}, config=config, pure_bf16=pure_bf16)
     quantization = quantization_config(model, compute_dtype=dtype)
-    _check_weights_format(path, model)
+    check_weights_format(path, model)
     model_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
     if trainable and model.train_from_scratch:
         return _resized(model_class.from_config(config, dtype=dtype, attn_implementation=attention_implementation(
             model.flash_attn), trust_remote_code=model.trust_remote_code), vocab_size)
-    try:
-        with _new_head_expected(head), _routers_expected(routing):
-            loaded = model_class.from_pretrained(
-                str(path),
-                config=config,
-                dtype=dtype,
-                attn_implementation=attention_implementation(model.flash_attn),
-                quantization_config=quantization,
-                device_map=quantized_device_map() if quantization else None,
-                trust_remote_code=model.trust_remote_code,
-                revision=model.model_revision,
-                cache_dir=model.cache_dir,
-                token=model.hf_hub_token,
-                use_safetensors=None if model.allow_pickle_weights else True,
-            )
-    except ImportError as e:
-        method = prequantized_method(config)
-        if method is None:
-            raise
-        raise ConfigError(prequantized_support_message(KEY, path, method=method, missing=e)) from e
-    except OSError as e:
-        if "safetensors" in str(e) and not Path(path).is_dir():
-            raise ConfigError(f"'model_name_or_path: {path}' has no safetensors weights on the Hugging Face Hub, and "
-                              "unpickling its other weights can run arbitrary code; set 'allow_pickle_weights: true' "
-                              "if you trust their source.") from e
-        raise ConfigError(_unreachable_model_message(KEY, path)) from e
-    except ValueError as e:
-        if not local:
-            raise
-        raise ConfigError(f"'{KEY}: {path}' holds a model that cannot be loaded ({_first_line(e)}); copy its files "
-                          "again from where they came from, or save the model again with save_pretrained.") from e
-    except Exception as e:
-        if not local or type(e).__name__ != "SafetensorError":  # safetensors' error for a damaged weights file
-            raise
-        raise ConfigError(f"'{KEY}: {path}' has weights that cannot be read ({_first_line(e)}); the *.safetensors "
-                          "file is cut short or damaged: copy it again, or save the model again.") from e
+    loaded = from_pretrained_checked(model_class, path, config=config, model=model, dtype=dtype,
+                                     attention=attention_implementation(model.flash_attn), quantization=quantization,
+                                     new_head=head == "score", routing=routing)
     if routing is not None:
         from tuneline.core.models.mixture_of_depths import restore_routing
 
@@ -160,15 +125,6 @@ def _resized(model: PreTrainedModel, vocab_size: int | None) -> PreTrainedModel:
     if vocab_size is not None:
         grow_vocabulary(model, vocab_size=vocab_size)
     return model
-
-
-def _new_head_expected(head: Head):
-    """A causal LM's weights lack the scoring head on purpose; transformers would warn that it is new."""
-    if head != "score":
-        return contextlib.nullcontext()
-    from trl.trainer.reward_trainer import suppress_seqcls_warning
-
-    return suppress_seqcls_warning()
 
 
 def _routing_of_folder(config: PretrainedConfig, *, path: str | Path, asked: str | None) -> Mapping[str, Any] | None:
@@ -185,15 +141,6 @@ def _routing_of_folder(config: PretrainedConfig, *, path: str | Path, asked: str
         raise ConfigError(f"'mixture_of_depths: convert' was given '{KEY}: {path}', which is already a Mixture-of-Depths "
                           "model; set 'mixture_of_depths: load' to train it further.")
     return routing
-
-
-def _routers_expected(routing: Mapping[str, Any] | None):
-    """A routed model's router weights are not its class's own; transformers would report them as unexpected."""
-    if routing is None:
-        return contextlib.nullcontext()
-    from tuneline.core.models.mixture_of_depths import quiet_router_report
-
-    return quiet_router_report()
 
 
 def load_reward_model(
@@ -366,38 +313,6 @@ def trainable_summary(model: PreTrainedModel) -> str:
     return f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
 
 
-def _load_config(path: str | Path, model: ModelConfig, **overrides: Any) -> PretrainedConfig:
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(str(path), trust_remote_code=model.trust_remote_code,
-                                          revision=model.model_revision, cache_dir=model.cache_dir,
-                                          token=model.hf_hub_token, **overrides)
-    except OSError as e:
-        raise ConfigError(_unreachable_model_message("model_name_or_path", path)) from e
-    except ValueError as e:
-        if "trust_remote_code" in str(e):
-            raise ConfigError(f"'{KEY}: {path}' ships its own model code, which runs only with "
-                              "'trust_remote_code: true'; set it if you trust where the model comes from.") from e
-        if not Path(path).is_dir():
-            raise
-        raise ConfigError(f"'{KEY}: {path}': config.json does not describe a model transformers knows ({_first_line(e)}); "
-                          "fix config.json or copy the model's files again.") from e
-
-
-def _check_weights_format(path: str | Path, model: ModelConfig) -> None:
-    """Refuse a local folder whose only weights are pickle files, unless they are trusted."""
-    folder = Path(path)
-    if model.allow_pickle_weights or not folder.is_dir():
-        return
-    names = sorted(p.name for p in folder.iterdir())
-    if any(name.endswith(".safetensors") for name in names):
-        return
-    pickled = [name for name in names if name.endswith(PICKLE_SUFFIXES)]
-    if pickled:
-        raise ConfigError(pickle_weights_message("model_name_or_path", path, pickled))
-
-
 def _nothing_trainable_message(model: PreTrainedModel, finetuning: FinetuningConfig) -> str:
     if finetuning.finetuning_type == "freeze":
         extras = finetuning.freeze_extra_modules
@@ -408,15 +323,3 @@ def _nothing_trainable_message(model: PreTrainedModel, finetuning: FinetuningCon
             f"'{finetuning.lora_target}'; modules available: {', '.join(linear_module_names(model))}.")
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def _unreachable_model_message(key: str, path: str | Path) -> str:
-    if Path(path).exists():
-        return f"'{key}: {path}' is a folder without a loadable model or tokenizer (config.json, tokenizer files)."
-    return (
-        f"'{key}: {path}' is neither a local folder nor reachable on the Hugging Face Hub "
-        "(offline, or the id is wrong); download it first or point the key at a local model folder."
-    )
