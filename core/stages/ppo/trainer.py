@@ -364,8 +364,11 @@ def train_ppo(request: LoopRequest) -> dict[str, float]:
     print(trainable_summary(model), flush=True)
     reference = reference_model(policy, finetuning, model_config=model_config, vocab_size=len(tokenizer),
                                 training=job.training, model_max_length=job.model_max_length)
+    # the policy's hub token, cache and trust settings; its revision names a commit of the policy only
     reward_model, reward_tokenizer = load_reward_model(finetuning.reward_model, model=ModelConfig(
-        trust_remote_code=model_config.trust_remote_code, quantization_bit=finetuning.reward_model_quantization_bit))
+        trust_remote_code=model_config.trust_remote_code, hf_hub_token=model_config.hf_hub_token,
+        cache_dir=model_config.cache_dir, allow_pickle_weights=model_config.allow_pickle_weights,
+        quantization_bit=finetuning.reward_model_quantization_bit))
     _check_same_vocabulary(tokenizer, reward_tokenizer, reward_path=finetuning.reward_model)
     for frozen in (reference, reward_model):
         if frozen is not None and getattr(frozen, "hf_quantizer", None) is None:  # quantized ones load in place
