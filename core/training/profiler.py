@@ -116,6 +116,7 @@ class ModuleTimerCallback(TrainerCallback):
         self.handles: list[Any] = []
         self.started: dict[tuple[str, str], Any] = {}
         self.times: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.recorded: list[tuple[tuple[str, str], Any, Any]] = []  # CUDA events of the calls of this step
         self.cuda = False
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None,
@@ -148,10 +149,11 @@ class ModuleTimerCallback(TrainerCallback):
         started = self.started.get((name, phase))
         if started is None:
             return
-        if self.cuda:
-            started[1].record()  # read at the step's end, after a synchronisation
-            return
         del self.started[name, phase]
+        if self.cuda:
+            started[1].record()
+            self.recorded.append(((name, phase), *started))  # every call's pair, read at the step's end
+            return
         self.times[name, phase].append(1000 * (time.perf_counter() - started))
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
@@ -160,9 +162,9 @@ class ModuleTimerCallback(TrainerCallback):
         import torch
 
         torch.cuda.synchronize()
-        for key, (start, end) in self.started.items():
+        for key, start, end in self.recorded:
             self.times[key].append(start.elapsed_time(end))
-        self.started.clear()
+        self.recorded.clear()
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
         if not self.times or not state.is_world_process_zero:
