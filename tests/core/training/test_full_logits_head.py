@@ -68,11 +68,16 @@ def test_large_batches_and_the_plain_forward_go_to_trls_head(tiny_base: Path, mo
     inputs = batch(model.config.vocab_size)
     model(**inputs, fused_lm_head=True)
     assert len(calls) == 1
-    monkeypatch.setattr(full_logits_head, "FULL_LOGITS_ELEMENTS", inputs["labels"].numel() * model.config.vocab_size - 1)
+    scored = int((inputs["labels"][:, 1:] != -100).sum())  # only the positions with a label get logits
+    monkeypatch.setattr(full_logits_head, "FULL_LOGITS_ELEMENTS", scored * model.config.vocab_size - 1)
     large = model(**inputs, fused_lm_head=True)
     assert len(calls) == 1 and large.log_probs.shape == (4, 23)
     plain = model(input_ids=inputs["input_ids"])
     assert len(calls) == 1 and plain.logits.shape == (4, 24, model.config.vocab_size)
+    monkeypatch.setattr(full_logits_head, "FULL_LOGITS_ELEMENTS", 1 << 26)
+    model.config.final_logit_softcapping = 30.0  # soft-capped logits (Gemma 2): TRL's head applies the cap
+    model(**inputs, fused_lm_head=True)
+    assert len(calls) == 1
 
 
 def test_a_field_it_does_not_compute_leaves_trls_head_alone(tiny_base: Path) -> None:
