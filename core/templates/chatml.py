@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneline.core.templates.spec import BOS, Template, headed_template
+from tuneline.core.templates.spec import BOS, MediaTokens, Template, headed_template
 
 _HEADER = "<|im_start|>{role}\n"
 _END = "<|im_end|>\n"
@@ -52,6 +52,9 @@ CHATML_TEMPLATES: tuple[Template, ...] = (
     _chatml("chatml_de", tool="tool", stop_words=("<|im_end|>", "<|im_start|>"), replace_eos=True,
             default_system="Du bist ein freundlicher und hilfsbereiter KI-Assistent."),
     _qwen("qwen", default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
+    _qwen("qwen2_vl", default_system="You are a helpful assistant.",
+          media=MediaTokens(plugin="qwen2_vl", image_token="<|image_pad|>", video_token="<|video_pad|>",
+                            vision_bos="<|vision_start|>", vision_eos="<|vision_end|>")),
     _qwen("qwen3", reasoning=True),
     _qwen("qwen3_nothink"),
     _qwen("mimo", default_system="You are a helpful assistant.", reasoning=True),

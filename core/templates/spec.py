@@ -42,6 +42,22 @@ ToolFormat = Literal["default", "gemma4", "glm4", "glm4_moe", "lfm2", "ling", "l
 TOOL_FORMATS: tuple[str, ...] = get_args(ToolFormat)
 """LLaMA-Factory 0.9.5's tool formats, the values `tool_format` takes."""
 DEFAULT_THOUGHT_WORDS = ("<think>\n", "\n</think>\n\n")
+MediaPlugin = Literal["qwen2_vl"]
+"""The families whose media placeholders tuneline expands (LLaMA-Factory's `mm_plugin` names)."""
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """How a multimodal template writes a row's media: LLaMA-Factory's `mm_plugin` and its tokens.
+
+    Each `<image>` of a message becomes `vision_bos`, `image_token` repeated once per feature the
+    family's image processor makes of that image, and `vision_eos` (see `core.data.media_tokens`)."""
+
+    plugin: MediaPlugin
+    image_token: str
+    video_token: str | None = None
+    vision_bos: str = ""
+    vision_eos: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,8 @@ class Template:
     chat_template: str | None = None
     """Set only by `template: auto`: the tokenizer's own Jinja chat template renders every
     conversation and the slots above are unused."""
+    media: MediaTokens | None = None
+    """A multimodal template's media tokens; None: the template takes text only."""
 
     def __post_init__(self) -> None:
         problems = [f"template '{self.name}': {p}" for p in _problems(self)]
