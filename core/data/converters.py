@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from tuneline.core.data.dataset_attr import DatasetAttr
 
 Message = dict[str, str]
+MEDIA_COLUMNS = ("images", "videos", "audios")
 KTO_TEXT = {"true": True, "false": False}
 
 
@@ -209,7 +210,26 @@ def _standard(prompt: list[Message], response: list[Message], *, data: Mapping[s
     row = {"prompt": prompt, "response": response, "system": system, "tools": tools}
     if "kto_tag" in columns:
         row["kto_tag"] = _kto_tag(data, columns["kto_tag"])
+    row.update(media_lists(data, columns))
     return row
+
+
+def media_lists(data: Mapping[str, Any], columns: Mapping[str, str]) -> dict[str, list[str]]:
+    """The raw row's media references by media column (a single string counts as a list of one)."""
+    found = {}
+    for key in MEDIA_COLUMNS:
+        if key not in columns:
+            continue
+        value = data.get(columns[key])
+        if value is None:
+            value = []
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise RowProblem(f"column '{columns[key]}' ({key}) must hold a list of file paths, got {str(value)[:80]!r}",
+                             reason="wrong_type")
+        found[key] = value
+    return found
 
 
 def _kto_tag(data: Mapping[str, Any], column: str) -> bool:

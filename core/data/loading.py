@@ -18,7 +18,8 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tuneline.core.data.converters import RowProblem, convert_row
+from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem, convert_row
+from tuneline.core.data.media import resolved_media, unread_media_columns
 from tuneline.core.data.readers import Record
 from tuneline.core.data.sources import entry_label, open_records
 from tuneline.core.errors import ConfigError, DataError
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 OnBadRow = Literal["error", "skip"]
 ON_BAD_ROW = ("error", "skip")
-MULTIMODAL_COLUMNS = ("images", "videos", "audios")
 MAX_LISTED_PROBLEMS = 5
 SKIP_HINT = "or set on_bad_row: skip to drop them and log how many were dropped"
 
@@ -66,19 +66,22 @@ class LoadReport:
 
 
 def load_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRow = "error",
-              max_samples: int | None = None, token: str | None = None) -> list[dict]:
+              max_samples: int | None = None, token: str | None = None, media_dir: str | Path | None = None) -> list[dict]:
     """The dataset's rows in the standard shape (see `tuneline.core.data.converters`); `token`
-    is the Hugging Face Hub token of a hub dataset."""
+    is the Hugging Face Hub token of a hub dataset; a row's media files are resolved against
+    `media_dir` (None: `dataset_dir`) and checked (`core.data.media`)."""
     rows, _ = load_rows_with_report(attr, dataset_dir, on_bad_row=on_bad_row,
-                                    max_samples=max_samples, token=token)
+                                    max_samples=max_samples, token=token, media_dir=media_dir)
     return rows
 
 
 def load_rows_with_report(attr: DatasetAttr, dataset_dir: str | Path, *,
                           on_bad_row: OnBadRow = "error",
-                          max_samples: int | None = None, token: str | None = None) -> tuple[list[dict], LoadReport]:
+                          max_samples: int | None = None, token: str | None = None,
+                          media_dir: str | Path | None = None) -> tuple[list[dict], LoadReport]:
     """The dataset's standard rows and what was read and dropped; see `load_rows`."""
     entry = entry_label(attr, dataset_dir)
+    media = Path(media_dir if media_dir is not None else dataset_dir)
     records, source = _open(attr, dataset_dir, entry=entry, on_bad_row=on_bad_row,
                             streaming=False, token=token)
     report = LoadReport(dataset=attr.name)
@@ -86,7 +89,7 @@ def load_rows_with_report(attr: DatasetAttr, dataset_dir: str | Path, *,
     for record in _selected(records, num_samples=attr.num_samples, max_samples=max_samples):
         report.rows_read += 1
         try:
-            rows.append(_convert(record, attr))
+            rows.append(_convert(record, attr, media_dir=media))
         except RowProblem as e:
             report.add_drop(f"{record.where()}: {e}", reason=e.reason)
     report.rows_kept = len(rows)
@@ -96,7 +99,7 @@ def load_rows_with_report(attr: DatasetAttr, dataset_dir: str | Path, *,
 
 def iter_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRow = "error",
               max_samples: int | None = None, report: LoadReport | None = None,
-              token: str | None = None) -> Iterator[dict]:
+              token: str | None = None, media_dir: str | Path | None = None) -> Iterator[dict]:
     """The dataset's standard rows one at a time, in bounded memory (for `streaming: true`).
 
     JSON lines, JSON lists (incrementally, by ijson), CSV, Parquet, Arrow and text files are read
@@ -108,17 +111,17 @@ def iter_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRo
     records, source = _open(attr, dataset_dir, entry=entry, on_bad_row=on_bad_row,
                             streaming=True, token=token)
     return _iter_rows(attr, records, entry=entry, source=source, on_bad_row=on_bad_row,
-                      max_samples=max_samples,
+                      max_samples=max_samples, media_dir=Path(media_dir if media_dir is not None else dataset_dir),
                       report=report if report is not None else LoadReport(dataset=attr.name))
 
 
 def _iter_rows(attr: DatasetAttr, records: Callable[[], Iterator[Record]], *, entry: str,
-               source: str, on_bad_row: OnBadRow, max_samples: int | None,
+               source: str, on_bad_row: OnBadRow, max_samples: int | None, media_dir: Path,
                report: LoadReport) -> Iterator[dict]:
     for record in _selected(records, num_samples=attr.num_samples, max_samples=max_samples):
         report.rows_read += 1
         try:
-            row = _convert(record, attr)
+            row = _convert(record, attr, media_dir=media_dir)
         except RowProblem as e:
             if on_bad_row == "error":
                 raise DataError(f"{entry}: {record.where()}: {e}. Fix or remove the row, "
@@ -158,10 +161,13 @@ def _cycled(records: Callable[[], Iterator[Record]], count: int) -> Iterator[Rec
             return
 
 
-def _convert(record: Record, attr: DatasetAttr) -> dict:
+def _convert(record: Record, attr: DatasetAttr, *, media_dir: Path) -> dict:
     if record.problem is not None:
         raise RowProblem(record.problem, reason=record.reason or "unreadable")
-    return convert_row(record.data, attr)
+    row = convert_row(record.data, attr)
+    if any(key in row for key in MEDIA_COLUMNS):
+        row.update(resolved_media(row, media_dir=media_dir))
+    return row
 
 
 def _check_result(report: LoadReport, *, entry: str, source: str, on_bad_row: str) -> None:
@@ -195,12 +201,11 @@ def _counts(dropped: dict[str, int]) -> str:
 
 def _check_loadable(attr: DatasetAttr, *, entry: str) -> None:
     """Entry-level reasons that no row of the dataset can be loaded."""
-    multimodal = [key for key in MULTIMODAL_COLUMNS if key in attr.columns]
-    if multimodal:
+    unread = unread_media_columns(list(attr.columns))
+    if unread:
         raise DataError(
-            f"{entry} is multimodal (it maps {', '.join(multimodal)} in \"columns\"), and "
-            "tuneline does not support multimodal datasets: it trains text-only models. Use a "
-            "text-only dataset instead."
+            f"{entry} maps {', '.join(unread)} in \"columns\", and tuneline reads images only so far, "
+            "not video or audio; use a dataset of text and images, or remove those columns from the entry."
         )
     if attr.formatting == "alpaca" and not {"prompt", "query"} & set(attr.columns):
         raise DataError(

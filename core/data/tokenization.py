@@ -72,6 +72,17 @@ def entry_fingerprint(attr, dataset_dir: str, *, token: str | None = None) -> st
     return hashlib.sha256(f"{entry}:{tree_fingerprint(files)}".encode()).hexdigest()
 
 
+def _refuse_image_rows(attrs: Sequence[Any]) -> None:
+    """Image rows load and are checked (`core.data.media`), and the qwen2_vl template expands their
+    placeholders (`core.data.media_tokens`); writing them as training examples comes with the
+    collator that feeds their pixels, so until then a stage that would encode them stops here."""
+    with_images = [attr.name for attr in attrs if "images" in attr.columns]
+    if with_images:
+        raise ConfigError(f"dataset {', '.join(repr(name) for name in with_images)} maps images in \"columns\": tuneline "
+                          "reads and checks image rows but does not yet tokenize or train on them (their <image> "
+                          "placeholders would be written as plain text); use a text-only dataset.")
+
+
 def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]:
     """All rows of the named datasets, `max_samples` of each, mixed as configured."""
     return list(iter_rows(names, config))
@@ -81,6 +92,7 @@ def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadRe
     """Rows of the named datasets: streamed one after another (concat), or mixed in memory."""
     data = config.data
     attrs = get_dataset_attrs(names, data.dataset_dir)
+    _refuse_image_rows(attrs)
     reports = reports if reports is not None else []
     if data.mix_strategy == "concat" or len(attrs) == 1:
         for attr in attrs:

@@ -30,9 +30,9 @@ TEXT_DATASETS = {
     "c4_demo": (300, []),
     "wiki_demo": (30, []),
 }
-MULTIMODAL = ["mllm_demo", "mllm_audio_demo", "mllm_video_demo", "mllm_video_audio_demo",
-              "llava_1k_en", "pokemon_cap", "rlhf_v"]
-HUB_ONLY = ["alpaca_en", "lima", "ultrachat_200k", "dpo_mix_en", "kto_mix_en", "adgen_eval"]
+UNREAD_MEDIA = ["mllm_audio_demo", "mllm_video_demo", "mllm_video_audio_demo"]
+HUB_ONLY = ["alpaca_en", "lima", "ultrachat_200k", "dpo_mix_en", "kto_mix_en", "adgen_eval", "llava_1k_en", "pokemon_cap",
+            "rlhf_v"]
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def assert_standard(row: dict, *, kto: bool) -> None:
 
 def test_whole_official_file_validates(info: dict) -> None:
     assert len(info) > 90
-    assert set(TEXT_DATASETS) | set(MULTIMODAL) <= set(info)
+    assert set(TEXT_DATASETS) | set(UNREAD_MEDIA) | {"mllm_demo"} <= set(info)
     assert info["alpaca_en"].load_from == "hf_hub" and info["deepctrl"].load_from == "ms_hub"
     assert info["llava_1k_en"].subset == "en" and info["starcoder_python"].folder == "python"
 
@@ -152,13 +152,23 @@ def test_streaming_gives_the_same_rows(lf_data: Path, name: str) -> None:
     assert list(iter_rows(attr, lf_data)) == load_rows(attr, lf_data)
 
 
-@pytest.mark.parametrize("name", MULTIMODAL)
-def test_multimodal_datasets_are_refused_by_name(info: dict, lf_data: Path, name: str) -> None:
+@pytest.mark.parametrize("name", UNREAD_MEDIA)
+def test_video_and_audio_datasets_are_refused_by_name(info: dict, lf_data: Path, name: str) -> None:
     with pytest.raises(DataError) as error:
         load_rows(info[name], lf_data)
     message = str(error.value)
-    assert f"dataset '{name}' in {lf_data / 'dataset_info.json'} is multimodal" in message
-    assert "does not support multimodal datasets" in message
+    assert f"dataset '{name}' in {lf_data / 'dataset_info.json'} maps " in message
+    assert "tuneline reads images only so far, not video or audio" in message
+
+
+def test_the_image_demo_names_its_missing_files(info: dict, lf_data: Path) -> None:
+    """The shared copy of LLaMA-Factory's data holds mllm_demo.json without its mllm_demo_data/ images."""
+    with pytest.raises(DataError) as error:
+        load_rows(info["mllm_demo"], lf_data)
+    message = " ".join(str(error.value).split())
+    assert "6 row(s) cannot be used (media_missing: 6)" in message
+    assert (f"row 0 of {lf_data / 'mllm_demo.json'}: images file 'mllm_demo_data/1.jpg' is neither in media_dir "
+            f"({lf_data}) nor at that path") in message
 
 
 @pytest.mark.parametrize("name", HUB_ONLY)

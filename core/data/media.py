@@ -1,0 +1,67 @@
+"""The media files of a multimodal row: LLaMA-Factory's `images` column, resolved and checked.
+
+A path is read as LLaMA-Factory reads it: relative to `media_dir` (which defaults to `dataset_dir`)
+when the file is there, else as written. A URL or an inline image is refused: tuneline reads media
+from files, so that their content can key the cache. Each problem is a `RowProblem`, so a bad row
+stops tokenizing with its dataset and row named, or is dropped and counted with `on_bad_row: skip`.
+Video and audio columns are refused by name until tuneline reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem
+from tuneline.core.data.media_tokens import placeholder_counts
+
+READ_COLUMNS = ("images",)
+"""The media columns tuneline reads so far."""
+URL_PREFIXES = ("http://", "https://", "data:")
+
+
+def resolved_media(row: Mapping[str, Any], *, media_dir: Path) -> dict[str, list[str]]:
+    """The row's media files, each checked to exist and, for images, to be an image Pillow reads;
+    the count of each kind checked against the `<image>`, `<video>` and `<audio>` placeholders."""
+    media = {key: row[key] for key in MEDIA_COLUMNS if key in row}
+    counts = placeholder_counts([*row["prompt"], *row["response"]])
+    for key, references in media.items():
+        if len(references) != counts[key]:
+            raise RowProblem(f"the row has {len(references)} {key} and {counts[key]} {_placeholder(key)} placeholder(s) "
+                             "in its messages; give one file per placeholder", reason="media_count")
+    return {key: [_file(reference, key=key, media_dir=media_dir) for reference in references]
+            for key, references in media.items()}
+
+
+def _file(reference: str, *, key: str, media_dir: Path) -> str:
+    if reference.startswith(URL_PREFIXES):
+        raise RowProblem(f"{key} entry {reference[:60]!r} is a URL or inline data; tuneline reads media from files "
+                         "(their content keys the cache): save it and give its path", reason="media_url")
+    joined = media_dir / reference
+    path = joined if joined.is_file() else Path(reference)
+    if not path.is_file():
+        raise RowProblem(f"{key} file {reference!r} is neither in media_dir ({media_dir}) nor at that path",
+                         reason="media_missing")
+    if key == "images":
+        _check_image(path)
+    return str(path)
+
+
+def _check_image(path: Path) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.verify()  # reads the whole file: a truncated one fails here, not in training
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise RowProblem(f"image file {str(path)!r} cannot be read as an image ({e})", reason="media_unreadable") from None
+
+
+def _placeholder(key: str) -> str:
+    return {"images": "<image>", "videos": "<video>", "audios": "<audio>"}[key]
+
+
+def unread_media_columns(columns: Sequence[str]) -> list[str]:
+    """The media columns an entry maps that tuneline does not read yet."""
+    return [key for key in MEDIA_COLUMNS if key in columns and key not in READ_COLUMNS]
