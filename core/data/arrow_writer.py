@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 ARROW_FILE = "data-00000-of-00001.arrow"
+TEXT_LIST_COLUMNS = frozenset({"images"})  # lists of file paths, not of token ids
 
 
 def _feature(value: Any) -> dict[str, Any]:
@@ -34,7 +35,7 @@ def _arrow_type(feature: Mapping[str, Any]):
     import pyarrow as pa
 
     if feature["_type"] == "List":
-        return pa.list_(pa.int32())
+        return pa.list_(pa.string() if feature["feature"]["dtype"] == "string" else pa.int32())
     return {"bool": pa.bool_(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}[feature["dtype"]]
 
 
@@ -44,7 +45,7 @@ def _column_array(values: list[Any], feature: Mapping[str, Any]):
     import numpy as np
     import pyarrow as pa
 
-    if feature["_type"] != "List":
+    if feature["_type"] != "List" or feature["feature"]["dtype"] == "string":
         return pa.array(values, type=_arrow_type(feature))
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum([len(value) for value in values], out=offsets[1:])
@@ -80,7 +81,8 @@ class SplitWriter:
     def _open(self, sample: Mapping[str, Any]) -> None:
         import pyarrow as pa
 
-        self.features = {name: _feature(value) for name, value in sample.items()}
+        self.features = {name: {"feature": {"dtype": "string", "_type": "Value"}, "_type": "List"} if name in TEXT_LIST_COLUMNS
+                         else _feature(value) for name, value in sample.items()}
         schema = pa.schema([(name, _arrow_type(f)) for name, f in self.features.items()])
         self.folder.mkdir(parents=True, exist_ok=True)
         self._sink = pa.OSFile(str(self.folder / ARROW_FILE), "wb")

@@ -48,9 +48,11 @@ class EncodingSpec:
     neat_packing: bool
     predict: bool  # prompts for generation (do_predict without do_train)
     batch_size: int  # the trainer's per-device batch, for the padding ratio
+    image_token_id: int | None = None  # with image rows: every example keeps its `images`, and one that lost image tokens drops
 
     @classmethod
-    def from_config(cls, config: StageConfig, *, template: Template, examples: str) -> EncodingSpec:
+    def from_config(cls, config: StageConfig, *, template: Template, examples: str,
+                    image_token_id: int | None = None) -> EncodingSpec:
         training = config.training
         return cls(
             examples=examples,
@@ -60,6 +62,7 @@ class EncodingSpec:
             neat_packing=config.data.neat_packing,
             predict=bool(training.get("do_predict")) and not trains(training),
             batch_size=int(training.get("per_device_train_batch_size", 8)),
+            image_token_id=image_token_id,
         )
 
 
@@ -221,6 +224,8 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
         # Truncation fills the budget, so only a full-length example can have been cut.
         if example is not None and len(example["input_ids"]) >= encoding.cutoff_len:
             _count_truncation(pairs, example, encoding, counters)
+        if example is not None and spec.image_token_id is not None:
+            example = _with_images(example, row, spec.image_token_id, counters)
         examples.append(example)
     counters["rows_dropped_no_trained_token"] += examples.count(None)
     if not packed:
@@ -231,6 +236,14 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
         counters["padded_positions"] += len(pack["input_ids"])
         counters["pad_positions"] += _trailing_padding(pack, tokenizer.pad_token_id)
     return packs, counters
+
+
+def _with_images(example: dict[str, Any], row: dict[str, Any], image_token_id: int, counters: Counter) -> dict[str, Any] | None:
+    """`example` with the row's image files, or None (counted) when cutoff_len cut into its image tokens."""
+    if example["input_ids"].count(image_token_id) != row["image_tokens"]:
+        counters["rows_dropped_image_tokens_cut"] += 1
+        return None
+    return {**example, "images": row["images"]}
 
 
 def _pieces_ids(pieces: list[list[str | int]], encoded: dict[str, list[int]], split: dict[str, list[str]]) -> list[list[int]]:

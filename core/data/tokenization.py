@@ -27,6 +27,7 @@ from tuneline.core.config import StageConfig, trains
 from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
+from tuneline.core.data.image_rows import ImageRows
 from tuneline.core.data.eval_splits import VALIDATION, split_name
 from tuneline.core.data.mixing import mix_rows
 from tuneline.core.data.streaming import shuffled_stream, take_validation
@@ -62,7 +63,20 @@ def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
     (a changed column mapping changes the rows as surely as changed data)."""
     names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
     attrs = get_dataset_attrs(names, config.data.dataset_dir)
-    return {attr.name: entry_fingerprint(attr, config.data.dataset_dir, token=config.model.hf_hub_token) for attr in attrs}
+    digests = {attr.name: entry_fingerprint(attr, config.data.dataset_dir, token=config.model.hf_hub_token) for attr in attrs}
+    for attr in attrs:
+        if "images" in attr.columns:  # the image files' content decides the tokens (and the pixels) as much as the rows
+            digests[attr.name] = hashlib.sha256(f"{digests[attr.name]}:{media_fingerprint(attr, config)}".encode()).hexdigest()
+    return digests
+
+
+def media_fingerprint(attr: Any, config: StageConfig) -> str:
+    """Digest of the content of every media file the dataset's rows name (read and checked as tokenizing reads them)."""
+    data = config.data
+    rows = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
+                                 token=config.model.hf_hub_token, media_dir=data.media_dir or data.dataset_dir)[0]
+    files = sorted({Path(path) for row in rows for path in row.get("images", [])})
+    return tree_fingerprint(files)
 
 
 def entry_fingerprint(attr, dataset_dir: str, *, token: str | None = None) -> str:
@@ -72,38 +86,35 @@ def entry_fingerprint(attr, dataset_dir: str, *, token: str | None = None) -> st
     return hashlib.sha256(f"{entry}:{tree_fingerprint(files)}".encode()).hexdigest()
 
 
-def _refuse_image_rows(attrs: Sequence[Any]) -> None:
-    """Image rows load and are checked (`core.data.media`), and the qwen2_vl template expands their
-    placeholders (`core.data.media_tokens`); writing them as training examples comes with the
-    collator that feeds their pixels, so until then a stage that would encode them stops here."""
-    with_images = [attr.name for attr in attrs if "images" in attr.columns]
-    if with_images:
-        raise ConfigError(f"dataset {', '.join(repr(name) for name in with_images)} maps images in \"columns\": tuneline "
-                          "reads and checks image rows but does not yet tokenize or train on them (their <image> "
-                          "placeholders would be written as plain text); use a text-only dataset.")
-
-
 def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]:
     """All rows of the named datasets, `max_samples` of each, mixed as configured."""
     return list(iter_rows(names, config))
 
 
-def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadReport] | None = None) -> Iterator[dict[str, Any]]:
-    """Rows of the named datasets: streamed one after another (concat), or mixed in memory."""
+def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadReport] | None = None,
+              image_rows: ImageRows | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of the named datasets: streamed one after another (concat), or mixed in memory; with
+    `image_rows`, their image placeholders expanded."""
     data = config.data
     attrs = get_dataset_attrs(names, data.dataset_dir)
-    _refuse_image_rows(attrs)
     reports = reports if reports is not None else []
+    rows = _loaded_rows(attrs, config, reports=reports)
+    yield from rows if image_rows is None else image_rows.expand_all(rows)
+
+
+def _loaded_rows(attrs: Sequence[Any], config: StageConfig, *, reports: list[LoadReport]) -> Iterator[dict[str, Any]]:
+    data = config.data
+    media_dir = data.media_dir or data.dataset_dir
     if data.mix_strategy == "concat" or len(attrs) == 1:
         for attr in attrs:
             reports.append(LoadReport(dataset=attr.name))
-            yield from registry_iter_rows(attr, data.dataset_dir, on_bad_row=data.on_bad_row,
-                                          max_samples=data.max_samples, report=reports[-1], token=config.model.hf_hub_token)
+            yield from registry_iter_rows(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
+                                          report=reports[-1], token=config.model.hf_hub_token, media_dir=media_dir)
         return
     per_dataset = []
     for attr in attrs:
         rows, report = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
-                                             token=config.model.hf_hub_token)
+                                             token=config.model.hf_hub_token, media_dir=media_dir)
         per_dataset.append(rows)
         reports.append(report)
     probs = [float(p) for p in data.interleave_probs.split(",")] if data.interleave_probs else None
@@ -203,12 +214,14 @@ def _cyclic_gc_paused() -> Iterator[None]:
 def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
     tokenizer, template, template_warning, new_tokens = prepare_tokenizer(config, tokenizer_path)
     output_dir = Path(output_dir)
-    spec = EncodingSpec.from_config(config, template=template, examples=examples)
+    image_rows = _image_rows(config, template, tokenizer_path, examples=examples)
+    spec = EncodingSpec.from_config(config, template=template, examples=examples,
+                                    image_token_id=image_rows and image_token_id(tokenizer, image_rows.media.image_token))
     counters: Counter = Counter()
     writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
     reports: list[LoadReport] = []
     seed = int(config.training.get("seed", 42))
-    train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports)
+    train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports, image_rows=image_rows)
     if config.data.streaming:
         train_rows = shuffled_stream(train_rows, buffer_size=config.data.buffer_size, seed=seed)
         routed = take_validation(train_rows, count=int(config.data.val_size))
@@ -217,7 +230,7 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     for split in eval_split_names(config):
         writers[split] = SplitWriter(output_dir / split, fingerprint=output_dir.name + ("v" if split == VALIDATION else split))
     if config.data.eval_dataset:
-        routed = itertools.chain(routed, _eval_rows(config, reports=reports))
+        routed = itertools.chain(routed, _eval_rows(config, reports=reports, image_rows=image_rows))
     first_example = None
     batches = _batches_by_split(routed, config.data.preprocessing_batch_size)
     for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
@@ -244,6 +257,33 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     return finish_counters(counters)
 
 
+def _image_rows(config: StageConfig, template: Template, model_path: str | Path, *, examples: str) -> ImageRows | None:
+    """How the stage's image rows are expanded; None when no dataset it reads maps images."""
+    names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
+    with_images = [attr.name for attr in get_dataset_attrs(names, config.data.dataset_dir) if "images" in attr.columns]
+    if not with_images:
+        return None
+    problems = []
+    if examples != "supervised":
+        problems.append(f"dataset {', '.join(repr(n) for n in with_images)} maps images, and tuneline encodes image rows "
+                        f"for supervised stages (sft) so far, not the {examples} examples of 'stage: {config.finetuning.stage}'.")
+    if config.data.packing or config.data.neat_packing:
+        problems.append("'packing' with image rows is not offered yet (a pack must keep each image's tokens whole); "
+                        "remove packing and neat_packing.")
+    if problems:
+        raise ConfigError(problems)
+    return ImageRows.load(template, model_path, config.media, datasets=with_images)
+
+
+def image_token_id(tokenizer, token: str) -> int:
+    """The id of the template's image token, which must be one token of the vocabulary."""
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or tokenizer.convert_ids_to_tokens(token_id) != token:
+        raise ConfigError(f"the template's image token {token!r} is not a token of this tokenizer; use the tokenizer of "
+                          "the multimodal model the template is for.")
+    return token_id
+
+
 def eval_split_names(config: StageConfig) -> list[str]:
     """The validation splits the stage writes: `validation`, or one per evaluation dataset with
     `eval_on_each_dataset` (none without evaluation rows)."""
@@ -253,17 +293,17 @@ def eval_split_names(config: StageConfig) -> list[str]:
     return [VALIDATION] if data.val_size or data.eval_dataset else []
 
 
-def _eval_rows(config: StageConfig, *, reports: list[LoadReport]) -> Iterator[tuple[dict, str]]:
+def _eval_rows(config: StageConfig, *, reports: list[LoadReport], image_rows: ImageRows | None) -> Iterator[tuple[dict, str]]:
     """(row, split) of the evaluation datasets: mixed into `validation`, or each into its own split."""
     names, data = dataset_names(config.data.eval_dataset), config.data
     if not data.eval_on_each_dataset:
-        rows = iter_rows(names, config, reports=reports)
+        rows = iter_rows(names, config, reports=reports, image_rows=image_rows)
         if data.streaming:  # LLaMA-Factory shuffles a streamed evaluation set too, unless split per dataset
             rows = shuffled_stream(rows, buffer_size=data.buffer_size, seed=int(config.training.get("seed", 42)))
         yield from ((row, VALIDATION) for row in rows)
         return
     for name in names:
-        yield from ((row, split_name(name)) for row in iter_rows([name], config, reports=reports))
+        yield from ((row, split_name(name)) for row in iter_rows([name], config, reports=reports, image_rows=image_rows))
 
 
 def route_validation(rows: Iterable[dict], *, val_size: float, seed: int, total: int | None) -> Iterator[tuple[dict, str]]:

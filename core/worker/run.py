@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from tuneline.core.config import DataConfig, FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, RuntimeConfig, trains
+from tuneline.core.errors import ConfigError
 from tuneline.core.data.eval_splits import VALIDATION, per_dataset_splits
 from tuneline.core.models.vocabulary import NewTokens
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
@@ -41,6 +42,10 @@ def run_training(job: TrainJob) -> dict[str, float]:
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
     new_tokens = NewTokens.read(job.dataset_path)
     datasets = load_from_disk(job.dataset_path)
+    if "images" in datasets["train"].column_names:
+        raise ConfigError("the tokenized data holds image rows, and training on them (feeding their pixels to the "
+                          "model) is not available yet; `tuneline data preprocess` and `tuneline data preview` show how "
+                          "they tokenize. Train on a text-only dataset meanwhile.")
     if kind.train_loop is not None:
         metrics = kind.train_loop(LoopRequest(job=job, args=args, tokenizer=tokenizer, datasets=datasets, checkpoint=checkpoint,
                                               finetuning=finetuning, model_config=model_config, new_tokens=new_tokens))

@@ -49,8 +49,20 @@ for row in rows:
     golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
                    "expanded": [m["content"] for m in expanded], "pairs": [[list(a), list(b)] for a, b in pairs],
                    "image_grid_thw": mm["image_grid_thw"].tolist(), "pixel_values_shape": list(mm["pixel_values"].shape)})
+from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+
+supervised = {}
+for cutoff_len in (1024, 96):
+    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
+    processor_lf = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
+    batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
+             "_system": [""] * len(rows), "_tools": [""] * len(rows),
+             "_images": [[paths[n] for n in r["images"]] for r in rows], "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
+    encoded = processor_lf.preprocess_dataset(batch)
+    supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+
 json.dump({"llamafactory_version": "0.9.5", "template": "qwen2_vl", "tokenizer": "qwen2.5",
            "image_processor": "Qwen2VLImageProcessor() defaults", "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32,
            "sizes": SIZES, "image": "RGB (200, 40, 40) with a (30, 90, 220) rectangle from w/4,h/4 to 3w/4,3h/4, PNG",
-           "rows": golden}, out.open("w"), indent=1)
+           "rows": golden, "supervised_by_cutoff_len": supervised}, out.open("w"), indent=1)
 print("wrote", out, [g["image_grid_thw"] for g in golden])

@@ -10,7 +10,7 @@ import pytest
 
 from tuneline.core.data.dataset_info import get_dataset_attrs
 from tuneline.core.data.loading import load_rows, load_rows_with_report
-from tuneline.core.errors import ConfigError, DataError
+from tuneline.core.errors import DataError
 
 ENTRY = {"file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
          "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}
@@ -78,15 +78,3 @@ def test_a_bad_image_row_is_named_or_dropped_and_counted(dataset, case: str):
     assert f"row 1 of {folder / 'rows.json'}" in message and fragment in message and f"({reason}: 1)" in message, message
     rows, report = load_rows_with_report(attr(folder), folder, media_dir=media, on_bad_row="skip")
     assert len(rows) == 1 and report.dropped == {reason: 1}
-
-
-def test_tokenizing_image_rows_is_refused_by_name(dataset, shared_dir: Path):
-    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-
-    write, media = dataset
-    folder = write([image_row("<image>What is it?", ["green.png"])])
-    config = build_stage_config({"model_name_or_path": str(shared_dir / "tokenizers/qwen2.5"), "dataset": "d",
-                                 "dataset_dir": str(folder), "media_dir": str(media), "template": "qwen2_vl"})
-    with pytest.raises(ConfigError, match="dataset 'd' maps images in \"columns\": tuneline reads and checks image rows"):
-        tokenize_stage_data(config, tokenizer_path=shared_dir / "tokenizers/qwen2.5", output_dir=folder / "out")
-    assert not (folder / "out").exists()

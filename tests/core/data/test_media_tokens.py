@@ -60,3 +60,75 @@ def test_sizing_keeps_qwens_limits():
     for size, expected in [((10, 10), (32, 32)), ((5000, 20), (5000, 28)), ((6000, 20), (5040, 28)), ((20, 6000), (28, 5040))]:
         sized = sized_image(Image.new("L", size), max_pixels=768 * 768, min_pixels=32 * 32, plugin="qwen2_vl")
         assert sized.mode == "RGB" and sized.size == expected, (size, sized.size)
+
+
+@pytest.fixture(scope="module")
+def image_dataset(tmp_path_factory, shared_dir: Path, image_processor) -> tuple[Path, Path]:
+    """A Qwen2-VL-shaped folder (the qwen2.5 tokenizer, the image processor) and the golden rows as a dataset."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("images")
+    model = root / "model"
+    shutil.copytree(shared_dir / "tokenizers/qwen2.5", model)
+    image_processor.save_pretrained(model)
+    data = root / "data"
+    (data / "pictures").mkdir(parents=True)
+    for name, size in GOLDEN["sizes"].items():
+        drawn(size).save(data / "pictures" / f"{name}.png")
+    rows = [{"messages": row["messages"], "images": [f"pictures/{name}.png" for name in row["images"]]} for row in GOLDEN["rows"]]
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    return model, data
+
+
+@pytest.mark.parametrize("cutoff_len", [1024, 96])
+def test_image_rows_tokenize_to_llamafactorys_supervised_examples(image_dataset, tmp_path: Path, cutoff_len: int):
+    from datasets import load_from_disk
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    model, data = image_dataset
+    config = build_stage_config({"model_name_or_path": str(model), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": "qwen2_vl", "cutoff_len": cutoff_len})
+    counters = tokenize_stage_data(config, tokenizer_path=model, output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    expected = GOLDEN["supervised_by_cutoff_len"][str(cutoff_len)]
+    # LLaMA-Factory keeps an example whose cutoff cut into its image tokens (training then fails on it); tuneline drops it
+    kept = [i for i, row in enumerate(GOLDEN["rows"]) if len(expected[i]["input_ids"]) < cutoff_len or cutoff_len == 1024]
+    assert counters.get("rows_dropped_image_tokens_cut", 0) == len(GOLDEN["rows"]) - len(kept)
+    assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
+    assert train["labels"] == [expected[i]["labels"] for i in kept]
+    assert train["images"] == [[str(data / "pictures" / f"{name}.png") for name in GOLDEN["rows"][i]["images"]] for i in kept]
+
+
+def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_dataset, shared_dir: Path, tmp_path: Path):
+    from tuneline.core.errors import ConfigError
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    model, data = image_dataset
+    keys = {"dataset": "pictures", "dataset_dir": str(data)}
+    with pytest.raises(ConfigError, match="dataset 'pictures' holds images, and 'template: qwen' writes text only"):
+        tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen"}),
+                            tokenizer_path=model, output_dir=tmp_path / "a")
+    tokenizer_only = shared_dir / "tokenizers/qwen2.5"
+    with pytest.raises(ConfigError, match="has no image processor"):
+        tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(tokenizer_only), "template": "qwen2_vl"}),
+                            tokenizer_path=tokenizer_only, output_dir=tmp_path / "b")
+    with pytest.raises(ConfigError, match="'packing' with image rows is not offered yet"):
+        tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "packing": True}),
+                            tokenizer_path=model, output_dir=tmp_path / "c")
+    assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_training_on_image_rows_is_refused_until_their_pixels_are_fed(image_dataset, tmp_path: Path):
+    import yaml
+    from conftest import assert_refused, run_cli_here
+
+    model, data = image_dataset
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": str(model), "stage": "sft", "dataset": "pictures", "dataset_dir": str(data),
+        "template": "qwen2_vl", "output_dir": str(tmp_path / "out"), "max_steps": 1}))
+    result = run_cli_here("train", str(tmp_path / "train.yaml"), cwd=tmp_path)
+    assert_refused(result, "the tokenized data holds image rows, and training on them", "is not available yet")

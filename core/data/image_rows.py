@@ -1,0 +1,78 @@
+"""Image rows made ready to encode: each `<image>` expanded into the tokens the model's image features fill.
+
+`ImageRows` is built once per tokenization from the template's media tokens and the model folder's
+image processor (transformers' own class, from its preprocessor_config.json). Every row keeps its
+`images` (the resolved files, for the training collator to feed) and gains `image_tokens`, how many
+image tokens its messages now hold: an example whose cutoff cut into them is dropped when encoded,
+since the model would find fewer tokens than features (LLaMA-Factory keeps it, and training fails).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuneline.core.config import MediaConfig
+from tuneline.core.data.media_tokens import expand_images, image_features, image_token_counts, sized_image
+from tuneline.core.errors import ConfigError
+from tuneline.core.templates.spec import MediaTokens, Template
+
+
+@dataclass(frozen=True)
+class ImageRows:
+    media: MediaTokens
+    image_processor: Any
+    settings: MediaConfig
+
+    @classmethod
+    def load(cls, template: Template, model_path: str | Path, settings: MediaConfig, *, datasets: list[str]) -> ImageRows:
+        """For `template` and the image processor of the model folder at `model_path`; a ConfigError
+        names the dataset, template or folder when images cannot be encoded."""
+        if template.media is None:
+            raise ConfigError(f"dataset {', '.join(repr(d) for d in datasets)} holds images, and 'template: {template.name}' "
+                              "writes text only; use a multimodal template of the model's family (qwen2_vl for "
+                              "Qwen2-VL and Qwen2.5-VL).")
+        return cls(media=template.media, image_processor=load_image_processor(model_path), settings=settings)
+
+    def expand(self, row: dict[str, Any]) -> dict[str, Any]:
+        """`row` with its images' placeholders expanded (a row without images gains an empty list)."""
+        paths = row.get("images") or []
+        if not paths:
+            return {**row, "images": [], "image_tokens": 0}
+        from PIL import Image
+
+        images = []
+        for path in paths:
+            with Image.open(path) as image:
+                image.load()  # the pixels, before the file closes (an image left as it is stays lazy otherwise)
+                images.append(sized_image(image, max_pixels=self.settings.image_max_pixels,
+                                          min_pixels=self.settings.image_min_pixels, plugin=self.media.plugin))
+        counts = image_token_counts(image_features(images, self.image_processor), self.image_processor)
+        expanded = {key: expand_images(row[key], _counts_of(row[key], counts, before=row, key=key), self.media)
+                    for key in ("prompt", "response")}
+        return {**row, **expanded, "images": list(paths), "image_tokens": sum(counts)}
+
+    def expand_all(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        return (self.expand(row) for row in rows)
+
+
+def _counts_of(messages: list[dict[str, str]], counts: list[int], *, before: dict[str, Any], key: str) -> list[int]:
+    """The image counts that belong to `messages`: the prompt's come first, then each reply's.
+    Pairwise rows (two replies) would need each reply's counts apart; they are refused earlier."""
+    offset = sum(message["content"].count("<image>") for message in before["prompt"]) if key == "response" else 0
+    used = sum(message["content"].count("<image>") for message in messages)
+    return counts[offset:offset + used]
+
+
+def load_image_processor(model_path: str | Path) -> Any:
+    """The model folder's image processor (transformers' class for its family)."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(str(model_path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"'model_name_or_path: {model_path}' has no image processor (preprocessor_config.json) "
+                          f"that transformers can load ({str(e).splitlines()[0][:160]}); image rows are sized and cut "
+                          "into patches by it: use the model's own folder, which ships one.") from e
