@@ -361,5 +361,10 @@ def render_preview(example: dict, tokenizer) -> str:
         else:
             pieces.append((trained, [token]))
     text = "".join(f"[[{tokenizer.decode(t)}]]" if trained else tokenizer.decode(t) for trained, t in pieces)
-    return f"input_ids: {ids}\nlabels: {labels}\n\n{text}\n"
+    return f"input_ids: {ids}\nlabels: {labels}\n\n{_runs_counted(text)}\n"
+
+
+def _runs_counted(text: str) -> str:
+    """A token repeated many times in a row (an image's `<|image_pad|>` tokens) shown once with its count."""
+    return re.sub(r"(<\|[^|<>]+\|>)\1{3,}", lambda m: f"{m.group(1)} x {len(m.group(0)) // len(m.group(1))}", text)
 

@@ -101,6 +101,10 @@ def test_image_rows_tokenize_to_llamafactorys_supervised_examples(image_dataset,
     assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
     assert train["labels"] == [expected[i]["labels"] for i in kept]
     assert train["images"] == [[str(data / "pictures" / f"{name}.png") for name in GOLDEN["rows"][i]["images"]] for i in kept]
+    if cutoff_len == 1024:  # the preview counts an image's tokens instead of repeating them
+        from tuneline.core.data.tokenization import PREVIEW_FILE
+
+        assert "<|vision_start|><|image_pad|> x 6<|vision_end|>What colour" in (tmp_path / "out" / PREVIEW_FILE).read_text()
 
 
 def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_dataset, shared_dir: Path, tmp_path: Path):
