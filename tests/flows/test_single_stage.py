@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_output_layout
+from conftest import assert_output_layout, run_cli_here
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`tuneline ARGS` in a process of its own, as a user runs it (the other cases use `run_cli_here`)."""
     env_cache = {"TUNELINE_CACHE": str(cwd / "cache")}
     import os
 
@@ -64,7 +65,7 @@ def test_train_writes_llamafactory_output_layout(trained: Path):
 def test_train_refuses_an_output_dir_holding_other_files(sft_yaml: Path, tmp_path: Path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
-    result = run_cli("train", str(sft_yaml), f"output_dir={tmp_path / 'busy'}", cwd=sft_yaml.parent)
+    result = run_cli_here("train", str(sft_yaml), f"output_dir={tmp_path / 'busy'}", cwd=sft_yaml.parent)
     assert result.returncode == 2
     assert "notes.txt" in result.stderr and "overwrite_output_dir" in result.stderr
 
@@ -74,7 +75,7 @@ def test_preprocess_writes_llamafactory_columns_with_masked_prompts(sft_yaml: Pa
     from transformers import AutoTokenizer
 
     out = sft_yaml.parent / "tokenized"
-    result = run_cli("data", "preprocess", str(sft_yaml), "--output", str(out), cwd=sft_yaml.parent)
+    result = run_cli_here("data", "preprocess", str(sft_yaml), "--output", str(out), cwd=sft_yaml.parent)
     assert result.returncode == 0, result.stderr[-2000:]
     train = load_from_disk(str(out))["train"]
     assert set(train.column_names) == {"input_ids", "attention_mask", "labels"}
@@ -93,7 +94,7 @@ def test_export_merges_the_adapter_into_a_loadable_folder(trained: Path, sft_yam
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    result = run_cli("export", str(sft_yaml), f"adapter_name_or_path={trained}", cwd=sft_yaml.parent)
+    result = run_cli_here("export", str(sft_yaml), f"adapter_name_or_path={trained}", cwd=sft_yaml.parent)
     assert result.returncode == 0, result.stderr[-2000:]
     exported = sft_yaml.parent / "exported"
     assert (exported / "model.safetensors").is_file()
