@@ -70,9 +70,12 @@ def load_image_processor(model_path: str | Path) -> Any:
     """The model folder's image processor (transformers' class for its family)."""
     from transformers import AutoImageProcessor
 
+    fix = "image rows are sized and cut into patches by it: use the model's own folder, which ships one."
+    if Path(model_path).is_dir() and not (Path(model_path) / "preprocessor_config.json").is_file():
+        raise ConfigError(f"'model_name_or_path: {model_path}' has no image processor (no preprocessor_config.json); {fix}")
     try:
         return AutoImageProcessor.from_pretrained(str(model_path))
     except (OSError, ValueError) as e:
-        raise ConfigError(f"'model_name_or_path: {model_path}' has no image processor (preprocessor_config.json) "
-                          f"that transformers can load ({str(e).splitlines()[0][:160]}); image rows are sized and cut "
-                          "into patches by it: use the model's own folder, which ships one.") from e
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"'model_name_or_path: {model_path}': transformers cannot load its image processor "
+                          f"({reason}); {fix}") from e

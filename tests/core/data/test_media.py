@@ -30,6 +30,8 @@ def dataset(tmp_path: Path):
     Image.new("RGB", (64, 64), (200, 10, 10)).save(media / "red.jpg")
     (media / "cut.png").write_bytes((media / "green.png").read_bytes()[:60])
     (media / "notes.txt").write_text("not an image\n")
+    (media / "empty.png").write_bytes(b"")
+    (media / "dangling.png").symlink_to(media / "gone.png")
 
     def write(rows: list[dict]) -> Path:
         (tmp_path / "rows.json").write_text(json.dumps(rows))
@@ -64,6 +66,8 @@ BAD_ROWS = {
     "not a list": (image_row("<image>?", {"path": "green.png"}), "wrong_type", "must hold a list of file paths"),
     "not text": (image_row("<image>?", [7]), "wrong_type", "must hold a list of file paths"),
     "a folder": (image_row("<image>?", ["."]), "media_missing", "images file '.' is neither in media_dir"),
+    "empty file": (image_row("<image>?", ["empty.png"]), "media_unreadable", "empty.png' cannot be read as an image"),
+    "dangling link": (image_row("<image>?", ["dangling.png"]), "media_missing", "images file 'dangling.png' is neither"),
 }
 
 
@@ -78,3 +82,23 @@ def test_a_bad_image_row_is_named_or_dropped_and_counted(dataset, case: str):
     assert f"row 1 of {folder / 'rows.json'}" in message and fragment in message and f"({reason}: 1)" in message, message
     rows, report = load_rows_with_report(attr(folder), folder, media_dir=media, on_bad_row="skip")
     assert len(rows) == 1 and report.dropped == {reason: 1}
+
+
+def test_data_preprocess_exits_2_naming_the_bad_image_and_writes_nothing(dataset, tmp_path: Path, shared_dir: Path):
+    import yaml
+    from conftest import assert_refused, run_cli_here
+
+    import shutil
+
+    from transformers import Qwen2VLImageProcessor
+
+    write, media = dataset
+    folder = write([image_row("<image>Good?", ["green.png"]), image_row("<image>?", ["notes.txt"])])
+    model = shutil.copytree(shared_dir / "tokenizers/qwen2.5", tmp_path / "model")
+    Qwen2VLImageProcessor().save_pretrained(model)
+    (tmp_path / "stage.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": str(model), "stage": "sft", "dataset": "d",
+        "dataset_dir": str(folder), "media_dir": str(media), "template": "qwen2_vl"}))
+    result = run_cli_here("data", "preprocess", str(tmp_path / "stage.yaml"), "--output", str(tmp_path / "out"), cwd=tmp_path)
+    assert_refused(result, f"row 1 of {folder / 'rows.json'}", "notes.txt' cannot be read as an image")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
