@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import MediaConfig
-from tuneline.core.data.media_tokens import expand_images, image_features, image_token_counts, sized_image
+from tuneline.core.data.media_tokens import expand_images, image_features, image_token_counts, placeholder_counts, sized_image
 from tuneline.core.errors import ConfigError
 from tuneline.core.templates.spec import MediaTokens, Template
 
@@ -50,20 +50,13 @@ class ImageRows:
                 images.append(sized_image(image, max_pixels=self.settings.image_max_pixels,
                                           min_pixels=self.settings.image_min_pixels, plugin=self.media.plugin))
         counts = image_token_counts(image_features(images, self.image_processor), self.image_processor)
-        expanded = {key: expand_images(row[key], _counts_of(row[key], counts, before=row, key=key), self.media)
-                    for key in ("prompt", "response")}
+        in_prompt = placeholder_counts(row["prompt"])["images"]  # the prompt's images come first, then the reply's
+        expanded = {"prompt": expand_images(row["prompt"], counts[:in_prompt], self.media),
+                    "response": expand_images(row["response"], counts[in_prompt:], self.media)}
         return {**row, **expanded, "images": list(paths), "image_tokens": sum(counts)}
 
     def expand_all(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         return (self.expand(row) for row in rows)
-
-
-def _counts_of(messages: list[dict[str, str]], counts: list[int], *, before: dict[str, Any], key: str) -> list[int]:
-    """The image counts that belong to `messages`: the prompt's come first, then each reply's.
-    Pairwise rows (two replies) would need each reply's counts apart; they are refused earlier."""
-    offset = sum(message["content"].count("<image>") for message in before["prompt"]) if key == "response" else 0
-    used = sum(message["content"].count("<image>") for message in messages)
-    return counts[offset:offset + used]
 
 
 def load_image_processor(model_path: str | Path) -> Any:

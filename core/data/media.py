@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem
-from tuneline.core.data.media_tokens import placeholder_counts
+from tuneline.core.data.media_tokens import PLACEHOLDERS, placeholder_counts
 
 READ_COLUMNS = ("images",)
 """The media columns tuneline reads so far."""
@@ -28,7 +28,7 @@ def resolved_media(row: Mapping[str, Any], *, media_dir: Path) -> dict[str, list
     counts = placeholder_counts([*row["prompt"], *row["response"]])
     for key, references in media.items():
         if len(references) != counts[key]:
-            raise RowProblem(f"the row has {len(references)} {key} and {counts[key]} {_placeholder(key)} placeholder(s) "
+            raise RowProblem(f"the row has {len(references)} {key} and {counts[key]} {PLACEHOLDERS[key]} placeholder(s) "
                              "in its messages; give one file per placeholder", reason="media_count")
     return {key: [_file(reference, key=key, media_dir=media_dir) for reference in references]
             for key, references in media.items()}
@@ -56,10 +56,6 @@ def _check_image(path: Path) -> None:
             image.verify()  # reads the whole file: a truncated one fails here, not in training
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise RowProblem(f"image file {str(path)!r} cannot be read as an image ({e})", reason="media_unreadable") from None
-
-
-def _placeholder(key: str) -> str:
-    return {"images": "<image>", "videos": "<video>", "audios": "<audio>"}[key]
 
 
 def unread_media_columns(columns: Sequence[str]) -> list[str]:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
 AUDIO_PLACEHOLDER = "<audio>"
+PLACEHOLDERS = {"images": IMAGE_PLACEHOLDER, "videos": VIDEO_PLACEHOLDER, "audios": AUDIO_PLACEHOLDER}
+"""Each media column's placeholder in the messages."""
 QWEN_MIN_SIDE = 28  # Qwen2-VL's processor needs both sides of at least one merged patch
 QWEN_MAX_ASPECT = 200  # beyond this the processor refuses an image; LLaMA-Factory narrows it to 180:1
 
@@ -81,5 +83,4 @@ def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], med
 def placeholder_counts(messages: Sequence[dict[str, str]]) -> dict[str, int]:
     """How many `<image>`, `<video>` and `<audio>` placeholders the messages hold, by media column."""
     text = "".join(message["content"] for message in messages)
-    return {"images": text.count(IMAGE_PLACEHOLDER), "videos": text.count(VIDEO_PLACEHOLDER),
-            "audios": text.count(AUDIO_PLACEHOLDER)}
+    return {key: text.count(placeholder) for key, placeholder in PLACEHOLDERS.items()}
