@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import MediaConfig
-from tuneline.core.data.media_tokens import expand_images, image_features, image_token_counts, placeholder_counts, sized_image
+from tuneline.core.data.media_tokens import expand_images, patch_token_counts, placeholder_counts, sized_image
 from tuneline.core.errors import ConfigError
 from tuneline.core.templates.spec import MediaTokens, Template
 
@@ -49,7 +49,7 @@ class ImageRows:
                 image.load()  # the pixels, before the file closes (an image left as it is stays lazy otherwise)
                 images.append(sized_image(image, max_pixels=self.settings.image_max_pixels,
                                           min_pixels=self.settings.image_min_pixels, plugin=self.media.plugin))
-        counts = image_token_counts(image_features(images, self.image_processor), self.image_processor)
+        counts = patch_token_counts(images, self.image_processor)
         in_prompt = placeholder_counts(row["prompt"])["images"]  # the prompt's images come first, then the reply's
         expanded = {"prompt": expand_images(row["prompt"], counts[:in_prompt], self.media),
                     "response": expand_images(row["response"], counts[in_prompt:], self.media)}

@@ -67,6 +67,13 @@ def image_token_counts(features: dict[str, Any], image_processor: Any) -> list[i
     return [int(grid.prod()) // merge for grid in features["image_grid_thw"]]
 
 
+def patch_token_counts(images: Sequence[Image], image_processor: Any) -> list[int]:
+    """`image_token_counts` from the sized images' sizes alone, by the processor's own patch arithmetic:
+    tokenizing needs the counts, not the pixels, which the training collator cuts later."""
+    merge = int(image_processor.merge_size) ** 2
+    return [int(image_processor.get_number_of_image_patches(image.height, image.width, {})) // merge for image in images]
+
+
 def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens) -> list[dict[str, str]]:
     """`messages` with the n-th `<image>` (across the messages, in order) written as `counts[n]` image
     tokens between the template's vision markers. The caller has checked that the counts match."""

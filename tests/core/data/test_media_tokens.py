@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.data.media_tokens import expand_images, image_features, image_token_counts, placeholder_counts, sized_image
+from tuneline.core.data.media_tokens import (expand_images, image_features, image_token_counts, patch_token_counts,
+                                             placeholder_counts, sized_image)
 from tuneline.core.templates.catalog import TEMPLATES
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "data/media/qwen2_vl_images.json").read_text())
@@ -45,7 +46,9 @@ def test_images_expand_to_llamafactorys_tokens(row: dict, image_processor, share
     assert list(features["pixel_values"].shape) == row["pixel_values_shape"]
     assert placeholder_counts(row["messages"])["images"] == len(images)
 
-    expanded = expand_images(row["messages"], image_token_counts(features, image_processor), template.media)
+    counts = image_token_counts(features, image_processor)
+    assert patch_token_counts(images, image_processor) == counts  # what tokenizing uses, without the pixels
+    expanded = expand_images(row["messages"], counts, template.media)
     assert [message["content"] for message in expanded] == row["expanded"]
     tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
     fix_tokenizer(template, tokenizer)
