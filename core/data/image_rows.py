@@ -5,19 +5,30 @@ image processor (transformers' own class, from its preprocessor_config.json). Ev
 `images` (the resolved files, for the training collator to feed) and gains `image_tokens`, how many
 image tokens its messages now hold: an example whose cutoff cut into them is dropped when encoded,
 since the model would find fewer tokens than features (LLaMA-Factory keeps it, and training fails).
+
+The tokenized folder keeps the image processor and the sizing settings beside its tokenizer
+(`save`), and the training collator reads them back (`read`): the pixels a model sees are cut by the
+very processor and sizes that counted its image tokens, whatever the model folder holds meanwhile.
+Pixels are made per batch in the data loader rather than stored, since they outweigh the tokens many
+times over (one 448x448 image is 256 tokens and 1.2 MB of float32 patches).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import MediaConfig
-from tuneline.core.data.media_tokens import expand_images, patch_token_counts, placeholder_counts, sized_image
+from tuneline.core.data.media_tokens import (expand_images, image_features, patch_token_counts, placeholder_counts,
+                                             sized_image)
 from tuneline.core.errors import ConfigError
 from tuneline.core.templates.spec import MediaTokens, Template
+
+SETTINGS_FILE = "image_settings.json"
 
 
 @dataclass(frozen=True)
@@ -36,11 +47,21 @@ class ImageRows:
                               "Qwen2-VL and Qwen2.5-VL).")
         return cls(media=template.media, image_processor=load_image_processor(model_path), settings=settings)
 
-    def expand(self, row: dict[str, Any]) -> dict[str, Any]:
-        """`row` with its images' placeholders expanded (a row without images gains an empty list)."""
-        paths = row.get("images") or []
-        if not paths:
-            return {**row, "images": [], "image_tokens": 0}
+    def save(self, folder: str | Path) -> None:
+        """The image processor and the sizing settings, into `folder` (the tokenized data's tokenizer folder)."""
+        self.image_processor.save_pretrained(str(folder))
+        settings = {"media": dataclasses.asdict(self.media), "settings": dataclasses.asdict(self.settings)}
+        (Path(folder) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+    @classmethod
+    def read(cls, folder: str | Path) -> ImageRows:
+        """What `save` wrote into `folder`."""
+        saved = json.loads((Path(folder) / SETTINGS_FILE).read_text(encoding="utf-8"))
+        return cls(media=MediaTokens(**saved["media"]), image_processor=load_image_processor(folder),
+                   settings=MediaConfig(**saved["settings"]))
+
+    def sized(self, paths: Sequence[str]) -> list[Any]:
+        """The images at `paths`, opened and sized as the model family reads them."""
         from PIL import Image
 
         images = []
@@ -49,7 +70,20 @@ class ImageRows:
                 image.load()  # the pixels, before the file closes (an image left as it is stays lazy otherwise)
                 images.append(sized_image(image, max_pixels=self.settings.image_max_pixels,
                                           min_pixels=self.settings.image_min_pixels, plugin=self.media.plugin))
-        counts = patch_token_counts(images, self.image_processor)
+        return images
+
+    def features(self, paths: Sequence[str]) -> dict[str, Any]:
+        """The model inputs of the images at `paths` (pixel_values, image_grid_thw), as torch tensors."""
+        import torch
+
+        return {name: torch.from_numpy(value) for name, value in image_features(self.sized(paths), self.image_processor).items()}
+
+    def expand(self, row: dict[str, Any]) -> dict[str, Any]:
+        """`row` with its images' placeholders expanded (a row without images gains an empty list)."""
+        paths = row.get("images") or []
+        if not paths:
+            return {**row, "images": [], "image_tokens": 0}
+        counts = patch_token_counts(self.sized(paths), self.image_processor)
         in_prompt = placeholder_counts(row["prompt"])["images"]  # the prompt's images come first, then the reply's
         expanded = {"prompt": expand_images(row["prompt"], counts[:in_prompt], self.media),
                     "response": expand_images(row["response"], counts[in_prompt:], self.media)}

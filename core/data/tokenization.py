@@ -249,6 +249,8 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
                           "raise cutoff_len or check the dataset.")
     write_dataset_dict(output_dir, [name for name, writer in writers.items() if writer.rows])
     tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
+    if image_rows is not None:
+        image_rows.save(output_dir / TOKENIZER_DIR)  # the training collator cuts the pixels with the same processor
     if new_tokens is not None:
         new_tokens.write(output_dir)
     (output_dir / PREVIEW_FILE).write_text(render_preview(first_example, tokenizer), encoding="utf-8")

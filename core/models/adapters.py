@@ -5,7 +5,8 @@ A new adapter is LoRA, rsLoRA (`use_rslora`), DoRA (`use_dora`), PiSSA-initialis
 input, peft's OFT). Both are saved, loaded and merged the same way. With `use_llama_pro` the
 adapter goes only on the layers that block expansion added (see `core/models/expansion.py`). `adapter_name_or_path` continues the last adapter it lists and merges the ones
 before it into the base; with `create_new_adapter` all of them are merged and a fresh adapter
-starts on top, as LLaMA-Factory does.
+starts on top, as LLaMA-Factory does. On a multimodal model an adapter goes only on the parts that
+train (`core.models.composite`): not the vision tower unless `freeze_vision_tower: false`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError, unknown_name_message
+from tuneline.core.models.composite import adapter_targets
 from tuneline.core.models.freeze import expanded_layer_modules
 
 if TYPE_CHECKING:
@@ -156,6 +158,12 @@ def _targets(
     if finetuning.use_llama_pro:
         targets = expanded_layer_modules(model, available if targets == "all-linear" else targets,
                                          expanded_blocks=finetuning.freeze_trainable_layers)
+    qualified = adapter_targets(model, finetuning, None if targets == "all-linear" else list(targets))
+    if qualified is not None:  # a multimodal model: its frozen parts take no adapter
+        if not qualified:
+            raise ConfigError(f"'{key}: {value}' names no layer outside the parts kept frozen (freeze_vision_tower, "
+                              "freeze_multi_modal_projector, freeze_language_model); target layers of a part that trains.")
+        targets = qualified
     return targets, extra
 
 

@@ -13,6 +13,9 @@ where LLaMA-Factory's `.<i>.` also catches other numbered lists (such as a mixtu
 With `use_llama_pro` the trainable layers are instead the blocks that `expand_blocks` added: the
 model's layers fall into `freeze_trainable_layers` equal groups, and the last layer of each trains
 (LLaMA-Factory's rule, which is where the expansion puts its copies).
+
+A multimodal model's layers are its language model's; its vision tower, projector and language
+model train or stay frozen as the freeze_* keys say (`core.models.composite`), under full tuning too.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneline.core.config import FinetuningConfig
+from tuneline.core.models.composite import freeze_parts, in_part, trainable_projector, vision_keys
 from tuneline.core.errors import ConfigError, nearest
 
 if TYPE_CHECKING:
@@ -27,8 +31,9 @@ if TYPE_CHECKING:
 
 
 def apply_full(model: PreTrainedModel, finetuning: FinetuningConfig) -> PreTrainedModel:
-    """Every parameter trains."""
+    """Every parameter trains, but a multimodal model's frozen parts (`core.models.composite`)."""
     model.requires_grad_(True)
+    freeze_parts(model, finetuning)
     return model
 
 
@@ -47,10 +52,12 @@ def apply_freeze(model: PreTrainedModel, finetuning: FinetuningConfig) -> PreTra
     n = finetuning.freeze_trainable_layers
     layers = expanded_layer_ids(n, count) if finetuning.use_llama_pro else trainable_layer_ids(n, count)
     starts = tuple(f"{prefix}.{index}.{'' if module == 'all' else module}" for module in modules for index in layers)
+    extras = [*extras, *trainable_projector(model, finetuning)]
     model.requires_grad_(False)
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if name.startswith(starts) or any(extra in name for extra in extras):
             parameter.requires_grad_(True)  # a tied weight trains when either of its names is chosen
+    freeze_parts(model, finetuning)
     return model
 
 
@@ -89,8 +96,9 @@ def decoder_layers(model: PreTrainedModel) -> tuple[str, int]:
     import torch
 
     count = model.config.get_text_config().num_hidden_layers
+    vision = vision_keys(model.config)
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count and not in_part(name, vision):
             return name, count
     raise ConfigError(
         f"'finetuning_type: freeze' needs the model's {count} decoder layers in one numbered list, which "

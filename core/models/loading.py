@@ -92,7 +92,7 @@ def load_model(
     (the model a stage trains) the router loss of `moe_aux_loss_coef` and no KV cache (otherwise
     the cache as `use_kv_cache` says); with `train_from_scratch` a trainable model starts from
     random weights of the same architecture. `pure_bf16` loads it in bfloat16 whatever the trainer keys say."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
     model = model or ModelConfig()
     local = Path(path).is_dir()
@@ -105,7 +105,7 @@ def load_model(
     dtype = compute_dtype(training or {}, config=config, pure_bf16=pure_bf16)
     quantization = quantization_config(model, compute_dtype=dtype)
     check_weights_format(path, model)
-    model_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
+    model_class = AutoModelForSequenceClassification if head == "score" else generating_class(config)
     if trainable and model.train_from_scratch:
         return _resized(model_class.from_config(config, dtype=dtype, attn_implementation=attention_implementation(
             model.flash_attn), trust_remote_code=model.trust_remote_code), vocab_size)
@@ -119,6 +119,16 @@ def load_model(
     if getattr(loaded, "hf_quantizer", None) is not None:  # set by transformers on quantized models only
         keep_4bit_layout_for_training(loaded)
     return _resized(loaded, vocab_size)
+
+
+def generating_class(config: PretrainedConfig) -> type:
+    """transformers' auto class of a model that writes text: a causal LM, or for a vision-language
+    family (Qwen2-VL, ...) the image-text-to-text class, whose model reads pixels as well."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if type(config) not in AutoModelForCausalLM._model_mapping and type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def _resized(model: PreTrainedModel, vocab_size: int | None) -> PreTrainedModel:

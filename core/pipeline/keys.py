@@ -140,6 +140,9 @@ def tokenize_key(
         "split_special_tokens": config.model.split_special_tokens,
         "added_tokens": {"plain": list(tokens.plain), "special": list(tokens.special), "descriptions": dict(tokens.descriptions)},
     }
+    if any("images" in attr.columns for attr in get_dataset_attrs(
+            dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset), config.data.dataset_dir)):
+        relevant["media"] = dataclasses.asdict(config.media)  # the image sizes decide how many tokens an image takes
     if config.training.get("do_predict") and not trains(config.training):
         relevant["prediction_prompts"] = True  # prompts alone are encoded, apart from training examples
     inputs = dict(fingerprints) if fingerprints is not None else dataset_fingerprints(config)

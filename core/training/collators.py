@@ -122,12 +122,18 @@ class PackedCollator:
         return {**batch, "attention_mask": block_causal_mask(batch["attention_mask"], dtype=dtype)}
 
 
-def build_collator(train_dataset, *, tokenizer, model, ignore_pad_token_for_loss: bool = True):
+def build_collator(train_dataset, *, tokenizer, model, ignore_pad_token_for_loss: bool = True, image_rows=None):
     """Packed datasets (they carry position_ids) keep their examples apart; others pad per batch,
-    the labels with -100, or with the pad token when padding trains (`ignore_pad_token_for_loss: false`)."""
+    the labels with -100, or with the pad token when padding trains (`ignore_pad_token_for_loss: false`);
+    with `image_rows` (the tokenized data's `ImageRows`) the batch gains its images' pixels."""
     from transformers import DataCollatorForSeq2Seq
 
     if "position_ids" in train_dataset.column_names:
         return PackedCollator(tokenizer.pad_token_id, attn_implementation=model.config._attn_implementation)
     label_pad = IGNORE_INDEX if ignore_pad_token_for_loss else tokenizer.pad_token_id
-    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=label_pad)
+    text = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=label_pad)
+    if image_rows is None:
+        return text
+    from tuneline.core.training.image_collator import ImageCollator
+
+    return ImageCollator(text, image_rows, image_token_id=tokenizer.convert_tokens_to_ids(image_rows.media.image_token))

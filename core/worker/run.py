@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 from tuneline.core.config import DataConfig, FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, RuntimeConfig, trains
-from tuneline.core.errors import ConfigError
 from tuneline.core.data.eval_splits import VALIDATION, per_dataset_splits
 from tuneline.core.models.vocabulary import NewTokens
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
@@ -42,10 +41,6 @@ def run_training(job: TrainJob) -> dict[str, float]:
     tokenizer = load_tokenizer(Path(job.dataset_path) / TOKENIZER_DIR)
     new_tokens = NewTokens.read(job.dataset_path)
     datasets = load_from_disk(job.dataset_path)
-    if "images" in datasets["train"].column_names:
-        raise ConfigError("the tokenized data holds image rows, and training on them (feeding their pixels to the "
-                          "model) is not available yet; `tuneline data preprocess` and `tuneline data preview` show how "
-                          "they tokenize. Train on a text-only dataset meanwhile.")
     if kind.train_loop is not None:
         metrics = kind.train_loop(LoopRequest(job=job, args=args, tokenizer=tokenizer, datasets=datasets, checkpoint=checkpoint,
                                               finetuning=finetuning, model_config=model_config, new_tokens=new_tokens))
@@ -73,18 +68,27 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                  CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning),
                  *profiler_callbacks(RuntimeConfig(**job.runtime), output_dir=job.output_dir, tracking_uri=job.tracking_uri,
                                      run_id=job.run_id)]
+    image_rows = None
+    if "images" in datasets["train"].column_names:  # the collator opens them, so the trainer must pass them on
+        from tuneline.core.data.image_rows import ImageRows
+        from tuneline.core.data.tokenization import TOKENIZER_DIR
+
+        image_rows = ImageRows.read(Path(job.dataset_path) / TOKENIZER_DIR)
+        args.remove_unused_columns = False
     trainer = kind.build_trainer(TrainerRequest(
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
         eval_dataset=eval_datasets(datasets),
         finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks,
         optimizer=optimizer, model_max_length=job.model_max_length,
-        ignore_pad_token_for_loss=data.ignore_pad_token_for_loss))
+        ignore_pad_token_for_loss=data.ignore_pad_token_for_loss, image_rows=image_rows))
     LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)
     main = trainer.is_world_process_zero()
     if main:
         tokenizer.save_pretrained(job.output_dir)
+        if image_rows is not None:  # beside the model, as its folder came: merge, export and the next stage read it
+            image_rows.image_processor.save_pretrained(job.output_dir)
     trainer.save_state()
     metrics = {**result.metrics, "global_batch_size": global_batch_size(args)}
     if finetuning.include_effective_tokens_per_second:

@@ -127,15 +127,3 @@ def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_data
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "packing": True}),
                             tokenizer_path=model, output_dir=tmp_path / "c")
     assert not any((tmp_path / name).exists() for name in "abc")
-
-
-def test_training_on_image_rows_is_refused_until_their_pixels_are_fed(image_dataset, tmp_path: Path):
-    import yaml
-    from conftest import assert_refused, run_cli_here
-
-    model, data = image_dataset
-    (tmp_path / "train.yaml").write_text(yaml.safe_dump({
-        "model_name_or_path": str(model), "stage": "sft", "dataset": "pictures", "dataset_dir": str(data),
-        "template": "qwen2_vl", "output_dir": str(tmp_path / "out"), "max_steps": 1}))
-    result = run_cli_here("train", str(tmp_path / "train.yaml"), cwd=tmp_path)
-    assert_refused(result, "the tokenized data holds image rows, and training on them", "is not available yet")

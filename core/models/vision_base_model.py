@@ -1,0 +1,93 @@
+"""The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL and Qwen2.5-VL
+shaped, from transformers' own config classes, randomly initialised.
+
+A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
+family's vision tokens where the tokenizer lacks them, and is saved with the family's image
+processor (transformers' class, sized small so a CPU cuts few patches), so its folder loads with
+AutoModelForImageTextToText, AutoTokenizer and AutoImageProcessor like a downloaded one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+"""Qwen2-VL's special tokens for media, in the order its tokenizer numbers them."""
+FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one image token per 28x28 pixels
+
+
+@dataclass(frozen=True)
+class VisionModelConfig:
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl or qwen2_5_vl."})
+    hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
+    intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
+    num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
+    num_attention_heads: int = field(default=4, metadata={"help": "Attention heads (head width hidden_size / heads)."})
+    num_key_value_heads: int = field(default=2, metadata={"help": "Key/value heads."})
+    vision_width: int = field(default=32, metadata={"help": "Vision tower width."})
+    vision_depth: int = field(default=1, metadata={"help": "Vision tower blocks."})
+    max_position_embeddings: int = field(default=1024, metadata={"help": "Longest sequence the model supports."})
+    image_min_pixels: int = field(default=28 * 28, metadata={"help": "The image processor's smallest image."})
+    image_max_pixels: int = field(default=112 * 112, metadata={"help": "The image processor's largest image."})
+    seed: int = field(default=0, metadata={"help": "Seed of the weight initialisation."})
+
+
+def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Path, *, config: VisionModelConfig) -> dict[str, int]:
+    """Write tokenizer, image processor and random weights (safetensors) of `config.family` to `output_dir`."""
+    import torch
+    from transformers import AutoTokenizer
+
+    if config.family not in FAMILIES:
+        raise ValueError(f"family {config.family!r} is not one of {', '.join(FAMILIES)}")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
+    missing = [token for token in VISION_TOKENS if token not in tokenizer.get_vocab()]
+    if missing:
+        tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    model_config = _model_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
+    torch.manual_seed(config.seed)
+    model = _model_class(config.family)(model_config)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    _image_processor(config).save_pretrained(output_dir)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer)}
+
+
+def _model_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, int], tokenizer):
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+
+    head_dim = config.hidden_size // config.num_attention_heads
+    quarter = head_dim // 4  # M-RoPE splits the rotary half of each head into time, height and width
+    text = dict(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
+                rope_scaling={"type": "mrope", "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter]},
+                tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+    common = dict(patch_size=PATCH_SIZE, spatial_merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE,
+                  in_channels=3, depth=config.vision_depth, num_heads=2)
+    if config.family == "qwen2_vl":
+        vision, config_class = dict(common, embed_dim=config.vision_width, hidden_size=config.hidden_size, mlp_ratio=2), Qwen2VLConfig
+    else:
+        vision = dict(common, hidden_size=config.vision_width, out_hidden_size=config.hidden_size,
+                      intermediate_size=2 * config.vision_width, window_size=56, fullatt_block_indexes=[0])
+        config_class = Qwen2_5_VLConfig
+    return config_class(text_config=text, vision_config=vision, tie_word_embeddings=True,
+                        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+
+
+def _model_class(family: str) -> type:
+    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+
+    return Qwen2VLForConditionalGeneration if family == "qwen2_vl" else Qwen2_5_VLForConditionalGeneration
+
+
+def _image_processor(config: VisionModelConfig):
+    from transformers import Qwen2VLImageProcessor
+
+    # Qwen2.5-VL reads images with Qwen2-VL's processor class, as its own folders say
+    return Qwen2VLImageProcessor(min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels,
+                                 patch_size=PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE)

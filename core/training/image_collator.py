@@ -1,0 +1,36 @@
+"""Batches of image examples: the text padded as for any example, the pixels cut in the data loader.
+
+An example of tokenized image rows holds its image files (`images`, in the order of its image tokens)
+beside its ids. The collator pads the ids with the text collator, opens and sizes the batch's images
+and runs the image processor the tokenized data was counted with (`ImageRows.read`), so the model gets
+`pixel_values` and `image_grid_thw` that fill exactly the image tokens the batch holds, in order.
+Qwen2-VL's family also takes `mm_token_type_ids` (1 on image tokens), from which transformers computes
+its 3D rotary positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuneline.core.data.image_rows import ImageRows
+
+TEXT_COLUMNS = ("input_ids", "attention_mask", "labels")
+IMAGE_TYPE = 1  # transformers' modality number of an image token in mm_token_type_ids
+
+
+@dataclass(frozen=True)
+class ImageCollator:
+    text_collator: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    images: ImageRows
+    image_token_id: int
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        batch = dict(self.text_collator([{key: feature[key] for key in TEXT_COLUMNS if key in feature} for feature in features]))
+        if self.images.media.plugin == "qwen2_vl":
+            batch["mm_token_type_ids"] = (batch["input_ids"] == self.image_token_id).long() * IMAGE_TYPE
+        paths = [path for feature in features for path in feature.get("images") or ()]
+        if paths:
+            batch.update(self.images.features(paths))
+        return batch
