@@ -11,11 +11,14 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+"""A multimodal model's processor settings, which travel beside its weights and tokenizer."""
+
 
 def merge_adapter(base_path: str | Path, adapter_path: str | Path, output_dir: str | Path, *,
                   model_config: ModelConfig | None = None, model_max_length: int | None = None) -> dict[str, int]:
-    """Fold the adapter's low-rank updates into the base weights; write model and tokenizer, the
-    weights in the dtype the base was saved in.
+    """Fold the adapter's low-rank updates into the base weights; write model and tokenizer (and a
+    multimodal model's processor files), the weights in the dtype the base was saved in.
     `model_config` holds the loading settings of a base from the hub (its token, revision, cache)
     and the `rope_scaling` the adapter was trained with, which scales RoPE to `model_max_length`
     as training did, so the merged model's config says so."""
@@ -31,6 +34,7 @@ def merge_adapter(base_path: str | Path, adapter_path: str | Path, output_dir: s
         merged = merged.to(dtype)
     merged.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
+    copy_processor_files([adapter_path, base_path], output_dir)
     return {"parameters": sum(p.numel() for p in merged.parameters())}
 
 
@@ -38,7 +42,7 @@ def write_hf_folder(model_dir: str | Path, out_dir: str | Path, *, template: str
                     export: ExportConfig | None = None, model_config: ModelConfig | None = None,
                     infer_dtype: str = "auto", use_kv_cache: bool = True, model_max_length: int | None = None) -> None:
     """Write `model_dir` into `out_dir` as a Hugging Face folder: safetensors shards, the tokenizer
-    with its chat template, and a generation config that stops on the template's stop tokens.
+    with its chat template, a multimodal model's processor files, and a generation config that stops on the template's stop tokens.
     With `export.export_quantization_bit` the weights are GPTQ-quantized (`core.models.gptq`);
     otherwise they are written in `infer_dtype` ('auto': see `auto_export_dtype`). The config's `use_cache`
     says `use_kv_cache`, and `model_config.rope_scaling` scales RoPE to `model_max_length` (None: by 2)."""
@@ -56,6 +60,19 @@ def write_hf_folder(model_dir: str | Path, out_dir: str | Path, *, template: str
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir, safe_serialization=True, max_shard_size=f"{export_size_gb}GB")
     tokenizer.save_pretrained(out_dir)
+    copy_processor_files([model_dir], out_dir)
+
+
+def copy_processor_files(sources: list[str | Path], out_dir: str | Path) -> None:
+    """The processor files of the first local folder of `sources` that has any, copied into `out_dir`."""
+    import shutil
+
+    for source in sources:
+        found = [Path(source) / name for name in PROCESSOR_FILES if (Path(source) / name).is_file()]
+        if found:
+            for path in found:
+                shutil.copyfile(path, Path(out_dir) / path.name)
+            return
 
 
 def auto_export_dtype(model_dir: str | Path) -> torch.dtype:

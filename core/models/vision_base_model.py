@@ -2,7 +2,8 @@
 shaped, from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
-family's vision tokens where the tokenizer lacks them, and is saved with the family's image
+family's vision tokens where the tokenizer lacks them and the chat template of `template: qwen2_vl`,
+and is saved with the family's image
 processor (transformers' class, sized small so a CPU cuts few patches), so its folder loads with
 AutoModelForImageTextToText, AutoTokenizer and AutoImageProcessor like a downloaded one.
 """
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tuneline.core.templates.catalog import TEMPLATES
+from tuneline.core.templates.jinja import chat_template_jinja
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 """Qwen2-VL's special tokens for media, in the order its tokenizer numbers them."""
@@ -46,6 +50,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    tokenizer.chat_template = chat_template_jinja(TEMPLATES["qwen2_vl"], tokenizer)  # the family's own format
     model_config = _model_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     torch.manual_seed(config.seed)
     model = _model_class(config.family)(model_config)
@@ -58,12 +63,15 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
 def _model_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, int], tokenizer):
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
-    head_dim = config.hidden_size // config.num_attention_heads
-    quarter = head_dim // 4  # M-RoPE splits the rotary half of each head into time, height and width
+    half = config.hidden_size // config.num_attention_heads // 2
+    # M-RoPE splits the rotary half of each head into time, height and width, a quarter and the rest in two
+    # (Qwen2-VL's own 16, 24, 24 of 64)
+    time = max(1, half // 4)
+    sections = [time, (half - time) // 2, half - time - (half - time) // 2]
     text = dict(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
                 num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
                 num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
-                rope_scaling={"type": "mrope", "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter]},
+                rope_scaling={"type": "mrope", "mrope_section": sections},
                 tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                 pad_token_id=tokenizer.pad_token_id)
     common = dict(patch_size=PATCH_SIZE, spatial_merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE,

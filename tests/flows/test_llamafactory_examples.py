@@ -135,12 +135,21 @@ EXAMPLES: dict[str, Example] = {
                                            "(optimum, gptqmodel) and a CUDA GPU"),
 }
 
+EXAMPLES.update({
+    # multimodal: a tiny Qwen2.5-VL, and LLaMA-Factory's data with generated pictures as mllm_demo_data/
+    "train_lora/qwen2_5vl_lora_sft.yaml": Example("trains", "LoRA SFT on mllm_demo (images), identity and alpaca_en_demo",
+                                                  base="qwen2_5vl"),
+    "extras/oft/qwen2_5vl_oft_sft.yaml": Example("trains", "OFT SFT on mllm_demo, identity and alpaca_en_demo",
+                                                 base="qwen2_5vl"),
+    "train_full/qwen2_5vl_full_sft.yaml": Example("refused: DeepSpeed", "DeepSpeed ZeRO-3", base="qwen2_5vl"),
+    "train_lora/qwen2_5vl_lora_dpo.yaml": Example("refused: llamafactory/RLHF-V", "rlhf_v is a Hugging Face Hub dataset, "
+                                                  "which cannot be downloaded here", base="qwen2_5vl"),
+    "merge_lora/qwen2_5vl_lora_sft.yaml": Example("trains", "merges the multimodal SFT example's adapter; the image "
+                                                  "processor travels with it", base="qwen2_5vl",
+                                                  chain={"adapter_name_or_path": "train_lora/qwen2_5vl_lora_sft.yaml"}),
+})
+
 LEFT_OUT = {
-    "train_lora/qwen2_5vl_lora_dpo.yaml": "multimodal: separate issue",
-    "train_lora/qwen2_5vl_lora_sft.yaml": "multimodal: separate issue",
-    "train_full/qwen2_5vl_full_sft.yaml": "multimodal: separate issue",
-    "extras/oft/qwen2_5vl_oft_sft.yaml": "multimodal: separate issue",
-    "merge_lora/qwen2_5vl_lora_sft.yaml": "multimodal: separate issue",
     "extras/multi_tokens/tokens_cfg.yaml": "not a stage config: the token descriptions new_special_tokens_config reads",
 }
 
@@ -200,6 +209,13 @@ class TinyBases:
             return build_tiny_model(self.tokenizers / "llama3", folder, family="llama", layers=2)
         if name == "qwen2":
             return build_tiny_model(self.tokenizers / "qwen2.5", folder, family="qwen2", layers=2)
+        if name == "qwen2_5vl":  # hidden_size 32 as for the text bases (OFT's blocks of 32)
+            from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+
+            config = VisionModelConfig(family="qwen2_5_vl", hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                       num_key_value_heads=1, max_position_embeddings=4096)
+            build_vision_language_model(self.tokenizers / "qwen2.5", folder, config=config)
+            return folder
         if name == "llama3-pro":
             from tuneline.core.models.expansion import expand_blocks
 
@@ -262,6 +278,24 @@ class ExampleRuns:
         self.outcomes: dict[str, Outcome] = {}
         self.configs: dict[str, dict[str, Any]] = {}  # as each example ran
 
+    def media_data(self) -> Path:
+        """LLaMA-Factory's data folder (linked) with the pictures mllm_demo names, which it does not ship:
+        small generated ones (a few image tokens each, so the examples' rows fit cutoff_len 128)."""
+        from PIL import Image, ImageDraw
+
+        folder = self.root / "data_with_pictures"
+        if not folder.is_dir():
+            folder.mkdir()
+            for item in (self.lf_root / "data").iterdir():
+                (folder / item.name).symlink_to(item)
+            pictures = folder / "mllm_demo_data"
+            pictures.mkdir()
+            for index, colour in enumerate([(200, 40, 40), (40, 160, 60), (40, 70, 200)], start=1):
+                image = Image.new("RGB", (56 + 28 * index, 56), colour)
+                ImageDraw.Draw(image).ellipse([8, 8, 48, 48], fill=(240, 240, 240))
+                image.save(pictures / f"{index}.jpg")
+        return folder
+
     def config(self, name: str) -> dict[str, Any]:
         return self.configs[name]
 
@@ -277,8 +311,8 @@ class ExampleRuns:
         config = yaml.safe_load((self.lf_root / "examples" / name).read_text())
         command = "export" if name.startswith("merge_lora/") else "train"
         folder = self.root / re.sub(r"\W", "_", name.removesuffix(".yaml"))
-        edits: dict[str, Any] = {"model_name_or_path": str(self.bases.path(example.base)),
-                                 "dataset_dir": str(self.lf_root / "data")}
+        data = self.media_data() if example.base == "qwen2_5vl" else self.lf_root / "data"
+        edits: dict[str, Any] = {"model_name_or_path": str(self.bases.path(example.base)), "dataset_dir": str(data)}
         if command == "train":
             edits.update(TRAIN_EDITS)
         edits.update({key: str(folder / key) for key in OUTPUT_KEYS if key in config})
@@ -362,6 +396,8 @@ def test_example_config_trains_or_is_refused_naming_what_it_needs(runs: ExampleR
     state = outcome.output / "trainer_state.json"
     if state.is_file():  # the trainer-based stages; ppo's own loop writes none
         assert json.loads(state.read_text())["global_step"] == 2  # max_steps: 2
+    if example.base == "qwen2_5vl":  # a vision-language model's folder keeps its image processor
+        assert "preprocessor_config.json" in written
     if name in LAYOUT_CHECKED:
         assert_output_layout(outcome.output, LAYOUT_CHECKED[name])
 
