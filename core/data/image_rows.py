@@ -89,8 +89,50 @@ class ImageRows:
                     "response": expand_images(row["response"], counts[in_prompt:], self.media)}
         return {**row, **expanded, "images": list(paths), "image_tokens": sum(counts)}
 
+    def expand_messages(self, messages: Sequence[dict[str, str]], paths: Sequence[str]) -> list[dict[str, str]]:
+        """`messages` (a conversation to answer) with each `<image>` expanded for the image at `paths`
+        in the same place; the counts must agree (the caller has placed the placeholders)."""
+        return expand_images(messages, patch_token_counts(self.sized(paths), self.image_processor), self.media)
+
+    def generation_inputs(self, input_ids: Any, paths: Sequence[str], *, image_token_id: int) -> dict[str, Any]:
+        """What a model's generate() takes beside `input_ids` ([1, n] tensor) for the images at `paths`."""
+        inputs = dict(self.features(paths)) if paths else {}
+        if self.media.plugin == "qwen2_vl":
+            inputs["mm_token_type_ids"] = (input_ids == image_token_id).long()
+        return inputs
+
     def expand_all(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         return (self.expand(row) for row in rows)
+
+
+MODEL_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl"}
+"""The template whose media tokens each vision-language model type reads."""
+
+
+def image_rows_for_model(model_path: str | Path, *, template: Template | None, settings: MediaConfig,
+                         processor_path: str | Path | None = None) -> ImageRows:
+    """How prompts for the model at `model_path` hold images: the media tokens of `template`, or (None)
+    of the model type's template, and the image processor of `processor_path` (default: the model's
+    folder); a ConfigError for a text model."""
+    from tuneline.core.templates.catalog import TEMPLATES
+
+    if template is None:
+        model_type = _model_type(Path(model_path))
+        if model_type not in MODEL_TEMPLATES:
+            raise ConfigError(f"'{model_path}' is a {model_type or 'text'} model, which reads no images; pass a "
+                              f"vision-language model ({', '.join(MODEL_TEMPLATES)}) or leave out the images.")
+        template = TEMPLATES[MODEL_TEMPLATES[model_type]]
+    if template.media is None:
+        raise ConfigError(f"template '{template.name}' writes text only, so it cannot show the model an image; use a "
+                          "multimodal template of the model's family (qwen2_vl for Qwen2-VL and Qwen2.5-VL).")
+    return ImageRows(media=template.media, image_processor=load_image_processor(processor_path or model_path), settings=settings)
+
+
+def _model_type(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def load_image_processor(model_path: str | Path) -> Any:

@@ -6,7 +6,9 @@ holding either, such as a stage's `artifacts/trained/<key>` or its export. Conve
 rendered with the saved tokenizer's own chat template (`apply_chat_template` with the generation
 prompt), or with a tuneline template named by `template`. Answers stream as they are generated;
 the history is kept across turns until `clear`; `exit` (or the end of input) ends the session.
-Input is read line by line, so a conversation can be piped in.
+Input is read line by line, so a conversation can be piped in. Images (`--image`, a vision-language
+model) are shown with the first message: its `<image>` placeholders, or ones put in front of it, are
+expanded into the model's image tokens as training expands them, and the pixels go to generate().
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TextStreamer
 
+from tuneline.core.data.image_rows import ImageRows
+from tuneline.core.data.media_tokens import IMAGE_PLACEHOLDER
 from tuneline.core.store.artifacts import read_manifest
 from tuneline.core.config import GeneratingConfig
 from tuneline.core.errors import ConfigError
@@ -120,6 +124,10 @@ class ChatSession:
     name: str
     system: str | None = None
     history: list[dict[str, str]] = field(default_factory=list)
+    images: ImageRows | None = None
+    """How the model reads images, when `image_paths` are given."""
+    image_paths: list[str] = field(default_factory=list)
+    """Images shown with the conversation's first message (again after `clear`), as LLaMA-Factory's chat shows them."""
 
     def clear(self) -> None:
         self.history.clear()
@@ -130,27 +138,49 @@ class ChatSession:
 
         from tuneline.core.evaluation.predict import generation_kwargs
 
+        if not self.history and self.image_paths:
+            message = with_image_placeholders(message, len(self.image_paths))
         self.history.append({"role": "user", "content": message})
-        prompt = self._prompt_ids()
+        prompt, paths = self._prompt()
+        input_ids = torch.tensor([prompt], device=self.model.device)
+        extra = {}
+        if self.images is not None:
+            image_token = self.tokenizer.convert_tokens_to_ids(self.images.media.image_token)
+            extra = {key: value.to(self.model.device) for key, value in
+                     self.images.generation_inputs(input_ids, paths, image_token_id=image_token).items()}
         streamer = WriterStreamer(self.tokenizer, write, skip_special_tokens=self.generating.skip_special_tokens)
         with torch.no_grad():
-            output = self.model.generate(input_ids=torch.tensor([prompt], device=self.model.device),
+            output = self.model.generate(input_ids=input_ids,
                                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=self.model.device),
-                                         streamer=streamer, **generation_kwargs(self.generating, self.tokenizer, self.model))
+                                         streamer=streamer, **extra, **generation_kwargs(self.generating, self.tokenizer, self.model))
         answer = self.tokenizer.decode(output[0, len(prompt):], skip_special_tokens=self.generating.skip_special_tokens).strip()
         self.history.append({"role": "assistant", "content": answer})
         return answer
 
-    def _prompt_ids(self) -> list[int]:
-        """The rendered conversation; the oldest turns are dropped while it does not fit the model."""
-        limit = self.model.config.max_position_embeddings - self.generating.max_new_tokens
+    def _prompt(self) -> tuple[list[int], list[str]]:
+        """The rendered conversation and the images it shows; the oldest turns are dropped while it
+        does not fit the model (the images with the first)."""
+        limit = self.model.config.get_text_config().max_position_embeddings - self.generating.max_new_tokens
         while True:
             system = [{"role": "system", "content": self.system}] if self.system else []
-            ids = self.tokenizer.apply_chat_template(system + self.history, add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False)
+            messages = system + self.history
+            shown = self.history[0]["content"].count(IMAGE_PLACEHOLDER) if self.images is not None else 0
+            paths = self.image_paths if shown else []
+            if paths:
+                messages = self.images.expand_messages(messages, paths)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
             if len(ids) <= limit or len(self.history) <= 1:
-                return list(ids)
+                return list(ids), paths
             del self.history[:2]
+
+
+def with_image_placeholders(message: str, count: int) -> str:
+    """`message` holding `count` `<image>` placeholders: those it lacks go in front, as LLaMA-Factory puts them."""
+    written = message.count(IMAGE_PLACEHOLDER)
+    if written > count:
+        raise ConfigError(f"the message holds {written} {IMAGE_PLACEHOLDER} placeholders and {count} image(s) were "
+                          "given with --image; give one --image per placeholder.")
+    return IMAGE_PLACEHOLDER * (count - written) + message
 
 
 class WriterStreamer(TextStreamer):
@@ -183,3 +213,31 @@ def chat_loop(session: ChatSession, lines: Iterable[str], *, write: Callable[[st
         session.reply(message, write=write)
         write("\n")
     return 0
+
+
+def chat_images(source: ModelSource, paths: list[str], *, template: str | None) -> ImageRows | None:
+    """How the model of `source` reads the images at `paths` (None without images); a ConfigError names
+    an image that cannot be read, or a model that reads none."""
+    if not paths:
+        return None
+    from PIL import Image, UnidentifiedImageError
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.image_rows import image_rows_for_model
+    from tuneline.core.templates.catalog import TEMPLATES
+
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.verify()
+        except (OSError, UnidentifiedImageError) as e:
+            raise ConfigError(f"--image {path}: not a readable image ({type(e).__name__}: {e}); pass a PNG, JPEG or "
+                              "other file Pillow opens.") from e
+    named = None
+    if template is not None:
+        if template not in TEMPLATES:
+            raise ConfigError(f"--template {template}: no such template.")
+        named = TEMPLATES[template]
+    adapter = source.adapter
+    processor = adapter if adapter is not None and (adapter / "preprocessor_config.json").is_file() else source.model
+    return image_rows_for_model(source.model, template=named, settings=MediaConfig(), processor_path=processor)

@@ -90,7 +90,7 @@ def test_chat_session_keeps_history_streams_and_clears(trained: Path):
     assert "".join(streamed).strip() == first  # the answer arrived piece by piece through the streamer
     session.reply("And again?", write=lambda _: None)
     assert [m["role"] for m in session.history] == ["user", "assistant", "user", "assistant"]
-    rendered = tokenizer.decode(session._prompt_ids())
+    rendered = tokenizer.decode(session._prompt()[0])
     assert rendered.startswith("<|im_start|>system\nBe brief.<|im_end|>") and "Hello" in rendered
     session.clear()
     assert session.history == []

@@ -92,3 +92,55 @@ def test_full_tuning_with_the_vision_tower_trains_it_from_the_pixels(pictures, t
     assert any(name.startswith("model.visual.blocks.") for name in changed)  # its gradients came from the pixels
     assert not any(name.startswith("model.visual.merger.") for name in changed)  # freeze_multi_modal_projector's default
     assert any(name.startswith("model.language_model.") for name in changed)
+
+
+def test_chat_shows_the_image_as_training_expands_it(pictures, tmp_path: Path):
+    import torch
+    from PIL import Image
+
+    from tuneline.core.config import GeneratingConfig
+    from tuneline.core.data.media_tokens import sized_image
+    from tuneline.core.evaluation.predict import generation_kwargs
+    from tuneline.core.inference.chat import ChatSession, chat_images, load_chat_model, resolve_source
+
+    model_dir, data = pictures
+    picture = data / "pictures" / "blue.png"
+    source = resolve_source(model_dir)
+    images = chat_images(source, [str(picture)], template=None)
+    model, tokenizer = load_chat_model(source)
+    session = ChatSession(model, tokenizer, GeneratingConfig(max_new_tokens=4, do_sample=False), name="t", images=images,
+                          image_paths=[str(picture)])
+    answer = session.reply("What colour is this?", write=lambda _: None)
+    assert session.history[0]["content"] == "<image>What colour is this?"
+    prompt, paths = session._prompt()
+    assert paths == [str(picture)]
+    # blue.png is 84 x 56: a 6 x 4 patch grid, 6 image tokens after the 2 x 2 merge
+    assert "<|vision_start|>" + "<|image_pad|>" * 6 + "<|vision_end|>What colour is this?" in tokenizer.decode(prompt)
+
+    # the same answer from the model's own generate() on pixels cut here by its processor
+    processor = images.image_processor
+    features = processor([sized_image(Image.open(picture), max_pixels=768 * 768, min_pixels=32 * 32, plugin="qwen2_vl")],
+                         return_tensors="pt")
+    session.clear()
+    ids = torch.tensor([prompt])
+    output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=features["pixel_values"],
+                            image_grid_thw=features["image_grid_thw"],
+                            mm_token_type_ids=(ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).long(),
+                            **generation_kwargs(GeneratingConfig(max_new_tokens=4, do_sample=False), tokenizer, model))
+    assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer
+    with torch.no_grad():  # and the pixels reach the answer: other pixels, other logits
+        logits = [model(input_ids=ids, pixel_values=pixels, image_grid_thw=features["image_grid_thw"],
+                        mm_token_type_ids=(ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).long()).logits[0, -1]
+                  for pixels in (features["pixel_values"], torch.zeros_like(features["pixel_values"]))]
+    assert not torch.allclose(*logits)
+
+
+def test_chat_refuses_an_image_for_a_text_model_and_an_unreadable_one(pictures, tiny_base: Path, tmp_path: Path):
+    from conftest import assert_refused, run_cli_here
+
+    model_dir, data = pictures
+    picture = str(data / "pictures" / "red.png")
+    assert_refused(run_cli_here("chat", str(tiny_base), "--image", picture, cwd=tmp_path), "is a llama model, which reads no images")
+    (tmp_path / "notes.png").write_text("not an image")
+    assert_refused(run_cli_here("chat", str(model_dir), "--image", str(tmp_path / "notes.png"), cwd=tmp_path),
+                   "notes.png: not a readable image")
