@@ -238,9 +238,10 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
     return packs, counters
 
 
-def _with_images(example: dict[str, Any], row: dict[str, Any], image_token_id: int, counters: Counter) -> dict[str, Any] | None:
+def _with_images(example: dict[str, Any], row: dict[str, Any], image_token_id: int, counters: Counter, *,
+                 ids: str = "input_ids") -> dict[str, Any] | None:
     """`example` with the row's image files, or None (counted) when cutoff_len cut into its image tokens."""
-    if example["input_ids"].count(image_token_id) != row["image_tokens"]:
+    if example[ids].count(image_token_id) != row["image_tokens"]:
         counters["rows_dropped_image_tokens_cut"] += 1
         return None
     return {**example, "images": row["images"]}
@@ -305,7 +306,18 @@ def _count_truncation(pairs: list[tuple[list[int], list[int]]], example: dict[st
 
 
 def _encode_pairwise(rows, spec: EncodingSpec, tokenizer) -> Encoded:
-    return _per_row(rows, lambda row: encode_pairwise_row(row, tokenizer=tokenizer, encoding=spec.encoding))
+    counters: Counter = Counter()
+    examples = []
+    for row in rows:
+        example = encode_pairwise_row(row, tokenizer=tokenizer, encoding=spec.encoding)
+        if example is None:
+            counters["rows_dropped_no_trained_token"] += 1
+            continue
+        if spec.image_token_id is not None:  # chosen and rejected share the prompt that holds the images
+            example = _with_images(example, row, spec.image_token_id, counters, ids="chosen_input_ids")
+        if example is not None:
+            examples.append(example)
+    return examples, counters
 
 
 def _encode_unsupervised(rows, spec: EncodingSpec, tokenizer) -> Encoded:

@@ -27,6 +27,9 @@ FEEDBACK_COLUMNS = ("input_ids", "attention_mask", "labels", "kl_input_ids", "kl
                     "kto_tags")
 
 
+IMAGE_FILES = "image_files"
+"""A pair's image files, which the image collator opens (`core.training.image_collator`)."""
+
 _TRAINED_BY = {"pairwise": "a pairwise stage (rm, dpo)", "feedback": "stage kto"}
 
 
@@ -58,7 +61,8 @@ def reward_pairs(dataset: Dataset) -> Dataset:
 
 
 def dpo_pairs(dataset: Dataset) -> Dataset:
-    """`prompt_ids`, `chosen_ids` and `rejected_ids`, as TRL's DPOTrainer takes them."""
+    """`prompt_ids`, `chosen_ids` and `rejected_ids`, as TRL's DPOTrainer takes them (and a pair's
+    images as `image_files`)."""
     check_columns(dataset, examples="pairwise")
     return _map(dataset, _split_pairs, with_indices=True)
 
@@ -93,7 +97,10 @@ def _split_pairs(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         prompts.append(chosen_ids[:length])
         chosen.append(chosen_ids[length:])
         rejected.append(rejected_ids[length:])
-    return {"prompt_ids": prompts, "chosen_ids": chosen, "rejected_ids": rejected}
+    pairs = {"prompt_ids": prompts, "chosen_ids": chosen, "rejected_ids": rejected}
+    if "images" in batch:  # under another name: TRL takes an `images` column for rows it tokenizes itself
+        pairs[IMAGE_FILES] = batch["images"]
+    return pairs
 
 
 def _split_feedback(batch: dict[str, list]) -> dict[str, list]:

@@ -72,9 +72,14 @@ def dpo_loss_terms(finetuning: FinetuningConfig) -> tuple[list[str], list[float]
 
 
 def build_dpo_trainer(request: TrainerRequest) -> Trainer:
-    """A TRL trainer for stage dpo and `pref_loss`, ready to train on tuneline's tokenized pairs."""
+    """A TRL trainer for stage dpo and `pref_loss`, ready to train on tuneline's tokenized pairs
+    (image pairs with the sigmoid, hinge and ipo losses)."""
     finetuning = request.finetuning
-    raise_problems(dpo_problems(finetuning))
+    problems = dpo_problems(finetuning)
+    if request.image_rows is not None and finetuning.pref_loss in REFERENCE_FREE:
+        problems.append(f"'pref_loss: {finetuning.pref_loss}' does not train on image pairs yet; choose sigmoid, hinge "
+                        "or ipo for them.")
+    raise_problems(problems)
     if finetuning.pref_loss in REFERENCE_FREE:
         return _reference_free_trainer(request)
     from trl import DPOConfig
@@ -86,7 +91,8 @@ def build_dpo_trainer(request: TrainerRequest) -> Trainer:
     loss_types, loss_weights = dpo_loss_terms(finetuning)
     config = trl_config(DPOConfig, request.args, beta=finetuning.pref_beta, loss_type=loss_types, loss_weights=loss_weights,
                         label_smoothing=finetuning.dpo_label_smoothing, ld_alpha=finetuning.ld_alpha, max_length=None)
-    return with_reference(TokenizedDPOTrainer, request, config=config, convert=dpo_pairs)
+    images = {"image_rows": request.image_rows} if request.image_rows is not None else {}
+    return with_reference(TokenizedDPOTrainer, request, config=config, convert=dpo_pairs, **images)
 
 
 def _reference_free_trainer(request: TrainerRequest) -> Trainer:

@@ -100,12 +100,13 @@ def _frozen(model: PreTrainedModel) -> PreTrainedModel:
     return model.eval()
 
 
-def with_reference(trainer_class: Any, request: TrainerRequest, *, config: Any, convert: Any) -> Trainer:
-    """A TRL trainer that scores against a reference model (DPO, KTO), its data converted by `convert`."""
+def with_reference(trainer_class: Any, request: TrainerRequest, *, config: Any, convert: Any, **extra: Any) -> Trainer:
+    """A TRL trainer that scores against a reference model (DPO, KTO), its data converted by `convert`;
+    `extra` holds the trainer class's own arguments."""
     reference = reference_model(request.model, request.finetuning, model_config=request.model_config,
                                 vocab_size=len(request.tokenizer), training=dtype_keys(config),
                                 model_max_length=request.model_max_length)
-    trainer = trl_trainer(trainer_class, request, config=config, convert=convert, ref_model=reference)
+    trainer = trl_trainer(trainer_class, request, config=config, convert=convert, ref_model=reference, **extra)
     drop_unneeded_ref_adapter(trainer.model)
     return trainer
 

@@ -3,7 +3,8 @@
 An example of tokenized image rows holds its image files (`images`, in the order of its image tokens)
 beside its ids. The collator pads the ids with the text collator, opens and sizes the batch's images
 and runs the image processor the tokenized data was counted with (`ImageRows.read`), so the model gets
-`pixel_values` and `image_grid_thw` that fill exactly the image tokens the batch holds, in order.
+`pixel_values` and `image_grid_thw` that fill exactly the image tokens the batch holds, in order; `PairedImageCollator`
+does the same for DPO's pairs.
 Qwen2-VL's family also takes `mm_token_type_ids` (1 on image tokens), from which transformers computes
 its 3D rotary positions.
 """
@@ -33,4 +34,26 @@ class ImageCollator:
         paths = [path for feature in features for path in feature.get("images") or ()]
         if paths:
             batch.update(self.images.features(paths))
+        return batch
+
+
+@dataclass(frozen=True)
+class PairedImageCollator:
+    """TRL's preference collator, whose batch is every pair's chosen sequence and then every pair's
+    rejected one, with each pair's images (`image_files`) fed for both of its sequences, in that order."""
+
+    text_collator: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    images: ImageRows
+    image_token_id: int
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        from tuneline.core.data.preference_columns import IMAGE_FILES
+
+        batch = dict(self.text_collator([{key: value for key, value in feature.items() if key != IMAGE_FILES}
+                                         for feature in features]))
+        if self.images.media.plugin == "qwen2_vl":
+            batch["mm_token_type_ids"] = (batch["input_ids"] == self.image_token_id).long() * IMAGE_TYPE
+        paths = [path for feature in features for path in feature.get(IMAGE_FILES) or ()]
+        if paths:
+            batch.update(self.images.features(paths + paths))  # the chosen half, then the rejected half
         return batch

@@ -31,9 +31,17 @@ def pictures(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     rows.append({"messages": [{"role": "user", "content": "<image>and <image>: which colours?"},
                               {"role": "assistant", "content": "red and blue"}], "images": ["pictures/red.png", "pictures/blue.png"]})
     (data / "rows.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
-        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    names = list(COLOURS)
+    pairs = [{"messages": [{"role": "user", "content": "<image>What colour is this?"}],
+              "chosen": {"role": "assistant", "content": name}, "rejected": {"role": "assistant", "content": names[i - 1]},
+              "images": [f"pictures/{name}.png"]} for i, name in enumerate(names)]
+    (data / "pairs.json").write_text(json.dumps(pairs))
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    (data / "dataset_info.json").write_text(json.dumps({
+        "pictures": {"file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+                     "tags": tags},
+        "picture_pairs": {"file_name": "pairs.json", "formatting": "sharegpt", "ranking": True, "tags": tags,
+                          "columns": {"messages": "messages", "chosen": "chosen", "rejected": "rejected", "images": "images"}}}))
     return root / "model", data
 
 
@@ -144,3 +152,48 @@ def test_chat_refuses_an_image_for_a_text_model_and_an_unreadable_one(pictures, 
     (tmp_path / "notes.png").write_text("not an image")
     assert_refused(run_cli_here("chat", str(model_dir), "--image", str(tmp_path / "notes.png"), cwd=tmp_path),
                    "notes.png: not a readable image")
+
+
+def test_dpo_trains_on_image_pairs_with_their_pixels_in_both_halves(pictures, tmp_path: Path):
+    import math
+
+    import yaml
+    from conftest import run_cli_here
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.image_rows import ImageRows
+    from tuneline.core.data.preference_columns import dpo_pairs
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.image_collator import PairedImageCollator
+
+    model, data = pictures
+    keys = {"model_name_or_path": str(model), "stage": "dpo", "dataset": "picture_pairs", "dataset_dir": str(data),
+            "template": "qwen2_vl", "cutoff_len": 256}
+    tokenize_stage_data(build_stage_config(keys), tokenizer_path=model, output_dir=tmp_path / "tokenized")
+    train = load_from_disk(str(tmp_path / "tokenized"))["train"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert [row.count(image_token) for row in train["chosen_input_ids"]] == [row.count(image_token) for row in
+                                                                             train["rejected_input_ids"]] == [4, 6, 8]
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    collator = PairedImageCollator(DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id),
+                                   ImageRows.read(tmp_path / "tokenized" / TOKENIZER_DIR), image_token_id=image_token)
+    pairs = dpo_pairs(train)
+    batch = collator([pairs[i] for i in range(len(pairs))])
+    grids = batch["image_grid_thw"]
+    assert grids.shape[0] == 6  # three pairs' images, for the chosen half and again for the rejected half
+    assert (batch["input_ids"] == image_token).sum(dim=1).tolist() == (grids.prod(dim=1) // 4).tolist()
+
+    (tmp_path / "dpo.yaml").write_text(yaml.safe_dump({
+        **keys, "do_train": True, "finetuning_type": "lora", "lora_target": "all", "pref_beta": 0.1,
+        "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3,
+        "logging_steps": 1, "report_to": "none"}))
+    result = run_cli_here("train", str(tmp_path / "dpo.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = tmp_path / "out"
+    logs = [json.loads(line) for line in (out / "trainer_log.jsonl").read_text().splitlines() if "loss" in line]
+    assert len(logs) == 2 and all(math.isfinite(log["loss"]) for log in logs)
+    assert (out / "adapter_model.safetensors").is_file() and (out / "preprocessor_config.json").is_file()
