@@ -1,7 +1,8 @@
 """The project's own tiny base model, since nothing can be downloaded.
 
 A byte-level BPE tokenizer trained with `tokenizers` on the demo corpus, and a small randomly
-initialised LLaMA-shaped model sized to it. The demo then pre-trains it briefly (stage pt).
+initialised LLaMA-shaped model sized to it. The demo then pre-trains it briefly (stage pt). With
+`vision`, the same tokenizer and sizes make a tiny vision-language model (`vision_base_model.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class BaseModelConfig:
     num_key_value_heads: int = field(default=2, metadata={"help": "Key/value heads (grouped-query attention)."})
     max_position_embeddings: int = field(default=1024, metadata={"help": "Longest sequence the model supports."})
     seed: int = field(default=0, metadata={"help": "Seed of the weight initialisation."})
+    vision: str | None = field(default=None, metadata={
+        "help": "Build a vision-language model of this family instead (qwen2_vl or qwen2_5_vl): the same "
+                "tokenizer and language model sizes, with a tiny vision tower and the family's image processor."})
 
 
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int):
@@ -61,6 +65,8 @@ def build_base_model(texts: Iterable[str], output_dir: str | Path, *, config: Ba
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
+    if config.vision is not None:
+        return _build_vision_model(tokenizer, output_dir, config=config)
     model_config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
@@ -79,3 +85,22 @@ def build_base_model(texts: Iterable[str], output_dir: str | Path, *, config: Ba
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
     return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer)}
+
+
+def _build_vision_model(tokenizer, output_dir: str | Path, *, config: BaseModelConfig) -> dict[str, int]:
+    import tempfile
+
+    from tuneline.core.models.vision_base_model import FAMILIES, VisionModelConfig, build_vision_language_model
+
+    if config.vision not in FAMILIES:
+        from tuneline.core.errors import ConfigError
+
+        raise ConfigError(f"'vision: {config.vision}' is not a family the tiny model is built in; choose one of "
+                          f"{', '.join(FAMILIES)}, or remove the key for a text model.")
+    vision = VisionModelConfig(family=config.vision, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                               num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                               num_key_value_heads=config.num_key_value_heads,
+                               max_position_embeddings=config.max_position_embeddings, seed=config.seed)
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        return build_vision_language_model(folder, output_dir, config=vision)
