@@ -266,9 +266,9 @@ def _image_rows(config: StageConfig, template: Template, model_path: str | Path,
     if not with_images:
         return None
     problems = []
-    if examples not in ("supervised", "pairwise") or config.finetuning.stage == "rm":
+    if examples not in ("supervised", "pairwise"):
         problems.append(f"dataset {', '.join(repr(n) for n in with_images)} maps images, and tuneline encodes image rows "
-                        f"for sft and dpo so far, not the {examples} examples of 'stage: {config.finetuning.stage}'.")
+                        f"as supervised or pairwise examples so far, not as {examples} examples.")
     if config.data.packing or config.data.neat_packing:
         problems.append("'packing' with image rows is not offered yet (a pack must keep each image's tokens whole); "
                         "remove packing and neat_packing.")

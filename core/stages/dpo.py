@@ -139,6 +139,7 @@ DPO = StageKind(
     summary="direct preference optimisation on pairs (DPO, IPO, hinge, ORPO, SimPO), against a reference model",
     examples="pairwise",
     references=frozenset({"ref_model"}),
+    trains_images=True,
     config_problems=_config_problems,
     load_model=load_policy,
     build_trainer=build_dpo_trainer,

@@ -119,6 +119,8 @@ class StageKind:
     """`(trainer, tokenizer, validation, finetuning, *, prefix="eval")`: the trainer's evaluation of
     `validation` and the kind's own measures of it, named `<prefix>_*`."""
     train_loop: Callable[[LoopRequest], dict[str, float]] | None = None
+    trains_images: bool = False
+    """Whether it trains on image rows (their pixels fed by the image collators)."""
     trainer_modules: tuple[str, ...] = ()
     """Modules its trainer imports (TRL's), which a worker started ahead imports while the data is tokenized."""
 

@@ -42,6 +42,7 @@ SFT = StageKind(
     summary="supervised fine-tuning: replies of conversations trained, prompts masked",
     examples="supervised",
     predicts=True,
+    trains_images=True,
     config_problems=_config_problems,
     load_model=load_policy,
     build_trainer=build_language_model_trainer,

@@ -395,3 +395,19 @@ def test_system_only_conversation_is_refused(tmp_path: Path) -> None:
                   {"s.json": [{"conversations": conversation(("system", "S"))}]})
     with pytest.raises(DataError, match="row 0 of .*s.json: has no messages besides the system"):
         load(tmp_path, "s")
+
+
+def test_picture_generator_reproduces_the_shipped_pictures_and_rows(tmp_path: Path) -> None:
+    """The same rows byte for byte and the same pixels (PNG bytes may differ between zlib builds)."""
+    from PIL import Image, ImageChops
+
+    subprocess.run([sys.executable, str(DATA_DIR / "generate_picture_data.py"), "--out-dir", str(tmp_path)], check=True,
+                   capture_output=True)
+    shipped = DATA_DIR / "picture_demo"
+    for name in ("dataset_info.json", "picture_questions.json", "picture_heldout.json", "picture_pairs.json"):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
+    drawn = sorted(path.name for path in (tmp_path / "pictures").iterdir())
+    assert drawn == sorted(path.name for path in (shipped / "pictures").iterdir())
+    for name in drawn:
+        with Image.open(tmp_path / "pictures" / name) as new, Image.open(shipped / "pictures" / name) as old:
+            assert ImageChops.difference(new.convert("RGB"), old.convert("RGB")).getbbox() is None, name

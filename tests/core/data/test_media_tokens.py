@@ -126,4 +126,7 @@ def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_data
     with pytest.raises(ConfigError, match="'packing' with image rows is not offered yet"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "packing": True}),
                             tokenizer_path=model, output_dir=tmp_path / "c")
-    assert not any((tmp_path / name).exists() for name in "abc")
+    with pytest.raises(ConfigError, match="maps images, and 'stage: rm' does not train on image rows yet"):
+        tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "stage": "rm"}),
+                            tokenizer_path=model, output_dir=tmp_path / "d")
+    assert not any((tmp_path / name).exists() for name in "abcd")
