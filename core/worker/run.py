@@ -75,6 +75,9 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
 
         image_rows = ImageRows.read(Path(job.dataset_path) / TOKENIZER_DIR)
         args.remove_unused_columns = False
+        reentrant = args.gradient_checkpointing and (args.gradient_checkpointing_kwargs or {}).get("use_reentrant", True)
+        if args.ddp_find_unused_parameters is None and not reentrant:  # which fails with it
+            args.ddp_find_unused_parameters = True  # a batch of text rows leaves the vision tower without gradients
     trainer = kind.build_trainer(TrainerRequest(
         model=model, tokenizer=tokenizer, train_dataset=datasets["train"],
         eval_dataset=eval_datasets(datasets),
