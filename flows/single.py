@@ -180,8 +180,9 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
     for index in range(min(count, len(train))):
         example = train[index]
         trained = sum(1 for label in example["labels"] if label != -100)
+        shown = f"images: {', '.join(example['images'])}\n" if example.get("images") else ""  # where each image's tokens came from
         blocks.append(f"--- example {index}: {len(example['input_ids'])} tokens, {trained} trained [[like this]]\n"
-                      + render_preview(example, tokenizer).split("\n\n", 1)[1])
+                      + shown + render_preview(example, tokenizer).split("\n\n", 1)[1])
     if manifest.get(TEMPLATE_WARNING):
         blocks.append(f"template warning: {manifest[TEMPLATE_WARNING]}")
     blocks.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(manifest["metrics"].items())))

@@ -186,3 +186,18 @@ def test_image_pairs_carry_their_pixels_into_both_halves_of_a_batch(pictures, tm
     assert grids.shape[0] == 6  # three pairs' images, for the chosen half and again for the rejected half
     assert (batch["input_ids"] == image_token).sum(dim=1).tolist() == (grids.prod(dim=1) // 4).tolist()
     # trained end to end by the picture pipeline (tests/flows/test_multimodal_pipeline.py)
+
+
+def test_data_preview_names_each_examples_images_and_counts_their_tokens(pictures, tmp_path: Path):
+    import yaml
+    from conftest import run_cli_here
+
+    model_dir, data = pictures
+    (tmp_path / "preview.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": str(model_dir), "stage": "sft", "dataset": "pictures", "dataset_dir": str(data),
+        "template": "qwen2_vl", "cutoff_len": 256}))
+    result = run_cli_here("data", "preview", str(tmp_path / "preview.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.split("--- example 1")[0]
+    assert f"images: {data / 'pictures' / 'red.png'}\n" in first
+    assert "<|vision_start|><|image_pad|> x 4<|vision_end|>What colour is this?" in first  # 56 x 56: a 4 x 4 grid
