@@ -94,8 +94,10 @@ class ImageRows:
         in the same place; the counts must agree (the caller has placed the placeholders)."""
         return expand_images(messages, patch_token_counts(self.sized(paths), self.image_processor), self.media)
 
-    def generation_inputs(self, input_ids: Any, paths: Sequence[str], *, image_token_id: int) -> dict[str, Any]:
-        """What a model's generate() takes beside `input_ids` ([1, n] tensor) for the images at `paths`."""
+    def model_inputs(self, input_ids: Any, paths: Sequence[str], *, image_token_id: int) -> dict[str, Any]:
+        """What the model takes beside `input_ids` (a [batch, n] tensor) for the images at `paths`, in the
+        order of their tokens: the features, and for the Qwen2-VL family `mm_token_type_ids` (1 on image
+        tokens), from which transformers computes its 3D rotary positions."""
         inputs = dict(self.features(paths)) if paths else {}
         if self.media.plugin == "qwen2_vl":
             inputs["mm_token_type_ids"] = (input_ids == image_token_id).long()

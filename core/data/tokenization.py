@@ -261,8 +261,7 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
 
 def _image_rows(config: StageConfig, template: Template, model_path: str | Path, *, examples: str) -> ImageRows | None:
     """How the stage's image rows are expanded; None when no dataset it reads maps images."""
-    names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
-    with_images = [attr.name for attr in get_dataset_attrs(names, config.data.dataset_dir) if "images" in attr.columns]
+    with_images = image_datasets(config)
     if not with_images:
         return None
     problems = []
@@ -275,6 +274,12 @@ def _image_rows(config: StageConfig, template: Template, model_path: str | Path,
     if problems:
         raise ConfigError(problems)
     return ImageRows.load(template, model_path, config.media, datasets=with_images)
+
+
+def image_datasets(config: StageConfig) -> list[str]:
+    """The names of the datasets the stage reads (to train or evaluate) that map an `images` column."""
+    names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
+    return [attr.name for attr in get_dataset_attrs(names, config.data.dataset_dir) if "images" in attr.columns]
 
 
 def image_token_id(tokenizer, token: str) -> int:

@@ -147,7 +147,7 @@ class ChatSession:
         if self.images is not None:
             image_token = self.tokenizer.convert_tokens_to_ids(self.images.media.image_token)
             extra = {key: value.to(self.model.device) for key, value in
-                     self.images.generation_inputs(input_ids, paths, image_token_id=image_token).items()}
+                     self.images.model_inputs(input_ids, paths, image_token_id=image_token).items()}
         streamer = WriterStreamer(self.tokenizer, write, skip_special_tokens=self.generating.skip_special_tokens)
         with torch.no_grad():
             output = self.model.generate(input_ids=input_ids,

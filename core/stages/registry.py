@@ -187,13 +187,11 @@ def early_stopping_problems(config: StageConfig) -> list[str]:
 
 def tokenize_stage_data(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
     """The stage's datasets tokenized to `output_dir` in the shape its kind trains on; the counters."""
-    from tuneline.core.data.dataset_info import get_dataset_attrs
-    from tuneline.core.data.tokenization import dataset_names, tokenize_dataset
+    from tuneline.core.data.tokenization import image_datasets, tokenize_dataset
 
     kind = stage_kind(config.finetuning.stage)
     if not kind.trains_images:
-        names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
-        with_images = [attr.name for attr in get_dataset_attrs(names, config.data.dataset_dir) if "images" in attr.columns]
+        with_images = image_datasets(config)
         if with_images:
             raise ConfigError(f"dataset {', '.join(repr(n) for n in with_images)} maps images, and 'stage: {kind.name}' "
                               "does not train on image rows yet (sft and dpo do); train it on a text dataset.")

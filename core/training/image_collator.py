@@ -3,10 +3,8 @@
 An example of tokenized image rows holds its image files (`images`, in the order of its image tokens)
 beside its ids. The collator pads the ids with the text collator, opens and sizes the batch's images
 and runs the image processor the tokenized data was counted with (`ImageRows.read`), so the model gets
-`pixel_values` and `image_grid_thw` that fill exactly the image tokens the batch holds, in order; `PairedImageCollator`
-does the same for DPO's pairs.
-Qwen2-VL's family also takes `mm_token_type_ids` (1 on image tokens), from which transformers computes
-its 3D rotary positions.
+`pixel_values` and `image_grid_thw` that fill exactly the image tokens the batch holds, in order (and
+Qwen2-VL's `mm_token_type_ids`); `PairedImageCollator` does the same for DPO's pairs.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from typing import Any
 from tuneline.core.data.image_rows import ImageRows
 
 TEXT_COLUMNS = ("input_ids", "attention_mask", "labels")
-IMAGE_TYPE = 1  # transformers' modality number of an image token in mm_token_type_ids
 
 
 @dataclass(frozen=True)
@@ -29,12 +26,8 @@ class ImageCollator:
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         batch = dict(self.text_collator([{key: feature[key] for key in TEXT_COLUMNS if key in feature} for feature in features]))
-        if self.images.media.plugin == "qwen2_vl":
-            batch["mm_token_type_ids"] = (batch["input_ids"] == self.image_token_id).long() * IMAGE_TYPE
         paths = [path for feature in features for path in feature.get("images") or ()]
-        if paths:
-            batch.update(self.images.features(paths))
-        return batch
+        return {**batch, **self.images.model_inputs(batch["input_ids"], paths, image_token_id=self.image_token_id)}
 
 
 @dataclass(frozen=True)
@@ -51,9 +44,6 @@ class PairedImageCollator:
 
         batch = dict(self.text_collator([{key: value for key, value in feature.items() if key != IMAGE_FILES}
                                          for feature in features]))
-        if self.images.media.plugin == "qwen2_vl":
-            batch["mm_token_type_ids"] = (batch["input_ids"] == self.image_token_id).long() * IMAGE_TYPE
         paths = [path for feature in features for path in feature.get(IMAGE_FILES) or ()]
-        if paths:
-            batch.update(self.images.features(paths + paths))  # the chosen half, then the rejected half
-        return batch
+        pixels = self.images.model_inputs(batch["input_ids"], paths + paths, image_token_id=self.image_token_id)
+        return {**batch, **pixels}  # the chosen half's images, then the rejected half's
