@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TextStreamer
 
-from tuneline.core.data.image_rows import ImageRows
+from tuneline.core.data.image_rows import ImageRows, image_rows_for_model
 from tuneline.core.data.media_tokens import IMAGE_PLACEHOLDER
 from tuneline.core.store.artifacts import read_manifest
 from tuneline.core.config import GeneratingConfig
-from tuneline.core.errors import ConfigError
+from tuneline.core.errors import ConfigError, unknown_name_message
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -223,7 +223,6 @@ def chat_images(source: ModelSource, paths: list[str], *, template: str | None) 
     from PIL import Image, UnidentifiedImageError
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.image_rows import image_rows_for_model
     from tuneline.core.templates.catalog import TEMPLATES
 
     for path in paths:
@@ -236,7 +235,7 @@ def chat_images(source: ModelSource, paths: list[str], *, template: str | None) 
     named = None
     if template is not None:
         if template not in TEMPLATES:
-            raise ConfigError(f"--template {template}: no such template.")
+            raise ConfigError(unknown_name_message("template", template, TEMPLATES))
         named = TEMPLATES[template]
     adapter = source.adapter
     processor = adapter if adapter is not None and (adapter / "preprocessor_config.json").is_file() else source.model
