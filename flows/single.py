@@ -39,7 +39,8 @@ from tuneline.core.training.optimizers.rules import parallel_problems
 MEDIA_COLUMNS = frozenset({"images", "videos", "audios"})
 NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "chat_template.jinja", "preprocessor_config.json")
+                   "merges.txt", "tokenizer.model", "chat_template.jinja", "preprocessor_config.json",
+                   "processor_config.json")
 
 
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:

@@ -1,18 +1,25 @@
 """A multimodal row's `<image>` placeholders expanded into the tokens its model family reads.
 
-Qwen2-VL and Qwen2.5-VL (`template: qwen2_vl`), with LLaMA-Factory 0.9.5's `mm_plugin` semantics:
-each image is first sized as LLaMA-Factory sizes it (scaled down to `image_max_pixels`, up to
-`image_min_pixels`, each side at least 28 pixels, an aspect ratio kept within 200:1, RGB); the
-model's own image processor (transformers' class, loaded from the model folder) then cuts it into
-patches, and the placeholder becomes `<|vision_start|>`, one `<|image_pad|>` per merged patch
-(t x h x w of its grid / merge_size^2) and `<|vision_end|>`. The same sizing feeds the pixels to the
-model in training, so the tokens and the features always agree.
+With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as LLaMA-Factory sizes it
+(scaled down to `image_max_pixels`, up to `image_min_pixels`, RGB), then by family:
+
+- Qwen2-VL and Qwen2.5-VL (`qwen2_vl` plugin): each side at least 28 pixels and an aspect ratio
+  within 200:1; the model's image processor cuts the image into patches, and the placeholder becomes
+  `<|vision_start|>`, one `<|image_pad|>` per merged patch (t x h x w of its grid / merge_size^2) and
+  `<|vision_end|>`.
+- LLaVA-1.5 (`llava` plugin): the processor resizes and crops every image to one size, and the
+  placeholder becomes one `<image>` per vision patch of that size, plus the processor's
+  `num_additional_image_tokens` (the class token), less one under the `default` feature strategy
+  (which drops it): 576 for 336 pixels in patches of 14.
+
+The model's own image processor (transformers' class, loaded from the model folder) makes the
+pixels from the same sizing in training, so the tokens and the features always agree.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.templates.spec import MediaTokens
@@ -67,11 +74,40 @@ def image_token_counts(features: dict[str, Any], image_processor: Any) -> list[i
     return [int(grid.prod()) // merge for grid in features["image_grid_thw"]]
 
 
-def patch_token_counts(images: Sequence[Image], image_processor: Any) -> list[int]:
-    """`image_token_counts` from the sized images' sizes alone, by the processor's own patch arithmetic:
-    tokenizing needs the counts, not the pixels, which the training collator cuts later."""
+def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin: str = "qwen2_vl",
+                       processor_settings: Mapping[str, Any] | None = None) -> list[int]:
+    """How many image tokens each sized image takes, from its size alone where the processor's own patch
+    arithmetic allows: tokenizing needs the counts, not the pixels, which the training collator cuts later.
+    `processor_settings`: the multimodal processor's own numbers (LLaVA's patch_size and the rest)."""
+    if plugin == "llava":
+        return [llava_token_count(images[0], image_processor, processor_settings or {})] * len(images) if images else []
     merge = int(image_processor.merge_size) ** 2
     return [int(image_processor.get_number_of_image_patches(image.height, image.width, {})) // merge for image in images]
+
+
+LLAVA_SETTINGS = ("patch_size", "vision_feature_select_strategy", "num_additional_image_tokens")
+"""LlavaProcessor's numbers that count an image's tokens (processor_config.json)."""
+
+
+def llava_token_count(image: Image, image_processor: Any, settings: Mapping[str, Any]) -> int:
+    """LLaVA's tokens for an image: patches of the processed size, plus the additional (class) tokens,
+    less one under the `default` strategy. The processed size is the crop, or the fixed resize, or
+    (neither being fixed) what the processor makes of `image`: LLaMA-Factory reads it off the row's first
+    image and uses it for all, which the fixed sizes make the same."""
+    height, width = _processed_size(image, image_processor)
+    patch = int(settings["patch_size"])
+    count = (height // patch) * (width // patch) + int(settings.get("num_additional_image_tokens") or 0)
+    return count - 1 if settings.get("vision_feature_select_strategy") == "default" else count
+
+
+def _processed_size(image: Image, image_processor: Any) -> tuple[int, int]:
+    crop, size = getattr(image_processor, "crop_size", None), getattr(image_processor, "size", None)
+    if getattr(image_processor, "do_center_crop", False) and crop:
+        return int(crop["height"]), int(crop["width"])
+    if size and "height" in size and "width" in size:
+        return int(size["height"]), int(size["width"])
+    pixels = image_processor([image], return_tensors="np")["pixel_values"]
+    return int(pixels.shape[-2]), int(pixels.shape[-1])
 
 
 def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens) -> list[dict[str, str]]:

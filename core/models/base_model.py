@@ -28,7 +28,7 @@ class BaseModelConfig:
     max_position_embeddings: int = field(default=1024, metadata={"help": "Longest sequence the model supports."})
     seed: int = field(default=0, metadata={"help": "Seed of the weight initialisation."})
     vision: str | None = field(default=None, metadata={
-        "help": "Build a vision-language model of this family instead (qwen2_vl or qwen2_5_vl): the same "
+        "help": "Build a vision-language model of this family instead (qwen2_vl, qwen2_5_vl or llava): the same "
                 "tokenizer and language model sizes, with a tiny vision tower and the family's image processor."})
 
 

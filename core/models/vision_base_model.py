@@ -1,11 +1,12 @@
-"""The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL and Qwen2.5-VL
-shaped, from transformers' own config classes, randomly initialised.
+"""The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL and
+LLaVA-1.5 shaped, from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
-family's vision tokens where the tokenizer lacks them and the chat template of `template: qwen2_vl`,
-and is saved with the family's image
-processor (transformers' class, sized small so a CPU cuts few patches), so its folder loads with
-AutoModelForImageTextToText, AutoTokenizer and AutoImageProcessor like a downloaded one.
+family's media tokens where the tokenizer lacks them and the chat template of the family's template
+(`qwen2_vl`, `llava`), and is saved with the family's image processor (transformers' class, sized
+small so a CPU cuts few patches; LLaVA's with its LlavaProcessor numbers in processor_config.json),
+so its folder loads with AutoModelForImageTextToText, AutoTokenizer and AutoImageProcessor like a
+downloaded one.
 """
 
 from __future__ import annotations
@@ -13,18 +14,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuneline.core.models.composite import MODEL_TEMPLATES
 from tuneline.core.templates.catalog import TEMPLATES
 from tuneline.core.templates.jinja import chat_template_jinja
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 """Qwen2-VL's special tokens for media, in the order its tokenizer numbers them."""
-FAMILIES = ("qwen2_vl", "qwen2_5_vl")
-PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one image token per 28x28 pixels
+LLAVA_IMAGE_TOKEN = "<image>"
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava")
+PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 
 
 @dataclass(frozen=True)
 class VisionModelConfig:
-    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl or qwen2_5_vl."})
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl or llava."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
@@ -35,6 +38,8 @@ class VisionModelConfig:
     max_position_embeddings: int = field(default=1024, metadata={"help": "Longest sequence the model supports."})
     image_min_pixels: int = field(default=28 * 28, metadata={"help": "The image processor's smallest image."})
     image_max_pixels: int = field(default=112 * 112, metadata={"help": "The image processor's largest image."})
+    image_size: int = field(default=56, metadata={"help": "LLaVA: the side every image is resized and cropped to "
+                                                          "(one image token per 14x14 patch)."})
     seed: int = field(default=0, metadata={"help": "Seed of the weight initialisation."})
 
 
@@ -46,21 +51,27 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     if config.family not in FAMILIES:
         raise ValueError(f"family {config.family!r} is not one of {', '.join(FAMILIES)}")
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
-    missing = [token for token in VISION_TOKENS if token not in tokenizer.get_vocab()]
+    tokens = (LLAVA_IMAGE_TOKEN,) if config.family == "llava" else VISION_TOKENS
+    missing = [token for token in tokens if token not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
-    tokenizer.chat_template = chat_template_jinja(TEMPLATES["qwen2_vl"], tokenizer)  # the family's own format
-    model_config = _model_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in tokens}
+    tokenizer.chat_template = chat_template_jinja(TEMPLATES[MODEL_TEMPLATES[config.family]], tokenizer)  # the family's format
     torch.manual_seed(config.seed)
-    model = _model_class(config.family)(model_config)
+    if config.family == "llava":
+        model = _llava_model(config, vocab_size=len(tokenizer), image_token_id=ids[LLAVA_IMAGE_TOKEN], tokenizer=tokenizer)
+    else:
+        model = _qwen_model_class(config.family)(_qwen_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer))
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
-    _image_processor(config).save_pretrained(output_dir)
+    if config.family == "llava":
+        _save_llava_processor(config, tokenizer, output_dir)
+    else:
+        _qwen_image_processor(config).save_pretrained(output_dir)
     return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer)}
 
 
-def _model_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, int], tokenizer):
+def _qwen_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, int], tokenizer):
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
     half = config.hidden_size // config.num_attention_heads // 2
@@ -87,15 +98,42 @@ def _model_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, 
                         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
 
 
-def _model_class(family: str) -> type:
+def _qwen_model_class(family: str) -> type:
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
     return Qwen2VLForConditionalGeneration if family == "qwen2_vl" else Qwen2_5_VLForConditionalGeneration
 
 
-def _image_processor(config: VisionModelConfig):
+def _qwen_image_processor(config: VisionModelConfig):
     from transformers import Qwen2VLImageProcessor
 
     # Qwen2.5-VL reads images with Qwen2-VL's processor class, as its own folders say
     return Qwen2VLImageProcessor(min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels,
                                  patch_size=PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE)
+
+
+def _llava_model(config: VisionModelConfig, *, vocab_size: int, image_token_id: int, tokenizer):
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(hidden_size=config.vision_width, intermediate_size=2 * config.vision_width,
+                              num_hidden_layers=config.vision_depth, num_attention_heads=2, image_size=config.image_size,
+                              patch_size=PATCH_SIZE, projection_dim=config.vision_width)
+    text = LlamaConfig(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                       num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                       num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
+                       tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id)
+    # LLaVA-1.5's reading: the last layer's patch features, its class token dropped ("default")
+    llava = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_id, vision_feature_layer=-1,
+                        vision_feature_select_strategy="default", projector_hidden_act="gelu", tie_word_embeddings=True)
+    return LlavaForConditionalGeneration(llava)
+
+
+def _save_llava_processor(config: VisionModelConfig, tokenizer, output_dir: str | Path) -> None:
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    image_processor = CLIPImageProcessor(size={"shortest_edge": config.image_size},
+                                         crop_size={"height": config.image_size, "width": config.image_size})
+    LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE, num_additional_image_tokens=1,
+                   vision_feature_select_strategy="default", image_token=LLAVA_IMAGE_TOKEN).save_pretrained(output_dir)
+    image_processor.save_pretrained(output_dir)  # preprocessor_config.json too, where older readers look

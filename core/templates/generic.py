@@ -3,7 +3,7 @@ them: default, empty, alpaca, vicuna and the older community formats."""
 
 from __future__ import annotations
 
-from tuneline.core.templates.spec import BOS, CONTENT, EOS, Template, Token
+from tuneline.core.templates.spec import BOS, CONTENT, EOS, MediaTokens, Template, Token
 
 _VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
@@ -34,6 +34,13 @@ GENERIC_TEMPLATES: tuple[Template, ...] = (
         format_user=("USER: {content} ASSISTANT:",),
         default_system=_VICUNA_SYSTEM,
         generation_prefix=" ASSISTANT:",
+    ),
+    Template(
+        name="llava",  # vicuna's format, with LLaVA-1.5's images
+        format_user=("USER: {content} ASSISTANT:",),
+        default_system=_VICUNA_SYSTEM,
+        generation_prefix=" ASSISTANT:",
+        media=MediaTokens(plugin="llava", image_token="<image>"),
     ),
     Template(
         name="aquila",

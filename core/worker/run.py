@@ -91,7 +91,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     if main:
         tokenizer.save_pretrained(job.output_dir)
         if image_rows is not None:  # beside the model, as its folder came: merge, export and the next stage read it
-            image_rows.image_processor.save_pretrained(job.output_dir)
+            image_rows.save_processor(job.output_dir)
     trainer.save_state()
     metrics = {**result.metrics, "global_batch_size": global_batch_size(args)}
     if finetuning.include_effective_tokens_per_second:

@@ -123,6 +123,7 @@ def test_chat_shows_the_image_as_training_expands_it(pictures, tmp_path: Path):
                           image_paths=[str(picture)])
     answer = session.reply("What colour is this?", write=lambda _: None)
     assert session.history[0]["content"] == "<image>What colour is this?"
+    session.history.pop()  # the prompt the answer was generated from
     prompt, paths = session._prompt()
     assert paths == [str(picture)]
     # blue.png is 84 x 56: a 6 x 4 patch grid, 6 image tokens after the 2 x 2 merge

@@ -130,3 +130,83 @@ def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_data
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "stage": "rm"}),
                             tokenizer_path=model, output_dir=tmp_path / "d")
     assert not any((tmp_path / name).exists() for name in "abcd")
+
+
+LLAVA = json.loads((Path(__file__).resolve().parents[2] / "data/media/llava_images.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def llava_folder(tmp_path_factory, shared_dir: Path) -> Path:
+    """A LLaVA-1.5-shaped processor folder as the golden's: llama2's tokenizer with `<image>`, CLIP's image
+    processor at 336 pixels, LlavaProcessor's numbers (patch 14, the default strategy, one class token)."""
+    from transformers import AutoTokenizer, CLIPImageProcessor, LlavaProcessor
+
+    folder = tmp_path_factory.mktemp("llava")
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/llama2")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336})
+    LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                   **{key: value for key, value in LLAVA["processor"].items() if key != "class"}).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("row", LLAVA["rows"], ids=[row["name"] for row in LLAVA["rows"]])
+def test_llava_images_expand_to_llamafactorys_tokens(row: dict, llava_folder: Path):
+    from transformers import AutoTokenizer
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.image_rows import image_rows_for_model
+    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+
+    template = TEMPLATES["llava"]
+    rows = image_rows_for_model(llava_folder, template=template, settings=MediaConfig())
+    images = [sized_image(drawn(GOLDEN["sizes"][name]), max_pixels=LLAVA["image_max_pixels"],
+                          min_pixels=LLAVA["image_min_pixels"], plugin="llava") for name in row["images"]]
+    features = image_features(images, rows.image_processor)
+    assert list(features["pixel_values"].shape) == row["pixel_values_shape"]
+    counts = patch_token_counts(images, rows.image_processor, plugin="llava", processor_settings=rows.processor_settings)
+    expanded = expand_images(row["messages"], counts, template.media)
+    assert [message["content"].count("<image>") for message in expanded] == row["image_tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(llava_folder)
+    fix_tokenizer(template, tokenizer)
+    conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
+    assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
+
+
+@pytest.mark.parametrize("cutoff_len", [2048, 700])
+def test_llava_rows_tokenize_to_llamafactorys_supervised_examples(llava_folder: Path, image_dataset, tmp_path: Path,
+                                                                   cutoff_len: int):
+    from datasets import load_from_disk
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    _, data = image_dataset
+    config = build_stage_config({"model_name_or_path": str(llava_folder), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": "llava", "cutoff_len": cutoff_len})
+    counters = tokenize_stage_data(config, tokenizer_path=llava_folder, output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    expected = LLAVA["supervised_by_cutoff_len"][str(cutoff_len)]
+    kept = [i for i, row in enumerate(LLAVA["rows"]) if len(expected[i]["input_ids"]) < cutoff_len]
+    assert kept == ([0, 1, 2, 3] if cutoff_len == 2048 else [0, 3])  # 700 cuts into the two-image rows' second image
+    assert counters.get("rows_dropped_image_tokens_cut", 0) == len(LLAVA["rows"]) - len(kept)
+    assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
+    assert train["labels"] == [expected[i]["labels"] for i in kept]
+
+
+def test_a_llava_folder_without_its_processor_numbers_is_refused(llava_folder: Path, tmp_path: Path):
+    import shutil
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.image_rows import image_rows_for_model
+    from tuneline.core.errors import ConfigError
+
+    folder = tmp_path / "llava"
+    shutil.copytree(llava_folder, folder)
+    saved = json.loads((folder / "processor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps(saved["image_processor"]))
+    (folder / "processor_config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "patch_size"}))
+    with pytest.raises(ConfigError, match="processor_config.json sets no patch_size"):
+        image_rows_for_model(folder, template=TEMPLATES["llava"], settings=MediaConfig())
+    (folder / "processor_config.json").unlink()
+    with pytest.raises(ConfigError, match="has no readable processor_config.json"):
+        image_rows_for_model(folder, template=TEMPLATES["llava"], settings=MediaConfig())
