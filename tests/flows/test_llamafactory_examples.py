@@ -142,8 +142,9 @@ EXAMPLES.update({
     "extras/oft/qwen2_5vl_oft_sft.yaml": Example("trains", "OFT SFT on mllm_demo, identity and alpaca_en_demo",
                                                  base="qwen2_5vl"),
     "train_full/qwen2_5vl_full_sft.yaml": Example("refused: DeepSpeed", "DeepSpeed ZeRO-3", base="qwen2_5vl"),
-    "train_lora/qwen2_5vl_lora_dpo.yaml": Example("refused: llamafactory/RLHF-V", "rlhf_v is a Hugging Face Hub dataset, "
-                                                  "which cannot be downloaded here", base="qwen2_5vl"),
+    "train_lora/qwen2_5vl_lora_dpo.yaml": Example("trains", "LoRA DPO on image pairs: rlhf_v (a Hub dataset) named in "
+                                                  "the test's dataset_dir as a local file of generated pairs in its "
+                                                  "columns", base="qwen2_5vl"),
     "merge_lora/qwen2_5vl_lora_sft.yaml": Example("trains", "merges the multimodal SFT example's adapter; the image "
                                                   "processor travels with it", base="qwen2_5vl",
                                                   chain={"adapter_name_or_path": "train_lora/qwen2_5vl_lora_sft.yaml"}),
@@ -280,20 +281,34 @@ class ExampleRuns:
 
     def media_data(self) -> Path:
         """LLaMA-Factory's data folder (linked) with the pictures mllm_demo names, which it does not ship:
-        small generated ones (a few image tokens each, so the examples' rows fit cutoff_len 128)."""
+        small generated ones (a few image tokens each, so the examples' rows fit cutoff_len 128). Its
+        dataset_info.json is LLaMA-Factory's but for `rlhf_v`, a Hub dataset that cannot be downloaded
+        here: it names a local file of image pairs in RLHF-V's columns instead (conversations, chosen,
+        rejected, images)."""
         from PIL import Image, ImageDraw
 
         folder = self.root / "data_with_pictures"
         if not folder.is_dir():
             folder.mkdir()
             for item in (self.lf_root / "data").iterdir():
-                (folder / item.name).symlink_to(item)
+                if item.name != "dataset_info.json":
+                    (folder / item.name).symlink_to(item)
             pictures = folder / "mllm_demo_data"
             pictures.mkdir()
-            for index, colour in enumerate([(200, 40, 40), (40, 160, 60), (40, 70, 200)], start=1):
+            colours = {"red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200)}
+            for index, colour in enumerate(colours.values(), start=1):
                 image = Image.new("RGB", (56 + 28 * index, 56), colour)
                 ImageDraw.Draw(image).ellipse([8, 8, 48, 48], fill=(240, 240, 240))
                 image.save(pictures / f"{index}.jpg")
+            names = list(colours)
+            pairs = [{"conversations": [{"from": "human", "value": "<image>What colour is the background?"}],
+                      "chosen": {"from": "gpt", "value": f"It is {name}."},
+                      "rejected": {"from": "gpt", "value": f"It is {names[index - 1]}."},
+                      "images": [f"mllm_demo_data/{index + 1}.jpg"]} for index, name in enumerate(names)]
+            (folder / "rlhf_v_pairs.json").write_text(json.dumps(pairs * 3))
+            info = json.loads((self.lf_root / "data" / "dataset_info.json").read_text())
+            info["rlhf_v"] = {**{k: v for k, v in info["rlhf_v"].items() if k != "hf_hub_url"}, "file_name": "rlhf_v_pairs.json"}
+            (folder / "dataset_info.json").write_text(json.dumps(info))
         return folder
 
     def config(self, name: str) -> dict[str, Any]:
