@@ -324,6 +324,21 @@ def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
+def in_process_launch(job, **_) -> dict[str, float]:
+    """The worker's run of a single-process job, in this process (patched over
+    `tuneline.flows.single.launch_training`): a worker process per run would spend seconds importing
+    torch and transformers. A user-fixable error raised by the worker is the same TunelineError the
+    launcher would raise from its report, so the exit status is kept."""
+    from tuneline.core.training.distributed import plan_from_env
+    from tuneline.core.worker.launch import JOB_FILE, prepare_job
+    from tuneline.core.worker.run import run_training
+
+    job = prepare_job(job, plan_from_env(os.environ))
+    Path(job.output_dir).mkdir(parents=True, exist_ok=True)
+    job.write(Path(job.output_dir) / JOB_FILE)
+    return run_training(job)
+
+
 def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr

@@ -27,7 +27,7 @@ from tuneline.core.data.media_tokens import (LLAVA_SETTINGS, expand_images, imag
                                              placeholder_counts, sized_image)
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
-from tuneline.core.templates.spec import MediaTokens, Template
+from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens, Template
 
 SETTINGS_FILE = "image_settings.json"
 
@@ -114,10 +114,10 @@ class ImageRows:
 
     def model_inputs(self, input_ids: Any, paths: Sequence[str], *, image_token_id: int) -> dict[str, Any]:
         """What the model takes beside `input_ids` (a [batch, n] tensor) for the images at `paths`, in the
-        order of their tokens: the features, and for the Qwen2-VL family `mm_token_type_ids` (1 on image
+        order of their tokens: the features, and for the Qwen-VL families `mm_token_type_ids` (1 on image
         tokens), from which transformers computes its 3D rotary positions."""
         inputs = dict(self.features(paths)) if paths else {}
-        if self.media.plugin == "qwen2_vl":
+        if self.media.plugin in QWEN_PLUGINS:
             inputs["mm_token_type_ids"] = (input_ids == image_token_id).long()
         return inputs
 

@@ -3,10 +3,10 @@
 With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as LLaMA-Factory sizes it
 (scaled down to `image_max_pixels`, up to `image_min_pixels`, RGB), then by family:
 
-- Qwen2-VL and Qwen2.5-VL (`qwen2_vl` plugin): each side at least 28 pixels and an aspect ratio
-  within 200:1; the model's image processor cuts the image into patches, and the placeholder becomes
-  `<|vision_start|>`, one `<|image_pad|>` per merged patch (t x h x w of its grid / merge_size^2) and
-  `<|vision_end|>`.
+- Qwen2-VL, Qwen2.5-VL (`qwen2_vl` plugin) and Qwen3-VL (`qwen3_vl`, in patches of 16): each side
+  at least 28 pixels and an aspect ratio within 200:1; the model's image processor cuts the image
+  into patches, and the placeholder becomes `<|vision_start|>`, one `<|image_pad|>` per merged patch
+  (t x h x w of its grid / merge_size^2) and `<|vision_end|>`.
 - LLaVA-1.5 (`llava` plugin): the processor resizes and crops every image to one size, and the
   placeholder becomes one `<image>` per vision patch of that size, plus the processor's
   `num_additional_image_tokens` (the class token), less one under the `default` feature strategy
@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuneline.core.templates.spec import MediaTokens
+from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -44,7 +44,7 @@ def sized_image(image: Image, *, max_pixels: int, min_pixels: int, plugin: str) 
         image = _scaled(image, math.sqrt(min_pixels / (image.width * image.height)))
     if image.mode != "RGB":
         image = image.convert("RGB")
-    if plugin == "qwen2_vl":
+    if plugin in QWEN_PLUGINS:
         image = _qwen_sized(image)
     return image
 

@@ -39,9 +39,9 @@ PARTS: dict[str, ModelParts] = {
 }
 """Each multimodal model type's parts, by the keys LLaMA-Factory registers for it."""
 
-MODEL_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "llava": "llava"}
+MODEL_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl", "llava": "llava"}
 """The template whose media tokens each vision-language model type (that tuneline encodes images for) reads."""
-FAMILY_TEMPLATES = "qwen2_vl for Qwen2-VL and Qwen2.5-VL, llava for LLaVA-1.5"
+FAMILY_TEMPLATES = "qwen2_vl for Qwen2-VL and Qwen2.5-VL, qwen3_vl for Qwen3-VL, llava for LLaVA-1.5"
 
 
 def model_parts(config: PretrainedConfig) -> ModelParts | None:

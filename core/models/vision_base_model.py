@@ -1,9 +1,9 @@
-"""The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL and
-LLaVA-1.5 shaped, from transformers' own config classes, randomly initialised.
+"""The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL and LLaVA-1.5 shaped, from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
 family's media tokens where the tokenizer lacks them and the chat template of the family's template
-(`qwen2_vl`, `llava`), and is saved with the family's image processor (transformers' class, sized
+(`qwen2_vl`, `qwen3_vl`, `llava`), and is saved with the family's image processor (transformers' class, sized
 small so a CPU cuts few patches; LLaVA's with its LlavaProcessor numbers in processor_config.json),
 so its folder loads with AutoModelForImageTextToText, AutoTokenizer and AutoImageProcessor like a
 downloaded one.
@@ -21,13 +21,14 @@ from tuneline.core.templates.jinja import chat_template_jinja
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 """Qwen2-VL's special tokens for media, in the order its tokenizer numbers them."""
 LLAVA_IMAGE_TOKEN = "<image>"
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
+QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
 
 @dataclass(frozen=True)
 class VisionModelConfig:
-    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl or llava."})
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl or llava."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
@@ -72,7 +73,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
 
 
 def _qwen_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, int], tokenizer):
-    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
 
     half = config.hidden_size // config.num_attention_heads // 2
     # M-RoPE splits the rotary half of each head into time, height and width, a quarter and the rest in two
@@ -89,6 +90,14 @@ def _qwen_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, i
                   in_channels=3, depth=config.vision_depth, num_heads=2)
     if config.family == "qwen2_vl":
         vision, config_class = dict(common, embed_dim=config.vision_width, hidden_size=config.hidden_size, mlp_ratio=2), Qwen2VLConfig
+    elif config.family == "qwen3_vl":  # Qwen3's decoder (q/k norms, interleaved M-RoPE), a deepstack tower
+        text.pop("rope_scaling")
+        text.update(head_dim=config.hidden_size // config.num_attention_heads,
+                    rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": sections,
+                                     "mrope_interleaved": True})
+        vision = dict(common, patch_size=QWEN3_PATCH_SIZE, hidden_size=config.vision_width, out_hidden_size=config.hidden_size,
+                      intermediate_size=2 * config.vision_width, num_position_embeddings=64, deepstack_visual_indexes=[0])
+        config_class = Qwen3VLConfig
     else:
         vision = dict(common, hidden_size=config.vision_width, out_hidden_size=config.hidden_size,
                       intermediate_size=2 * config.vision_width, window_size=56, fullatt_block_indexes=[0])
@@ -99,15 +108,21 @@ def _qwen_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, i
 
 
 def _qwen_model_class(family: str) -> type:
-    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+    from transformers import (Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration,
+                              Qwen3VLForConditionalGeneration)
 
-    return Qwen2VLForConditionalGeneration if family == "qwen2_vl" else Qwen2_5_VLForConditionalGeneration
+    return {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+            "qwen3_vl": Qwen3VLForConditionalGeneration}[family]
 
 
 def _qwen_image_processor(config: VisionModelConfig):
     from transformers import Qwen2VLImageProcessor
 
-    # Qwen2.5-VL reads images with Qwen2-VL's processor class, as its own folders say
+    # Qwen2.5-VL and Qwen3-VL read images with Qwen2-VL's processor class, as their own folders say
+    if config.family == "qwen3_vl":
+        return Qwen2VLImageProcessor(min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels,
+                                     patch_size=QWEN3_PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE,
+                                     image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     return Qwen2VLImageProcessor(min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels,
                                  patch_size=PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE)
 

@@ -47,6 +47,9 @@ def _qwen(name: str, **fields: Any) -> Template:
     return _chatml(name, **{**qwen, **fields})
 
 
+_QWEN3_VL_MEDIA = MediaTokens(plugin="qwen3_vl", image_token="<|image_pad|>", video_token="<|video_pad|>",
+                              vision_bos="<|vision_start|>", vision_eos="<|vision_end|>")
+
 CHATML_TEMPLATES: tuple[Template, ...] = (
     _chatml("chatml", tool="tool", stop_words=("<|im_end|>", "<|im_start|>"), replace_eos=True),
     _chatml("chatml_de", tool="tool", stop_words=("<|im_end|>", "<|im_start|>"), replace_eos=True,
@@ -57,6 +60,8 @@ CHATML_TEMPLATES: tuple[Template, ...] = (
                             vision_bos="<|vision_start|>", vision_eos="<|vision_end|>")),
     _qwen("qwen3", reasoning=True),
     _qwen("qwen3_nothink"),
+    _qwen("qwen3_vl", reasoning=True, media=_QWEN3_VL_MEDIA),
+    _qwen("qwen3_vl_nothink", media=_QWEN3_VL_MEDIA),
     _qwen("mimo", default_system="You are a helpful assistant.", reasoning=True),
     _chatml("yi", stop_words=("<|im_end|>",)),
     _chatml("intern2", format_prefix=(BOS,), default_system=INTERN_SYSTEM, stop_words=("<|im_end|>",)),

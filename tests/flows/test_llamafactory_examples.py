@@ -28,7 +28,6 @@ import contextlib
 import gc
 import io
 import json
-import os
 import re
 import shutil
 import time
@@ -40,7 +39,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import assert_output_layout
+from conftest import assert_output_layout, in_process_launch
 
 FOLDERS = ("train_lora", "train_full", "train_qlora", "extras", "merge_lora")
 NO_CHAIN: Mapping[str, str] = {}
@@ -255,20 +254,6 @@ class Outcome:
     exit_code: int
     message: str  # what the command wrote to stderr (or the traceback of an exception it let out)
     output: Path | None  # output_dir (train) or export_dir (export)
-
-
-def in_process_launch(job, **_: Any) -> dict[str, float]:
-    """The worker's run of a single-process job, here: a process per example would spend seconds
-    importing torch and transformers on each. A user-fixable error raised by the worker is the
-    same TunelineError the launcher would raise from its report, so the exit status is kept."""
-    from tuneline.core.training.distributed import plan_from_env
-    from tuneline.core.worker.launch import JOB_FILE, prepare_job
-    from tuneline.core.worker.run import run_training
-
-    job = prepare_job(job, plan_from_env(os.environ))
-    Path(job.output_dir).mkdir(parents=True, exist_ok=True)
-    job.write(Path(job.output_dir) / JOB_FILE)
-    return run_training(job)
 
 
 class ExampleRuns:

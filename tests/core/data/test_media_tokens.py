@@ -210,3 +210,55 @@ def test_a_llava_folder_without_its_processor_numbers_is_refused(llava_folder: P
     (folder / "processor_config.json").unlink()
     with pytest.raises(ConfigError, match="has no readable processor_config.json"):
         image_rows_for_model(folder, template=TEMPLATES["llava"], settings=MediaConfig())
+
+
+QWEN3 = json.loads((Path(__file__).resolve().parents[2] / "data/media/qwen3_vl_images.json").read_text())
+
+
+@pytest.mark.parametrize("row", QWEN3["rows"], ids=[row["name"] for row in QWEN3["rows"]])
+def test_qwen3_vl_images_expand_to_llamafactorys_tokens(row: dict, shared_dir: Path):
+    """Qwen3-VL: Qwen2-VL's sizing and expansion in patches of 16, through the reasoning template `qwen3_vl`."""
+    from transformers import AutoTokenizer, Qwen2VLImageProcessor
+
+    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+
+    template = TEMPLATES["qwen3_vl"]
+    processor = Qwen2VLImageProcessor(**{k: v for k, v in QWEN3["image_processor"].items() if k != "class"})
+    images = [sized_image(drawn(GOLDEN["sizes"][name]), max_pixels=QWEN3["image_max_pixels"],
+                          min_pixels=QWEN3["image_min_pixels"], plugin="qwen3_vl") for name in row["images"]]
+    features = image_features(images, processor)
+    assert features["image_grid_thw"].tolist() == row["image_grid_thw"]
+    assert list(features["pixel_values"].shape) == row["pixel_values_shape"]
+    counts = patch_token_counts(images, processor, plugin="qwen3_vl")
+    assert counts == image_token_counts(features, processor)
+    expanded = expand_images(row["messages"], counts, template.media)
+    assert [message["content"] for message in expanded] == row["expanded"]
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
+    fix_tokenizer(template, tokenizer)
+    conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
+    assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
+
+
+@pytest.mark.parametrize("cutoff_len", [1024, 96])
+def test_qwen3_vl_rows_tokenize_to_llamafactorys_supervised_examples(image_dataset, shared_dir: Path, tmp_path: Path,
+                                                                     cutoff_len: int):
+    import shutil
+
+    from datasets import load_from_disk
+    from transformers import Qwen2VLImageProcessor
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    _, data = image_dataset
+    model = tmp_path / "qwen3_vl"
+    shutil.copytree(shared_dir / "tokenizers/qwen2.5", model)
+    Qwen2VLImageProcessor(**{k: v for k, v in QWEN3["image_processor"].items() if k != "class"}).save_pretrained(model)
+    config = build_stage_config({"model_name_or_path": str(model), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": "qwen3_vl", "cutoff_len": cutoff_len})
+    tokenize_stage_data(config, tokenizer_path=model, output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    expected = QWEN3["supervised_by_cutoff_len"][str(cutoff_len)]
+    kept = [i for i, row in enumerate(QWEN3["rows"]) if len(expected[i]["input_ids"]) < cutoff_len or cutoff_len == 1024]
+    assert len(kept) < len(QWEN3["rows"]) or cutoff_len == 1024
+    assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
+    assert train["labels"] == [expected[i]["labels"] for i in kept]

@@ -1,0 +1,63 @@
+"""Golden rows of Qwen3-VL's image placeholder expansion, written by LLaMA-Factory 0.9.5's own `qwen3_vl`
+template (a reasoning template: an empty thought before each reply) and `qwen3_vl` mm_plugin, with
+transformers' Qwen2VLImageProcessor as a Qwen3-VL folder configures it (patches of 16, merge 2, so one
+image token per 32 x 32 pixels), into tests/data/media/, in the format tests/core/data/test_media_tokens.py
+reads. The images and rows are the Qwen2-VL golden's. The plugin reads the video processor's merge_size
+even for images; Qwen3-VL's video processor needs torchvision, so a namespace holding that one number
+stands in for it. Run with LLaMA-Factory's Python from the repository root:
+
+    /work/lfvenv/bin/python tests/data/make_qwen3_vl_golden.py tests/data/media/qwen3_vl_images.json
+"""
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+from PIL import Image, ImageDraw
+from transformers import AutoTokenizer, Qwen2VLImageProcessor
+from llamafactory.data.template import TEMPLATES
+from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+
+out = Path(sys.argv[1])
+images_dir = Path(tempfile.mkdtemp())
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+
+def make(name, size):
+    w, h = size
+    img = Image.new("RGB", tuple(size), (200, 40, 40))
+    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
+    p = images_dir / f"{name}.png"; img.save(p); return str(p)
+
+paths = {n: make(n, s) for n, s in QWEN["sizes"].items()}
+tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
+PROCESSOR = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+image_processor = Qwen2VLImageProcessor(**PROCESSOR)
+template = TEMPLATES["qwen3_vl"]
+processor = types.SimpleNamespace(image_processor=image_processor, video_processor=types.SimpleNamespace(merge_size=2),
+                                  image_max_pixels=768 * 768, image_min_pixels=32 * 32,
+                                  model_input_names=["input_ids", "attention_mask", "pixel_values", "image_grid_thw"])
+golden = []
+for row in QWEN["rows"]:
+    images = [paths[n] for n in row["images"]]
+    expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
+    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
+    mm = template.mm_plugin._get_mm_inputs(images, [], [], processor)
+    golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
+                   "expanded": [m["content"] for m in expanded], "pairs": [[list(a), list(b)] for a, b in pairs],
+                   "image_grid_thw": mm["image_grid_thw"].tolist(), "pixel_values_shape": list(mm["pixel_values"].shape)})
+supervised = {}
+for cutoff_len in (1024, 96):
+    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
+    processor_lf = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
+    rows = QWEN["rows"]
+    batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
+             "_system": [""] * len(rows), "_tools": [""] * len(rows),
+             "_images": [[paths[n] for n in r["images"]] for r in rows], "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
+    encoded = processor_lf.preprocess_dataset(batch)
+    supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+
+json.dump({"llamafactory_version": "0.9.5", "template": "qwen3_vl", "tokenizer": "qwen2.5",
+           "image_processor": {"class": "Qwen2VLImageProcessor", **PROCESSOR}, "image_max_pixels": 768 * 768,
+           "image_min_pixels": 32 * 32, "rows": golden, "supervised_by_cutoff_len": supervised}, out.open("w"), indent=None)
+print("wrote", out, [g["image_grid_thw"] for g in golden])

@@ -1,0 +1,157 @@
+"""Training the vision-language families beyond Qwen2-VL on image rows: a tiny LLaVA-1.5 (a CLIP vision tower,
+its projector and a LLaMA language model, with llama2's tokenizer) and a tiny Qwen3-VL (its deepstack
+tower in patches of 16 and Qwen3's decoder, with Qwen2.5's tokenizer), both from
+core/models/vision_base_model.py. Each is tokenized with its family's template, collated with pixels cut
+by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
+transformers' own generate() answers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220), "green": (30, 180, 60)}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    tokenizer: str
+    template: str
+    image_token: str
+    tower: str  # a prefix of the vision tower's trained parameters
+    projector: str
+    model_class: str
+
+
+FAMILIES = {
+    "llava": Family("llava", "llama2", "llava", "<image>", "model.vision_tower.encoder.",
+                    "model.multi_modal_projector.", "LlavaForConditionalGeneration"),
+    "qwen3_vl": Family("qwen3_vl", "qwen2.5", "qwen3_vl", "<|image_pad|>", "model.visual.blocks.", "model.visual.merger.",
+                       "Qwen3VLForConditionalGeneration"),
+}
+
+
+def image_tokens(family: Family, features: dict) -> list[int]:
+    """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
+    class token dropped); Qwen3-VL's grid of 16-pixel patches, merged 2 x 2."""
+    if family.name == "llava":
+        return [16] * len(features["pixel_values"])
+    return (features["image_grid_thw"].prod(dim=1) // 4).tolist()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory, shared_dir: Path) -> tuple[Family, Path, Path]:
+    from PIL import Image
+
+    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+
+    family = FAMILIES[request.param]
+    root = tmp_path_factory.mktemp(family.name)
+    build_vision_language_model(shared_dir / "tokenizers" / family.tokenizer, root / "model",
+                                config=VisionModelConfig(family=family.name))
+    data = root / "data"
+    (data / "pictures").mkdir(parents=True)
+    rows = []
+    for index, (name, rgb) in enumerate(COLOURS.items()):
+        Image.new("RGB", (56 + 28 * index, 56), rgb).save(data / "pictures" / f"{name}.png")
+        rows.append({"messages": [{"role": "user", "content": "<image>What colour is this?"},
+                                  {"role": "assistant", "content": name}], "images": [f"pictures/{name}.png"]})
+    rows.append({"messages": [{"role": "user", "content": "<image>and <image>: which colours?"},
+                              {"role": "assistant", "content": "red and blue"}], "images": ["pictures/red.png", "pictures/blue.png"]})
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    return family, root / "model", data
+
+
+def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_path: Path):
+    """The image tokens of each example are its images' tokens, in order; with `freeze_vision_tower: false`
+    the loss reaches the tower through the pixels, and the projector stays frozen (its default)."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.config import FinetuningConfig
+    from tuneline.core.data.image_rows import ImageRows
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.models.loading import apply_finetuning, load_model
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.collators import build_collator
+
+    family, model_dir, data = family
+    config = build_stage_config({"model_name_or_path": str(model_dir), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": family.template, "cutoff_len": 256})
+    tokenize_stage_data(config, tokenizer_path=model_dir, output_dir=tmp_path / "tokenized")
+    train = load_from_disk(str(tmp_path / "tokenized"))["train"]
+    saved = ImageRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
+    if family.name == "llava":  # LlavaProcessor's numbers travel with the data
+        assert saved.processor_settings == {"patch_size": 14, "vision_feature_select_strategy": "default",
+                                            "num_additional_image_tokens": 1}
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    model = apply_finetuning(load_model(model_dir, trainable=True),
+                             FinetuningConfig(finetuning_type="full", freeze_vision_tower=False))
+    assert type(model).__name__ == family.model_class
+    batch = build_collator(train, tokenizer=tokenizer, model=model, image_rows=saved)([train[i] for i in range(len(train))])
+    counts = image_tokens(family, batch)
+    images_of = [len(row) for row in train["images"]]
+    assert len(counts) == sum(images_of) == 5
+    starts = [sum(images_of[:i]) for i in range(len(images_of))]
+    per_example = (batch["input_ids"] == tokenizer.convert_tokens_to_ids(family.image_token)).sum(dim=1).tolist()
+    assert per_example == [sum(counts[start:start + n]) for start, n in zip(starts, images_of)]
+    model(**batch).loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    tower = [name for name in grads if name.startswith(family.tower)]
+    assert tower and all(grads[name] is not None and grads[name].abs().sum() > 0 for name in tower)
+    assert all(grads[name] is None for name in grads if name.startswith(family.projector))
+
+
+def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp_path: Path, monkeypatch):
+    import torch
+    from conftest import in_process_launch, run_cli_here
+
+    from tuneline.core.config import GeneratingConfig
+    from tuneline.core.evaluation.predict import generation_kwargs
+    from tuneline.core.inference.chat import ChatSession, chat_images, load_chat_model, resolve_source
+
+    family, model_dir, data = family
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": str(model_dir), "stage": "sft", "do_train": True, "finetuning_type": "lora",
+        "lora_target": "all", "dataset": "pictures", "dataset_dir": str(data), "template": family.template, "cutoff_len": 256,
+        "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3,
+        "report_to": "none"}))
+    monkeypatch.setattr("tuneline.flows.single.launch_training", in_process_launch)  # the worker's run, without its start
+    result = run_cli_here("train", str(tmp_path / "train.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "out"
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+    if family.name == "llava":  # the processor travels beside the adapter
+        assert json.loads((out / "processor_config.json").read_text())["patch_size"] == 14
+    assert (out / "preprocessor_config.json").is_file()
+    targets = json.loads((out / "adapter_config.json").read_text())["target_modules"]
+    tower, projector = family.tower.split(".")[1], family.projector.split(".")[-2]
+    assert targets and not any(tower in name or projector in name for name in targets)  # lora_target all: the language model
+
+    picture = str(data / "pictures" / "blue.png")
+    source = resolve_source(out)
+    model, tokenizer = load_chat_model(source)
+    session = ChatSession(model, tokenizer, GeneratingConfig(max_new_tokens=4, do_sample=False), name="t",
+                          images=chat_images(source, [picture], template=family.template), image_paths=[picture])
+    answer = session.reply("What colour is this?", write=lambda _: None)
+    session.history.pop()  # the prompt the answer was generated from
+    prompt, paths = session._prompt()
+    features = session.images.features(paths)
+    image_token = tokenizer.convert_tokens_to_ids(family.image_token)
+    count, = image_tokens(family, features)
+    first = prompt.index(image_token)
+    assert prompt[first:first + count] == [image_token] * count and prompt.count(image_token) == count
+    assert "What colour is this?" in tokenizer.decode(prompt[first + count:])
+    ids = torch.tensor([prompt])
+    extra = {"mm_token_type_ids": (ids == image_token).long()} if family.name == "qwen3_vl" else {}
+    output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **features, **extra,
+                            **generation_kwargs(GeneratingConfig(max_new_tokens=4, do_sample=False), tokenizer, model))
+    assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer
