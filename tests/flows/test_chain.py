@@ -2,10 +2,12 @@
 and ppo (`reward_model: rm`), made tiny. Real Prefect (ephemeral API), real MLflow (SQLite), real training.
 
 Workspace A runs it uninterrupted: every stage is computed with its held-out metrics, and a second
-run serves every stage from cache. In workspace B, `tuneline run` is SIGKILLed (its whole process
-group) once each stage of KILLED_STAGES in turn has saved a checkpoint; every rerun serves the
-finished stages from cache, resumes the interrupted one from its checkpoint and marks the killed
-attempt's MLflow run KILLED. Every killed stage ends with A's weights.
+run serves every stage from cache. Workspace B starts as a copy of A's MLflow store and of the
+artifacts of the stages before the first killed one (so they are served from cache, as they would be
+after a kill there); `tuneline run` is SIGKILLed (its whole process group) once each stage of
+KILLED_STAGES in turn has saved a checkpoint; every rerun serves the finished stages from cache,
+resumes the interrupted one from its checkpoint and marks the killed attempt's MLflow run KILLED.
+Every killed stage ends with A's weights.
 """
 
 from __future__ import annotations
@@ -179,6 +181,18 @@ def check_rerun(output: str, killed: dict) -> None:
         assert producer.data.tags["tuneline.key"] == hit.data.tags["tuneline.key"]
 
 
+def seed_workspace(source: dict, workspace: Path, *, before: str) -> None:
+    """`workspace` holding the MLflow store of the `source` run and the artifacts of its stages before
+    `before`: what a run killed in `before` has finished."""
+    import shutil
+
+    workspace.mkdir(parents=True)
+    shutil.copy2(source["workspace"] / "mlflow.db", workspace / "mlflow.db")
+    for name in STAGES[:STAGES.index(before)]:
+        artifact = Path(source["rows"][name][1])
+        shutil.copytree(artifact, workspace / artifact.relative_to(source["workspace"]))
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, prefect_server) -> dict:
     folder = tmp_path_factory.mktemp("chain")
@@ -244,6 +258,7 @@ def test_a_chain_killed_in_its_stages_resumes_each_from_its_checkpoint(uninterru
     started = time.monotonic()
     chain, reference = uninterrupted["chain"], uninterrupted["rows"]
     workspace = tmp_path / "B"
+    seed_workspace(uninterrupted, workspace, before=KILLED_STAGES[0])
     killed = run_until_checkpoint(chain, workspace, tmp_path / "B0.log", stage=KILLED_STAGES[0])
     for attempt, stage in enumerate([*KILLED_STAGES[1:], None], start=1):
         log = tmp_path / f"B{attempt}.log"
