@@ -48,11 +48,11 @@ class EncodingSpec:
     neat_packing: bool
     predict: bool  # prompts for generation (do_predict without do_train)
     batch_size: int  # the trainer's per-device batch, for the padding ratio
-    image_token_id: int | None = None  # with image rows: every example keeps its `images`, and one that lost image tokens drops
+    media_token_ids: tuple[int, ...] = ()  # with media rows: every example keeps its `images` and `videos`, and one that lost media tokens drops
 
     @classmethod
     def from_config(cls, config: StageConfig, *, template: Template, examples: str,
-                    image_token_id: int | None = None) -> EncodingSpec:
+                    media_token_ids: tuple[int, ...] = ()) -> EncodingSpec:
         training = config.training
         return cls(
             examples=examples,
@@ -62,7 +62,7 @@ class EncodingSpec:
             neat_packing=config.data.neat_packing,
             predict=bool(training.get("do_predict")) and not trains(training),
             batch_size=int(training.get("per_device_train_batch_size", 8)),
-            image_token_id=image_token_id,
+            media_token_ids=media_token_ids,
         )
 
 
@@ -224,8 +224,8 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
         # Truncation fills the budget, so only a full-length example can have been cut.
         if example is not None and len(example["input_ids"]) >= encoding.cutoff_len:
             _count_truncation(pairs, example, encoding, counters)
-        if example is not None and spec.image_token_id is not None:
-            example = _with_images(example, row, spec.image_token_id, counters)
+        if example is not None and spec.media_token_ids:
+            example = _with_media(example, row, spec.media_token_ids, counters)
         examples.append(example)
     counters["rows_dropped_no_trained_token"] += examples.count(None)
     if not packed:
@@ -238,13 +238,13 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
     return packs, counters
 
 
-def _with_images(example: dict[str, Any], row: dict[str, Any], image_token_id: int, counters: Counter, *,
-                 ids: str = "input_ids") -> dict[str, Any] | None:
-    """`example` with the row's image files, or None (counted) when cutoff_len cut into its image tokens."""
-    if example[ids].count(image_token_id) != row["image_tokens"]:
-        counters["rows_dropped_image_tokens_cut"] += 1
+def _with_media(example: dict[str, Any], row: dict[str, Any], token_ids: tuple[int, ...], counters: Counter, *,
+                ids: str = "input_ids") -> dict[str, Any] | None:
+    """`example` with the row's image and video files, or None (counted) when cutoff_len cut into their tokens."""
+    if sum(example[ids].count(token_id) for token_id in token_ids) != row["media_tokens"]:
+        counters["rows_dropped_media_tokens_cut"] += 1
         return None
-    return {**example, "images": row["images"]}
+    return {**example, "images": row["images"], "videos": row["videos"]}
 
 
 def _pieces_ids(pieces: list[list[str | int]], encoded: dict[str, list[int]], split: dict[str, list[str]]) -> list[list[int]]:
@@ -313,8 +313,8 @@ def _encode_pairwise(rows, spec: EncodingSpec, tokenizer) -> Encoded:
         if example is None:
             counters["rows_dropped_no_trained_token"] += 1
             continue
-        if spec.image_token_id is not None:  # chosen and rejected share the prompt that holds the images
-            example = _with_images(example, row, spec.image_token_id, counters, ids="chosen_input_ids")
+        if spec.media_token_ids:  # chosen and rejected share the prompt that holds the media
+            example = _with_media(example, row, spec.media_token_ids, counters, ids="chosen_input_ids")
         if example is not None:
             examples.append(example)
     return examples, counters

@@ -204,8 +204,8 @@ def _check_loadable(attr: DatasetAttr, *, entry: str) -> None:
     unread = unread_media_columns(list(attr.columns))
     if unread:
         raise DataError(
-            f"{entry} maps {', '.join(unread)} in \"columns\", and tuneline reads images only so far, "
-            "not video or audio; use a dataset of text and images, or remove those columns from the entry."
+            f"{entry} maps {', '.join(unread)} in \"columns\", and tuneline reads images and videos only so far, "
+            "not audio; use a dataset of text, images and videos, or remove those columns from the entry."
         )
     if attr.formatting == "alpaca" and not {"prompt", "query"} & set(attr.columns):
         raise DataError(

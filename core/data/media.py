@@ -1,10 +1,11 @@
-"""The media files of a multimodal row: LLaMA-Factory's `images` column, resolved and checked.
+"""The media files of a multimodal row: LLaMA-Factory's `images` and `videos` columns, resolved and checked.
 
 A path is read as LLaMA-Factory reads it: relative to `media_dir` (which defaults to `dataset_dir`)
 when the file is there, else as written. A URL or an inline image is refused: tuneline reads media
 from files, so that their content can key the cache. Each problem is a `RowProblem`, so a bad row
 stops tokenizing with its dataset and row named, or is dropped and counted with `on_bad_row: skip`.
-Video and audio columns are refused by name until tuneline reads them.
+An image must open with Pillow and a video with PyAV, with a video stream whose first frame decodes.
+Audio columns are refused by name until tuneline reads them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem
 from tuneline.core.data.media_tokens import PLACEHOLDERS, placeholder_counts
 
-READ_COLUMNS = ("images",)
+READ_COLUMNS = ("images", "videos")
 """The media columns tuneline reads so far."""
 URL_PREFIXES = ("http://", "https://", "data:")
 
@@ -45,6 +46,8 @@ def _file(reference: str, *, key: str, media_dir: Path) -> str:
                          reason="media_missing")
     if key == "images":
         _check_image(path)
+    if key == "videos":
+        _check_video(path)
     return str(path)
 
 
@@ -56,6 +59,15 @@ def _check_image(path: Path) -> None:
             image.verify()  # reads the whole file: a truncated one fails here, not in training
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise RowProblem(f"image file {str(path)!r} cannot be read as an image ({e})", reason="media_unreadable") from None
+
+
+def _check_video(path: Path) -> None:
+    from tuneline.core.data.video_frames import VideoError, check
+
+    try:
+        check(path)
+    except VideoError as e:
+        raise RowProblem(str(e), reason="media_unreadable") from None
 
 
 def unread_media_columns(columns: Sequence[str]) -> list[str]:

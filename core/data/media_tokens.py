@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens
@@ -38,29 +39,47 @@ QWEN_MAX_ASPECT = 200  # beyond this the processor refuses an image; LLaMA-Facto
 
 def sized_image(image: Image, *, max_pixels: int, min_pixels: int, plugin: str) -> Image:
     """`image` scaled into [min_pixels, max_pixels] keeping its aspect, then as `plugin` needs it, in RGB."""
-    if image.width * image.height > max_pixels:
-        image = _scaled(image, math.sqrt(max_pixels / (image.width * image.height)))
-    if image.width * image.height < min_pixels:
-        image = _scaled(image, math.sqrt(min_pixels / (image.width * image.height)))
+    for size in _pixel_scaled(image.width, image.height, max_pixels=max_pixels, min_pixels=min_pixels):
+        image = image.resize(size)
     if image.mode != "RGB":
         image = image.convert("RGB")
     if plugin in QWEN_PLUGINS:
-        image = _qwen_sized(image)
+        for size in _qwen_sized(image.width, image.height):
+            image = image.resize(size)
     return image
 
 
-def _scaled(image: Image, factor: float) -> Image:
-    return image.resize((int(image.width * factor), int(image.height * factor)))
+def sized_dimensions(width: int, height: int, *, max_pixels: int, min_pixels: int, plugin: str) -> tuple[int, int]:
+    """The (width, height) `sized_image` gives an image of `width` x `height`, without an image."""
+    sizes = [(width, height), *_pixel_scaled(width, height, max_pixels=max_pixels, min_pixels=min_pixels)]
+    if plugin in QWEN_PLUGINS:
+        sizes += _qwen_sized(*sizes[-1])
+    return sizes[-1]
 
 
-def _qwen_sized(image: Image) -> Image:
-    if min(image.width, image.height) < QWEN_MIN_SIDE:
-        image = image.resize((max(image.width, QWEN_MIN_SIDE), max(image.height, QWEN_MIN_SIDE)))
-    if image.width / image.height > QWEN_MAX_ASPECT:
-        image = image.resize((image.height * 180, image.height))
-    if image.height / image.width > QWEN_MAX_ASPECT:
-        image = image.resize((image.width, image.width * 180))
-    return image
+def _pixel_scaled(width: int, height: int, *, max_pixels: int, min_pixels: int) -> list[tuple[int, int]]:
+    """The sizes an image is resized through, one resize each (as LLaMA-Factory does, for the same pixels)."""
+    sizes = []
+    for limit, beyond in ((max_pixels, lambda pixels: pixels > max_pixels), (min_pixels, lambda pixels: pixels < min_pixels)):
+        if beyond(width * height):
+            factor = math.sqrt(limit / (width * height))
+            width, height = int(width * factor), int(height * factor)
+            sizes.append((width, height))
+    return sizes
+
+
+def _qwen_sized(width: int, height: int) -> list[tuple[int, int]]:
+    sizes = []
+    if min(width, height) < QWEN_MIN_SIDE:
+        width, height = max(width, QWEN_MIN_SIDE), max(height, QWEN_MIN_SIDE)
+        sizes.append((width, height))
+    if width / height > QWEN_MAX_ASPECT:
+        width = height * 180
+        sizes.append((width, height))
+    if height / width > QWEN_MAX_ASPECT:
+        height = width * 180
+        sizes.append((width, height))
+    return sizes
 
 
 def image_features(images: Sequence[Image], image_processor: Any) -> dict[str, Any]:
@@ -110,14 +129,80 @@ def _processed_size(image: Image, image_processor: Any) -> tuple[int, int]:
     return int(pixels.shape[-2]), int(pixels.shape[-1])
 
 
+@dataclass(frozen=True)
+class VideoPatching:
+    """How Qwen2-VL's family cuts video frames into patches: the numbers of the folder's video processor
+    (video_preprocessor_config.json), or of its image processor where it has none (LLaMA-Factory falls
+    back the same way)."""
+
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    @classmethod
+    def of(cls, processor: Any) -> VideoPatching:
+        """From a processor object or its saved dictionary (size in `size` or as min_pixels/max_pixels)."""
+        read = processor.get if isinstance(processor, Mapping) else lambda key: getattr(processor, key, None)
+        size = dict(read("size") or {})
+        return cls(patch_size=int(read("patch_size")), temporal_patch_size=int(read("temporal_patch_size")),
+                   merge_size=int(read("merge_size")), min_pixels=int(size.get("shortest_edge") or read("min_pixels")),
+                   max_pixels=int(size.get("longest_edge") or read("max_pixels")))
+
+    @property
+    def size(self) -> dict[str, int]:
+        return {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels}
+
+    def token_count(self, frames: int, width: int, height: int, image_processor: Any) -> int:
+        """Tokens of a video of `frames` (paired) sized frames of `width` x `height`: its temporal patches
+        times each frame's merged patches, the frame cut by the image processor's own arithmetic."""
+        spatial = int(image_processor.get_number_of_image_patches(height, width, {
+            "size": self.size, "patch_size": self.patch_size, "merge_size": self.merge_size}))
+        return math.ceil(frames / self.temporal_patch_size) * spatial // self.merge_size ** 2
+
+
+def video_features(videos: Sequence[Sequence[Image]], image_processor: Any, patching: VideoPatching) -> dict[str, Any]:
+    """`pixel_values_videos` and `video_grid_thw` (numpy) of sized videos, each a paired count of frames.
+
+    The image processor cuts each frame alone, repeating it across the temporal patch; the k-th
+    temporal patch of a video then takes its t-th time slot from frame k x T + t, which is how
+    transformers' video processor lays out consecutive frames. This runs where that class cannot
+    (it needs torchvision), from the same sizes and the same normalisation."""
+    import numpy as np
+
+    temporal = patching.temporal_patch_size
+    pixels, grids = [], []
+    for frames in videos:
+        cut = image_processor(list(frames), size=patching.size, patch_size=patching.patch_size,
+                              merge_size=patching.merge_size, temporal_patch_size=temporal, return_tensors="np")
+        _, grid_h, grid_w = (int(n) for n in cut["image_grid_thw"][0])
+        groups, patches = len(frames) // temporal, grid_h * grid_w
+        flat = cut["pixel_values"].reshape(groups, temporal, patches, -1, temporal, patching.patch_size ** 2)
+        video = np.stack([flat[:, slot, :, :, slot] for slot in range(temporal)], axis=3)
+        pixels.append(video.reshape(groups * patches, -1))
+        grids.append([groups, grid_h, grid_w])
+    return {"pixel_values_videos": np.concatenate(pixels), "video_grid_thw": np.array(grids, dtype=np.int64)}
+
+
+def expand_videos(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens) -> list[dict[str, str]]:
+    """`messages` with the n-th `<video>` written as `counts[n]` video tokens between the vision markers."""
+    return _expanded(messages, counts, VIDEO_PLACEHOLDER, media.video_token or "", media)
+
+
 def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens) -> list[dict[str, str]]:
     """`messages` with the n-th `<image>` (across the messages, in order) written as `counts[n]` image
     tokens between the template's vision markers. The caller has checked that the counts match."""
+    return _expanded(messages, counts, IMAGE_PLACEHOLDER, media.image_token, media)
+
+
+def _expanded(messages: Sequence[dict[str, str]], counts: Sequence[int], placeholder: str, token: str,
+              media: MediaTokens) -> list[dict[str, str]]:
     pending = iter(counts)
     expanded = []
     for message in messages:
-        pieces = message["content"].split(IMAGE_PLACEHOLDER)
-        content = pieces[0] + "".join(f"{media.vision_bos}{media.image_token * next(pending)}{media.vision_eos}{piece}"
+        pieces = message["content"].split(placeholder)
+        content = pieces[0] + "".join(f"{media.vision_bos}{token * next(pending)}{media.vision_eos}{piece}"
                                       for piece in pieces[1:])
         expanded.append({**message, "content": content})
     return expanded

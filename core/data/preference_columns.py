@@ -27,8 +27,8 @@ FEEDBACK_COLUMNS = ("input_ids", "attention_mask", "labels", "kl_input_ids", "kl
                     "kto_tags")
 
 
-IMAGE_FILES = "image_files"
-"""A pair's image files, which the image collator opens (`core.training.image_collator`)."""
+IMAGE_FILES, VIDEO_FILES = "image_files", "video_files"
+"""A pair's image files, which the image collator opens (`core.training.media_collator`)."""
 
 _TRAINED_BY = {"pairwise": "a pairwise stage (rm, dpo)", "feedback": "stage kto"}
 
@@ -98,8 +98,10 @@ def _split_pairs(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         chosen.append(chosen_ids[length:])
         rejected.append(rejected_ids[length:])
     pairs = {"prompt_ids": prompts, "chosen_ids": chosen, "rejected_ids": rejected}
-    if "images" in batch:  # under another name: TRL takes an `images` column for rows it tokenizes itself
+    if "images" in batch:  # under other names: TRL takes `images` (and `videos`) columns for rows it tokenizes itself
         pairs[IMAGE_FILES] = batch["images"]
+    if "videos" in batch:
+        pairs[VIDEO_FILES] = batch["videos"]
     return pairs
 
 

@@ -27,7 +27,8 @@ from tuneline.core.config import StageConfig, trains
 from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
-from tuneline.core.data.image_rows import ImageRows
+from tuneline.core.data.media import READ_COLUMNS as MEDIA_READ
+from tuneline.core.data.media_rows import MediaRows
 from tuneline.core.data.eval_splits import VALIDATION, split_name
 from tuneline.core.data.mixing import mix_rows
 from tuneline.core.data.streaming import shuffled_stream, take_validation
@@ -65,7 +66,7 @@ def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
     attrs = get_dataset_attrs(names, config.data.dataset_dir)
     digests = {attr.name: entry_fingerprint(attr, config.data.dataset_dir, token=config.model.hf_hub_token) for attr in attrs}
     for attr in attrs:
-        if "images" in attr.columns:  # the image files' content decides the tokens (and the pixels) as much as the rows
+        if set(MEDIA_READ) & set(attr.columns):  # the media files' content decides the tokens (and the pixels) as much as the rows
             digests[attr.name] = hashlib.sha256(f"{digests[attr.name]}:{media_fingerprint(attr, config)}".encode()).hexdigest()
     return digests
 
@@ -75,7 +76,7 @@ def media_fingerprint(attr: Any, config: StageConfig) -> str:
     data = config.data
     rows = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
                                  token=config.model.hf_hub_token, media_dir=data.media_dir or data.dataset_dir)[0]
-    files = sorted({Path(path) for row in rows for path in row.get("images", [])})
+    files = sorted({Path(path) for row in rows for key in MEDIA_READ for path in row.get(key, [])})
     return tree_fingerprint(files)
 
 
@@ -92,14 +93,14 @@ def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]
 
 
 def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadReport] | None = None,
-              image_rows: ImageRows | None = None) -> Iterator[dict[str, Any]]:
+              media_rows: MediaRows | None = None) -> Iterator[dict[str, Any]]:
     """Rows of the named datasets: streamed one after another (concat), or mixed in memory; with
-    `image_rows`, their image placeholders expanded."""
+    `media_rows`, their image placeholders expanded."""
     data = config.data
     attrs = get_dataset_attrs(names, data.dataset_dir)
     reports = reports if reports is not None else []
     rows = _loaded_rows(attrs, config, reports=reports)
-    yield from rows if image_rows is None else image_rows.expand_all(rows)
+    yield from rows if media_rows is None else media_rows.expand_all(rows)
 
 
 def _loaded_rows(attrs: Sequence[Any], config: StageConfig, *, reports: list[LoadReport]) -> Iterator[dict[str, Any]]:
@@ -214,14 +215,14 @@ def _cyclic_gc_paused() -> Iterator[None]:
 def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
     tokenizer, template, template_warning, new_tokens = prepare_tokenizer(config, tokenizer_path)
     output_dir = Path(output_dir)
-    image_rows = _image_rows(config, template, tokenizer_path, examples=examples)
+    media_rows = _media_rows(config, template, tokenizer_path, examples=examples)
     spec = EncodingSpec.from_config(config, template=template, examples=examples,
-                                    image_token_id=image_rows and image_token_id(tokenizer, image_rows.media.image_token))
+                                    media_token_ids=media_token_ids(tokenizer, media_rows) if media_rows else ())
     counters: Counter = Counter()
     writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
     reports: list[LoadReport] = []
     seed = int(config.training.get("seed", 42))
-    train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports, image_rows=image_rows)
+    train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports, media_rows=media_rows)
     if config.data.streaming:
         train_rows = shuffled_stream(train_rows, buffer_size=config.data.buffer_size, seed=seed)
         routed = take_validation(train_rows, count=int(config.data.val_size))
@@ -230,7 +231,7 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     for split in eval_split_names(config):
         writers[split] = SplitWriter(output_dir / split, fingerprint=output_dir.name + ("v" if split == VALIDATION else split))
     if config.data.eval_dataset:
-        routed = itertools.chain(routed, _eval_rows(config, reports=reports, image_rows=image_rows))
+        routed = itertools.chain(routed, _eval_rows(config, reports=reports, media_rows=media_rows))
     first_example = None
     batches = _batches_by_split(routed, config.data.preprocessing_batch_size)
     for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
@@ -249,8 +250,8 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
                           "raise cutoff_len or check the dataset.")
     write_dataset_dict(output_dir, [name for name, writer in writers.items() if writer.rows])
     tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
-    if image_rows is not None:
-        image_rows.save(output_dir / TOKENIZER_DIR)  # the training collator cuts the pixels with the same processor
+    if media_rows is not None:
+        media_rows.save(output_dir / TOKENIZER_DIR)  # the training collator cuts the pixels with the same processor
     if new_tokens is not None:
         new_tokens.write(output_dir)
     (output_dir / PREVIEW_FILE).write_text(render_preview(first_example, tokenizer), encoding="utf-8")
@@ -259,36 +260,37 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     return finish_counters(counters)
 
 
-def _image_rows(config: StageConfig, template: Template, model_path: str | Path, *, examples: str) -> ImageRows | None:
-    """How the stage's image rows are expanded; None when no dataset it reads maps images."""
-    with_images = image_datasets(config)
-    if not with_images:
+def _media_rows(config: StageConfig, template: Template, model_path: str | Path, *, examples: str) -> MediaRows | None:
+    """How the stage's image and video rows are expanded; None when no dataset it reads maps either."""
+    with_media = media_datasets(config)
+    if not with_media:
         return None
     problems = []
     if examples not in ("supervised", "pairwise"):
-        problems.append(f"dataset {', '.join(repr(n) for n in with_images)} maps images, and tuneline encodes image rows "
-                        f"as supervised or pairwise examples so far, not as {examples} examples.")
+        problems.append(f"dataset {', '.join(repr(n) for n in with_media)} maps images or videos, and tuneline encodes "
+                        f"media rows as supervised or pairwise examples so far, not as {examples} examples.")
     if config.data.packing or config.data.neat_packing:
-        problems.append("'packing' with image rows is not offered yet (a pack must keep each image's tokens whole); "
-                        "remove packing and neat_packing.")
+        problems.append("'packing' with image or video rows is not offered yet (a pack must keep each image's and "
+                        "video's tokens whole); remove packing and neat_packing.")
     if problems:
         raise ConfigError(problems)
-    return ImageRows.load(template, model_path, config.media, datasets=with_images)
+    return MediaRows.load(template, model_path, config.media, datasets=with_media,
+                          video_datasets=media_datasets(config, columns=("videos",)))
 
 
-def image_datasets(config: StageConfig) -> list[str]:
-    """The names of the datasets the stage reads (to train or evaluate) that map an `images` column."""
+def media_datasets(config: StageConfig, *, columns: tuple[str, ...] = MEDIA_READ) -> list[str]:
+    """The names of the datasets the stage reads (to train or evaluate) that map one of `columns`."""
     names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
-    return [attr.name for attr in get_dataset_attrs(names, config.data.dataset_dir) if "images" in attr.columns]
+    return [attr.name for attr in get_dataset_attrs(names, config.data.dataset_dir) if set(columns) & set(attr.columns)]
 
 
-def image_token_id(tokenizer, token: str) -> int:
-    """The id of the template's image token, which must be one token of the vocabulary."""
-    token_id = tokenizer.convert_tokens_to_ids(token)
-    if token_id is None or tokenizer.convert_ids_to_tokens(token_id) != token:
-        raise ConfigError(f"the template's image token {token!r} is not a token of this tokenizer; use the tokenizer of "
-                          "the multimodal model the template is for.")
-    return token_id
+def media_token_ids(tokenizer, media_rows: MediaRows) -> tuple[int, ...]:
+    """The ids of the template's image and video tokens, each of which must be one token of the vocabulary."""
+    for token_id, token in zip(media_rows.token_ids(tokenizer).values(), (media_rows.media.image_token, media_rows.media.video_token)):
+        if token_id is None or tokenizer.convert_ids_to_tokens(token_id) != token:
+            raise ConfigError(f"the template's media token {token!r} is not a token of this tokenizer; use the tokenizer of "
+                              "the multimodal model the template is for.")
+    return tuple(media_rows.token_ids(tokenizer).values())
 
 
 def eval_split_names(config: StageConfig) -> list[str]:
@@ -300,17 +302,17 @@ def eval_split_names(config: StageConfig) -> list[str]:
     return [VALIDATION] if data.val_size or data.eval_dataset else []
 
 
-def _eval_rows(config: StageConfig, *, reports: list[LoadReport], image_rows: ImageRows | None) -> Iterator[tuple[dict, str]]:
+def _eval_rows(config: StageConfig, *, reports: list[LoadReport], media_rows: MediaRows | None) -> Iterator[tuple[dict, str]]:
     """(row, split) of the evaluation datasets: mixed into `validation`, or each into its own split."""
     names, data = dataset_names(config.data.eval_dataset), config.data
     if not data.eval_on_each_dataset:
-        rows = iter_rows(names, config, reports=reports, image_rows=image_rows)
+        rows = iter_rows(names, config, reports=reports, media_rows=media_rows)
         if data.streaming:  # LLaMA-Factory shuffles a streamed evaluation set too, unless split per dataset
             rows = shuffled_stream(rows, buffer_size=data.buffer_size, seed=int(config.training.get("seed", 42)))
         yield from ((row, VALIDATION) for row in rows)
         return
     for name in names:
-        yield from ((row, split_name(name)) for row in iter_rows([name], config, reports=reports, image_rows=image_rows))
+        yield from ((row, split_name(name)) for row in iter_rows([name], config, reports=reports, media_rows=media_rows))
 
 
 def route_validation(rows: Iterable[dict], *, val_size: float, seed: int, total: int | None) -> Iterator[tuple[dict, str]]:

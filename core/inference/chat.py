@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TextStreamer
 
-from tuneline.core.data.image_rows import ImageRows, image_rows_for_model
+from tuneline.core.data.media_rows import MediaRows, media_rows_for_model
 from tuneline.core.data.media_tokens import IMAGE_PLACEHOLDER
 from tuneline.core.store.artifacts import read_manifest
 from tuneline.core.config import GeneratingConfig
@@ -124,7 +124,7 @@ class ChatSession:
     name: str
     system: str | None = None
     history: list[dict[str, str]] = field(default_factory=list)
-    images: ImageRows | None = None
+    images: MediaRows | None = None
     """How the model reads images, when `image_paths` are given."""
     image_paths: list[str] = field(default_factory=list)
     """Images shown with the conversation's first message (again after `clear`), as LLaMA-Factory's chat shows them."""
@@ -145,9 +145,8 @@ class ChatSession:
         input_ids = torch.tensor([prompt], device=self.model.device)
         extra = {}
         if self.images is not None:
-            image_token = self.tokenizer.convert_tokens_to_ids(self.images.media.image_token)
             extra = {key: value.to(self.model.device) for key, value in
-                     self.images.model_inputs(input_ids, paths, image_token_id=image_token).items()}
+                     self.images.model_inputs(input_ids, paths, token_ids=self.images.token_ids(self.tokenizer)).items()}
         streamer = WriterStreamer(self.tokenizer, write, skip_special_tokens=self.generating.skip_special_tokens)
         with torch.no_grad():
             output = self.model.generate(input_ids=input_ids,
@@ -215,7 +214,7 @@ def chat_loop(session: ChatSession, lines: Iterable[str], *, write: Callable[[st
     return 0
 
 
-def chat_images(source: ModelSource, paths: list[str], *, template: str | None) -> ImageRows | None:
+def chat_images(source: ModelSource, paths: list[str], *, template: str | None) -> MediaRows | None:
     """How the model of `source` reads the images at `paths` (None without images); a ConfigError names
     an image that cannot be read, or a model that reads none."""
     if not paths:
@@ -239,4 +238,4 @@ def chat_images(source: ModelSource, paths: list[str], *, template: str | None) 
         named = TEMPLATES[template]
     adapter = source.adapter
     processor = adapter if adapter is not None and (adapter / "preprocessor_config.json").is_file() else source.model
-    return image_rows_for_model(source.model, template=named, settings=MediaConfig(), processor_path=processor)
+    return media_rows_for_model(source.model, template=named, settings=MediaConfig(), processor_path=processor)

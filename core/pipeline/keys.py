@@ -15,7 +15,7 @@ from typing import Any
 from tuneline.core.models.base_model import build_base_model
 from tuneline.core.config import InferenceConfig, StageConfig, trains
 from tuneline.core.config.added_tokens import added_tokens
-from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, image_datasets, read_rows
+from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, media_datasets, read_rows
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
 from tuneline.core.data.sources import dataset_file_paths
 from tuneline.core.store.fingerprints import stage_key
@@ -140,8 +140,8 @@ def tokenize_key(
         "split_special_tokens": config.model.split_special_tokens,
         "added_tokens": {"plain": list(tokens.plain), "special": list(tokens.special), "descriptions": dict(tokens.descriptions)},
     }
-    if image_datasets(config):
-        relevant["media"] = dataclasses.asdict(config.media)  # the image sizes decide how many tokens an image takes
+    if media_datasets(config):
+        relevant["media"] = dataclasses.asdict(config.media)  # the sizes and the frame rate decide how many tokens a medium takes
     if config.training.get("do_predict") and not trains(config.training):
         relevant["prediction_prompts"] = True  # prompts alone are encoded, apart from training examples
     inputs = dict(fingerprints) if fingerprints is not None else dataset_fingerprints(config)

@@ -66,7 +66,7 @@ def build_language_model_trainer(request: TrainerRequest) -> Trainer:
         model=model, args=request.args, train_dataset=request.train_dataset, eval_dataset=request.eval_dataset,
         data_collator=build_collator(request.train_dataset, tokenizer=request.tokenizer, model=model,
                                      ignore_pad_token_for_loss=request.ignore_pad_token_for_loss,
-                                     image_rows=request.image_rows),
+                                     media_rows=request.media_rows),
         processing_class=request.tokenizer, callbacks=list(request.callbacks),
         optimizers=(loraplus_optimizer(model, finetuning=finetuning, args=request.args), None),
     )

@@ -76,7 +76,7 @@ def build_dpo_trainer(request: TrainerRequest) -> Trainer:
     (image pairs with the sigmoid, hinge and ipo losses)."""
     finetuning = request.finetuning
     problems = dpo_problems(finetuning)
-    if request.image_rows is not None and finetuning.pref_loss in REFERENCE_FREE:
+    if request.media_rows is not None and finetuning.pref_loss in REFERENCE_FREE:
         problems.append(f"'pref_loss: {finetuning.pref_loss}' does not train on image pairs yet; choose sigmoid, hinge "
                         "or ipo for them.")
     raise_problems(problems)
@@ -91,7 +91,7 @@ def build_dpo_trainer(request: TrainerRequest) -> Trainer:
     loss_types, loss_weights = dpo_loss_terms(finetuning)
     config = trl_config(DPOConfig, request.args, beta=finetuning.pref_beta, loss_type=loss_types, loss_weights=loss_weights,
                         label_smoothing=finetuning.dpo_label_smoothing, ld_alpha=finetuning.ld_alpha, max_length=None)
-    images = {"image_rows": request.image_rows} if request.image_rows is not None else {}
+    images = {"media_rows": request.media_rows} if request.media_rows is not None else {}
     return with_reference(TokenizedDPOTrainer, request, config=config, convert=dpo_pairs, **images)
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 
-    from tuneline.core.data.image_rows import ImageRows
+    from tuneline.core.data.media_rows import MediaRows
     from tuneline.core.models.vocabulary import NewTokens
     from tuneline.core.training.job import TrainJob
 
@@ -74,8 +74,8 @@ class TrainerRequest:
     """As in `ModelRequest`: what a reference model loaded beside the policy is scaled to."""
     ignore_pad_token_for_loss: bool = True
     """False: labels are padded with the pad token, which then trains (LLaMA-Factory's sft collator)."""
-    image_rows: ImageRows | None = None
-    """Of tokenized image rows: the processor and sizes their pixels are cut with (`ImageRows.read`)."""
+    media_rows: MediaRows | None = None
+    """Of tokenized image rows: the processor and sizes their pixels are cut with (`MediaRows.read`)."""
 
 
 @dataclass(frozen=True)

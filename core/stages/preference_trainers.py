@@ -29,15 +29,14 @@ with warnings.catch_warnings():
 class TokenizedDPOTrainer(DPOTrainer):
     """DPO (sigmoid, hinge, ipo, robust) on `alignment_data.dpo_pairs` rows."""
 
-    def __init__(self, *args: Any, image_rows: Any = None, **trainer_arguments: Any) -> None:
+    def __init__(self, *args: Any, media_rows: Any = None, **trainer_arguments: Any) -> None:
         super().__init__(*args, **trainer_arguments)
         if not self.use_weighting:  # WPO's weights need a field only TRL's head computes
             _score_from_full_logits(self, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
-        if image_rows is not None:  # pairs of image rows: their pixels are cut per batch
-            from tuneline.core.training.image_collator import PairedImageCollator
+        if media_rows is not None:  # pairs of media rows: their pixels are cut per batch
+            from tuneline.core.training.media_collator import PairedMediaCollator
 
-            image_token = self.processing_class.convert_tokens_to_ids(image_rows.media.image_token)
-            self.data_collator = PairedImageCollator(self.data_collator, image_rows, image_token_id=image_token)
+            self.data_collator = PairedMediaCollator(self.data_collator, media_rows, token_ids=media_rows.token_ids(self.processing_class))
 
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
         return dataset

@@ -187,12 +187,12 @@ def early_stopping_problems(config: StageConfig) -> list[str]:
 
 def tokenize_stage_data(config: StageConfig, *, tokenizer_path: str | Path, output_dir: str | Path) -> dict[str, Any]:
     """The stage's datasets tokenized to `output_dir` in the shape its kind trains on; the counters."""
-    from tuneline.core.data.tokenization import image_datasets, tokenize_dataset
+    from tuneline.core.data.tokenization import media_datasets, tokenize_dataset
 
     kind = stage_kind(config.finetuning.stage)
     if not kind.trains_images:
-        with_images = image_datasets(config)
-        if with_images:
-            raise ConfigError(f"dataset {', '.join(repr(n) for n in with_images)} maps images, and 'stage: {kind.name}' "
-                              "does not train on image rows yet (sft and dpo do); train it on a text dataset.")
+        with_media = media_datasets(config)
+        if with_media:
+            raise ConfigError(f"dataset {', '.join(repr(n) for n in with_media)} maps images or videos, and 'stage: "
+                              f"{kind.name}' does not train on media rows yet (sft and dpo do); train it on a text dataset.")
     return tokenize_dataset(config, examples=kind.examples, tokenizer_path=tokenizer_path, output_dir=output_dir)

@@ -122,18 +122,18 @@ class PackedCollator:
         return {**batch, "attention_mask": block_causal_mask(batch["attention_mask"], dtype=dtype)}
 
 
-def build_collator(train_dataset, *, tokenizer, model, ignore_pad_token_for_loss: bool = True, image_rows=None):
+def build_collator(train_dataset, *, tokenizer, model, ignore_pad_token_for_loss: bool = True, media_rows=None):
     """Packed datasets (they carry position_ids) keep their examples apart; others pad per batch,
     the labels with -100, or with the pad token when padding trains (`ignore_pad_token_for_loss: false`);
-    with `image_rows` (the tokenized data's `ImageRows`) the batch gains its images' pixels."""
+    with `media_rows` (the tokenized data's `MediaRows`) the batch gains its images' and videos' pixels."""
     from transformers import DataCollatorForSeq2Seq
 
     if "position_ids" in train_dataset.column_names:
         return PackedCollator(tokenizer.pad_token_id, attn_implementation=model.config._attn_implementation)
     label_pad = IGNORE_INDEX if ignore_pad_token_for_loss else tokenizer.pad_token_id
     text = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=label_pad)
-    if image_rows is None:
+    if media_rows is None:
         return text
-    from tuneline.core.training.image_collator import ImageCollator
+    from tuneline.core.training.media_collator import MediaCollator
 
-    return ImageCollator(text, image_rows, image_token_id=tokenizer.convert_tokens_to_ids(image_rows.media.image_token))
+    return MediaCollator(text, media_rows, token_ids=media_rows.token_ids(tokenizer))

@@ -68,12 +68,12 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                  CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning),
                  *profiler_callbacks(RuntimeConfig(**job.runtime), output_dir=job.output_dir, tracking_uri=job.tracking_uri,
                                      run_id=job.run_id)]
-    image_rows = None
-    if "images" in datasets["train"].column_names:  # the collator opens them, so the trainer must pass them on
-        from tuneline.core.data.image_rows import ImageRows
+    media_rows = None
+    if {"images", "videos"} & set(datasets["train"].column_names):  # the collator opens them, so the trainer must pass them on
+        from tuneline.core.data.media_rows import MediaRows
         from tuneline.core.data.tokenization import TOKENIZER_DIR
 
-        image_rows = ImageRows.read(Path(job.dataset_path) / TOKENIZER_DIR)
+        media_rows = MediaRows.read(Path(job.dataset_path) / TOKENIZER_DIR)
         args.remove_unused_columns = False
         reentrant = args.gradient_checkpointing and (args.gradient_checkpointing_kwargs or {}).get("use_reentrant", True)
         if args.ddp_find_unused_parameters is None and not reentrant:  # which fails with it
@@ -83,15 +83,15 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         eval_dataset=eval_datasets(datasets),
         finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks,
         optimizer=optimizer, model_max_length=job.model_max_length,
-        ignore_pad_token_for_loss=data.ignore_pad_token_for_loss, image_rows=image_rows))
+        ignore_pad_token_for_loss=data.ignore_pad_token_for_loss, media_rows=media_rows))
     LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)
     main = trainer.is_world_process_zero()
     if main:
         tokenizer.save_pretrained(job.output_dir)
-        if image_rows is not None:  # beside the model, as its folder came: merge, export and the next stage read it
-            image_rows.save_processor(job.output_dir)
+        if media_rows is not None:  # beside the model, as its folder came: merge, export and the next stage read it
+            media_rows.save_processor(job.output_dir)
     trainer.save_state()
     metrics = {**result.metrics, "global_batch_size": global_batch_size(args)}
     if finetuning.include_effective_tokens_per_second:

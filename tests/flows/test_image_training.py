@@ -49,7 +49,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_in_order(pictures, tmp_path: Path
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.image_rows import ImageRows
+    from tuneline.core.data.media_rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
     from tuneline.core.training.collators import build_collator
@@ -59,10 +59,10 @@ def test_a_batchs_pixels_fill_its_image_tokens_in_order(pictures, tmp_path: Path
                                  "template": "qwen2_vl", "image_max_pixels": 56 * 56})
     tokenize_stage_data(config, tokenizer_path=model, output_dir=tmp_path / "tokenized")
     train = load_from_disk(str(tmp_path / "tokenized"))["train"]
-    saved = ImageRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
+    saved = MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
     assert saved.settings.image_max_pixels == 56 * 56  # the sizes tokenizing counted with travel with the data
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
-    collator = build_collator(train, tokenizer=tokenizer, model=None, image_rows=saved)
+    collator = build_collator(train, tokenizer=tokenizer, model=None, media_rows=saved)
     batch = collator([train[i] for i in range(len(train))])
     image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     grids = batch["image_grid_thw"]
@@ -83,7 +83,7 @@ def test_the_vision_towers_gradients_come_from_the_pixels(pictures, tmp_path: Pa
     from transformers import AutoTokenizer
 
     from tuneline.core.config import FinetuningConfig
-    from tuneline.core.data.image_rows import ImageRows
+    from tuneline.core.data.media_rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
@@ -98,7 +98,7 @@ def test_the_vision_towers_gradients_come_from_the_pixels(pictures, tmp_path: Pa
     model = apply_finetuning(load_model(model_dir, trainable=True),
                              FinetuningConfig(finetuning_type="full", freeze_vision_tower=False))
     assert type(model).__name__ == "Qwen2VLForConditionalGeneration"  # the image-text-to-text class, not a causal LM
-    collator = build_collator(train, tokenizer=tokenizer, model=model, image_rows=ImageRows.read(tmp_path / "tokenized" / TOKENIZER_DIR))
+    collator = build_collator(train, tokenizer=tokenizer, model=model, media_rows=MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR))
     model(**collator([train[i] for i in range(len(train))])).loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
     assert all(grads[name] is not None and grads[name].abs().sum() > 0 for name in grads if name.startswith("model.visual.blocks."))
@@ -162,11 +162,11 @@ def test_image_pairs_carry_their_pixels_into_both_halves_of_a_batch(pictures, tm
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.image_rows import ImageRows
+    from tuneline.core.data.media_rows import MediaRows
     from tuneline.core.data.preference_columns import dpo_pairs
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.training.image_collator import PairedImageCollator
+    from tuneline.core.training.media_collator import PairedMediaCollator
 
     model, data = pictures
     keys = {"model_name_or_path": str(model), "stage": "dpo", "dataset": "picture_pairs", "dataset_dir": str(data),
@@ -179,8 +179,9 @@ def test_image_pairs_carry_their_pixels_into_both_halves_of_a_batch(pictures, tm
                                                                              train["rejected_input_ids"]] == [4, 6, 8]
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-    collator = PairedImageCollator(DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id),
-                                   ImageRows.read(tmp_path / "tokenized" / TOKENIZER_DIR), image_token_id=image_token)
+    media = MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
+    collator = PairedMediaCollator(DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id), media,
+                                   token_ids=media.token_ids(tokenizer))
     pairs = dpo_pairs(train)
     batch = collator([pairs[i] for i in range(len(pairs))])
     grids = batch["image_grid_thw"]

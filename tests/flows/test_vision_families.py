@@ -77,7 +77,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
     from transformers import AutoTokenizer
 
     from tuneline.core.config import FinetuningConfig
-    from tuneline.core.data.image_rows import ImageRows
+    from tuneline.core.data.media_rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
@@ -88,7 +88,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
                                  "template": family.template, "cutoff_len": 256})
     tokenize_stage_data(config, tokenizer_path=model_dir, output_dir=tmp_path / "tokenized")
     train = load_from_disk(str(tmp_path / "tokenized"))["train"]
-    saved = ImageRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
+    saved = MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
     if family.name == "llava":  # LlavaProcessor's numbers travel with the data
         assert saved.processor_settings == {"patch_size": 14, "vision_feature_select_strategy": "default",
                                             "num_additional_image_tokens": 1}
@@ -96,7 +96,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
     model = apply_finetuning(load_model(model_dir, trainable=True),
                              FinetuningConfig(finetuning_type="full", freeze_vision_tower=False))
     assert type(model).__name__ == family.model_class
-    batch = build_collator(train, tokenizer=tokenizer, model=model, image_rows=saved)([train[i] for i in range(len(train))])
+    batch = build_collator(train, tokenizer=tokenizer, model=model, media_rows=saved)([train[i] for i in range(len(train))])
     counts = image_tokens(family, batch)
     images_of = [len(row) for row in train["images"]]
     assert len(counts) == sum(images_of) == 5

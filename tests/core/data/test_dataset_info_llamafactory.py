@@ -30,7 +30,7 @@ TEXT_DATASETS = {
     "c4_demo": (300, []),
     "wiki_demo": (30, []),
 }
-UNREAD_MEDIA = ["mllm_audio_demo", "mllm_video_demo", "mllm_video_audio_demo"]
+UNREAD_MEDIA = ["mllm_audio_demo", "mllm_video_audio_demo"]
 HUB_ONLY = ["alpaca_en", "lima", "ultrachat_200k", "dpo_mix_en", "kto_mix_en", "adgen_eval", "llava_1k_en", "pokemon_cap",
             "rlhf_v"]
 
@@ -153,22 +153,24 @@ def test_streaming_gives_the_same_rows(lf_data: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", UNREAD_MEDIA)
-def test_video_and_audio_datasets_are_refused_by_name(info: dict, lf_data: Path, name: str) -> None:
+def test_audio_datasets_are_refused_by_name(info: dict, lf_data: Path, name: str) -> None:
     with pytest.raises(DataError) as error:
         load_rows(info[name], lf_data)
     message = str(error.value)
     assert f"dataset '{name}' in {lf_data / 'dataset_info.json'} maps " in message
-    assert "tuneline reads images only so far, not video or audio" in message
+    assert "tuneline reads images and videos only so far, not audio" in message
 
 
-def test_the_image_demo_names_its_missing_files(info: dict, lf_data: Path) -> None:
-    """The shared copy of LLaMA-Factory's data holds mllm_demo.json without its mllm_demo_data/ images."""
+@pytest.mark.parametrize("name, rows, first", [("mllm_demo", 6, "images file 'mllm_demo_data/1.jpg'"),
+                                               ("mllm_video_demo", 3, "videos file 'mllm_demo_data/1.mp4'")])
+def test_the_image_and_video_demos_name_their_missing_files(info: dict, lf_data: Path, name: str, rows: int, first: str) -> None:
+    """The shared copy of LLaMA-Factory's data holds mllm_demo.json and mllm_video_demo.json without
+    their mllm_demo_data/ images and clips."""
     with pytest.raises(DataError) as error:
-        load_rows(info["mllm_demo"], lf_data)
+        load_rows(info[name], lf_data)
     message = " ".join(str(error.value).split())
-    assert "6 row(s) cannot be used (media_missing: 6)" in message
-    assert (f"row 0 of {lf_data / 'mllm_demo.json'}: images file 'mllm_demo_data/1.jpg' is neither in media_dir "
-            f"({lf_data}) nor at that path") in message
+    assert f"{rows} row(s) cannot be used (media_missing: {rows})" in message
+    assert f"row 0 of {lf_data / (name + '.json')}: {first} is neither in media_dir ({lf_data}) nor at that path" in message
 
 
 @pytest.mark.parametrize("name", HUB_ONLY)

@@ -1,9 +1,11 @@
-"""Image rows as LLaMA-Factory's `images` column gives them: paths resolved against media_dir and
-checked, each bad row named (file and row) or dropped and counted with on_bad_row: skip."""
+"""Image and video rows as LLaMA-Factory's `images` and `videos` columns give them: paths resolved
+against media_dir and checked, each bad row named (file and row) or dropped and counted with
+on_bad_row: skip."""
 
 from __future__ import annotations
 
 import json
+import wave
 from pathlib import Path
 
 import pytest
@@ -12,12 +14,33 @@ from tuneline.core.data.dataset_info import get_dataset_attrs
 from tuneline.core.data.loading import load_rows, load_rows_with_report
 from tuneline.core.errors import DataError
 
-ENTRY = {"file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+CLIPS = Path(__file__).resolve().parents[2] / "data/media/clips"
+ENTRY = {"file_name": "rows.json", "formatting": "sharegpt",
+         "columns": {"messages": "messages", "images": "images", "videos": "videos"},
          "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}
 
 
 def image_row(question: str, images) -> dict:
     return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "A box."}], "images": images}
+
+
+def video_row(question: str, videos) -> dict:
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "A box."}], "videos": videos}
+
+
+def header_only_video(path: Path) -> None:
+    """A Matroska file cut where its first cluster of frames begins: a video stream's header, no frame."""
+    import av
+    from PIL import Image
+
+    whole = path.with_suffix(".whole.mkv")
+    with av.open(str(whole), "w") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        for packet in [*stream.encode(av.VideoFrame.from_image(Image.new("RGB", (32, 32)))), *stream.encode()]:
+            container.mux(packet)
+    data = whole.read_bytes()
+    path.write_bytes(data[:data.find(bytes.fromhex("1F43B675"))])  # Matroska's cluster id
 
 
 @pytest.fixture
@@ -32,6 +55,11 @@ def dataset(tmp_path: Path):
     (media / "notes.txt").write_text("not an image\n")
     (media / "empty.png").write_bytes(b"")
     (media / "dangling.png").symlink_to(media / "gone.png")
+    (media / "clip.mp4").write_bytes((CLIPS / "short.mp4").read_bytes())
+    (media / "cut.mp4").write_bytes((CLIPS / "short.mp4").read_bytes()[:300])
+    header_only_video(media / "no_frames.mkv")
+    with wave.open(str(media / "tone.wav"), "wb") as sound:
+        sound.setnchannels(1), sound.setsampwidth(2), sound.setframerate(8000), sound.writeframes(bytes(1600))
 
     def write(rows: list[dict]) -> Path:
         (tmp_path / "rows.json").write_text(json.dumps(rows))
@@ -68,11 +96,19 @@ BAD_ROWS = {
     "a folder": (image_row("<image>?", ["."]), "media_missing", "images file '.' is neither in media_dir"),
     "empty file": (image_row("<image>?", ["empty.png"]), "media_unreadable", "empty.png' cannot be read as an image"),
     "dangling link": (image_row("<image>?", ["dangling.png"]), "media_missing", "images file 'dangling.png' is neither"),
+    "missing video": (video_row("<video>?", ["gone.mp4"]), "media_missing", "videos file 'gone.mp4' is neither in media_dir"),
+    "not a video": (video_row("<video>?", ["notes.txt"]), "media_unreadable", "notes.txt' cannot be read as a video"),
+    "video cut short": (video_row("<video>?", ["cut.mp4"]), "media_unreadable", "cut.mp4' cannot be read as a video"),
+    "sound, no video": (video_row("<video>?", ["tone.wav"]), "media_unreadable", "tone.wav' holds no video stream"),
+    "video without frames": (video_row("<video>?", ["no_frames.mkv"]), "media_unreadable",
+                             "no_frames.mkv' ends before its first frame"),
+    "video placeholders": (video_row("<video><video>?", ["clip.mp4"]), "media_count", "the row has 1 videos and 2 <video>"),
+    "video url": (video_row("<video>?", ["https://example.com/a.mp4"]), "media_url", "is a URL or inline data"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_ROWS))
-def test_a_bad_image_row_is_named_or_dropped_and_counted(dataset, case: str):
+def test_a_bad_media_row_is_named_or_dropped_and_counted(dataset, case: str):
     write, media = dataset
     bad, reason, fragment = BAD_ROWS[case]
     folder = write([image_row("<image>Good?", ["green.png"]), bad])

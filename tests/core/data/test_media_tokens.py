@@ -100,7 +100,7 @@ def test_image_rows_tokenize_to_llamafactorys_supervised_examples(image_dataset,
     expected = GOLDEN["supervised_by_cutoff_len"][str(cutoff_len)]
     # LLaMA-Factory keeps an example whose cutoff cut into its image tokens (training then fails on it); tuneline drops it
     kept = [i for i, row in enumerate(GOLDEN["rows"]) if len(expected[i]["input_ids"]) < cutoff_len or cutoff_len == 1024]
-    assert counters.get("rows_dropped_image_tokens_cut", 0) == len(GOLDEN["rows"]) - len(kept)
+    assert counters.get("rows_dropped_media_tokens_cut", 0) == len(GOLDEN["rows"]) - len(kept)
     assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
     assert train["labels"] == [expected[i]["labels"] for i in kept]
     assert train["images"] == [[str(data / "pictures" / f"{name}.png") for name in GOLDEN["rows"][i]["images"]] for i in kept]
@@ -116,17 +116,17 @@ def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_data
 
     model, data = image_dataset
     keys = {"dataset": "pictures", "dataset_dir": str(data)}
-    with pytest.raises(ConfigError, match="dataset 'pictures' holds images, and 'template: qwen' writes text only"):
+    with pytest.raises(ConfigError, match="dataset 'pictures' holds images or videos, and 'template: qwen' writes text only"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen"}),
                             tokenizer_path=model, output_dir=tmp_path / "a")
     tokenizer_only = shared_dir / "tokenizers/qwen2.5"
     with pytest.raises(ConfigError, match=r"has no image processor \(no preprocessor_config.json\)"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(tokenizer_only), "template": "qwen2_vl"}),
                             tokenizer_path=tokenizer_only, output_dir=tmp_path / "b")
-    with pytest.raises(ConfigError, match="'packing' with image rows is not offered yet"):
+    with pytest.raises(ConfigError, match="'packing' with image or video rows is not offered yet"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "packing": True}),
                             tokenizer_path=model, output_dir=tmp_path / "c")
-    with pytest.raises(ConfigError, match="maps images, and 'stage: rm' does not train on image rows yet"):
+    with pytest.raises(ConfigError, match="maps images or videos, and 'stage: rm' does not train on media rows yet"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "stage": "rm"}),
                             tokenizer_path=model, output_dir=tmp_path / "d")
     assert not any((tmp_path / name).exists() for name in "abcd")
@@ -155,11 +155,11 @@ def test_llava_images_expand_to_llamafactorys_tokens(row: dict, llava_folder: Pa
     from transformers import AutoTokenizer
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.image_rows import image_rows_for_model
+    from tuneline.core.data.media_rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
 
     template = TEMPLATES["llava"]
-    rows = image_rows_for_model(llava_folder, template=template, settings=MediaConfig())
+    rows = media_rows_for_model(llava_folder, template=template, settings=MediaConfig())
     images = [sized_image(drawn(GOLDEN["sizes"][name]), max_pixels=LLAVA["image_max_pixels"],
                           min_pixels=LLAVA["image_min_pixels"], plugin="llava") for name in row["images"]]
     features = image_features(images, rows.image_processor)
@@ -188,7 +188,7 @@ def test_llava_rows_tokenize_to_llamafactorys_supervised_examples(llava_folder: 
     expected = LLAVA["supervised_by_cutoff_len"][str(cutoff_len)]
     kept = [i for i, row in enumerate(LLAVA["rows"]) if len(expected[i]["input_ids"]) < cutoff_len]
     assert kept == ([0, 1, 2, 3] if cutoff_len == 2048 else [0, 3])  # 700 cuts into the two-image rows' second image
-    assert counters.get("rows_dropped_image_tokens_cut", 0) == len(LLAVA["rows"]) - len(kept)
+    assert counters.get("rows_dropped_media_tokens_cut", 0) == len(LLAVA["rows"]) - len(kept)
     assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
     assert train["labels"] == [expected[i]["labels"] for i in kept]
 
@@ -197,7 +197,7 @@ def test_a_llava_folder_without_its_processor_numbers_is_refused(llava_folder: P
     import shutil
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.image_rows import image_rows_for_model
+    from tuneline.core.data.media_rows import media_rows_for_model
     from tuneline.core.errors import ConfigError
 
     folder = tmp_path / "llava"
@@ -206,10 +206,10 @@ def test_a_llava_folder_without_its_processor_numbers_is_refused(llava_folder: P
     (folder / "preprocessor_config.json").write_text(json.dumps(saved["image_processor"]))
     (folder / "processor_config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "patch_size"}))
     with pytest.raises(ConfigError, match="processor_config.json sets no patch_size"):
-        image_rows_for_model(folder, template=TEMPLATES["llava"], settings=MediaConfig())
+        media_rows_for_model(folder, template=TEMPLATES["llava"], settings=MediaConfig())
     (folder / "processor_config.json").unlink()
     with pytest.raises(ConfigError, match="has no readable processor_config.json"):
-        image_rows_for_model(folder, template=TEMPLATES["llava"], settings=MediaConfig())
+        media_rows_for_model(folder, template=TEMPLATES["llava"], settings=MediaConfig())
 
 
 QWEN3 = json.loads((Path(__file__).resolve().parents[2] / "data/media/qwen3_vl_images.json").read_text())

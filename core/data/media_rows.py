@@ -1,0 +1,307 @@
+"""Media rows made ready to encode: each `<image>` and `<video>` expanded into the tokens the model's
+image and video features fill.
+
+`MediaRows` is built once per tokenization from the template's media tokens and the model folder's
+image processor (transformers' own class, from its preprocessor_config.json). Every row keeps its
+`images` and `videos` (the resolved files, for the training collator to feed) and gains
+`media_tokens`, how many image and video tokens its messages now hold: an example whose cutoff cut
+into them is dropped when encoded, since the model would find fewer tokens than features
+(LLaMA-Factory keeps it, and training fails).
+
+A video's tokens are counted from its container's header (size, frame count, duration) without
+decoding it; the collator decodes the sampled frames (`video_frames`). transformers' video processor
+for Qwen2-VL needs torchvision, whose wheel for the CPU build of torch does not import: where it is
+missing the frames are cut by the image processor and laid out in time by `video_features`, and
+where it imports (a CUDA machine) transformers' own video processor cuts them.
+
+The tokenized folder keeps the image processor and the sizing settings beside its tokenizer
+(`save`), and the training collator reads them back (`read`): the pixels a model sees are cut by the
+very processor and sizes that counted its image tokens, whatever the model folder holds meanwhile.
+Pixels are made per batch in the data loader rather than stored, since they outweigh the tokens many
+times over (one 448x448 image is 256 tokens and 1.2 MB of float32 patches; a video, that per frame).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuneline.core.config import MediaConfig
+from tuneline.core.data.media_tokens import (LLAVA_SETTINGS, VideoPatching, expand_images, expand_videos, image_features,
+                                             patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
+                                             video_features)
+from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
+from tuneline.core.errors import ConfigError
+from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
+from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens, Template
+
+SETTINGS_FILE = "image_settings.json"
+
+
+@dataclass(frozen=True)
+class MediaRows:
+    media: MediaTokens
+    image_processor: Any
+    settings: MediaConfig
+    processor_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The multimodal processor's own numbers its family counts tokens by (LLaVA's patch_size and the rest)."""
+    video: VideoPatching | None = None
+    """How the family cuts video frames; None: it takes no videos (or tuneline does not feed them yet)."""
+    video_seconds: bool = False
+    """The model spaces a video's temporal positions by its seconds per temporal patch (Qwen2.5-VL's
+    `second_per_grid_ts`)."""
+    video_processor: Any = None
+    """transformers' own video processor, where torchvision imports; else None (see the module's doc)."""
+
+    @classmethod
+    def load(cls, template: Template, model_path: str | Path, settings: MediaConfig, *, datasets: list[str],
+             video_datasets: Sequence[str] = ()) -> MediaRows:
+        """For `template` and the processors of the model folder at `model_path`; a ConfigError names the
+        dataset, template or folder when its images or (`video_datasets`) videos cannot be encoded."""
+        if template.media is None:
+            raise ConfigError(f"dataset {', '.join(repr(d) for d in datasets)} holds images or videos, and 'template: "
+                              f"{template.name}' writes text only; use a multimodal template of the model's family "
+                              f"({FAMILY_TEMPLATES}).")
+        image_processor = load_image_processor(model_path)
+        video = _video_patching(template.media, model_path, image_processor)
+        if video_datasets and video is None:
+            raise ConfigError(f"dataset {', '.join(repr(d) for d in video_datasets)} holds videos, and tuneline feeds "
+                              f"videos to the Qwen2-VL family so far ('template: qwen2_vl'), not through 'template: "
+                              f"{template.name}'; use a Qwen2-VL or Qwen2.5-VL model or leave out the videos.")
+        return cls(media=template.media, image_processor=image_processor, settings=settings,
+                   processor_settings=load_processor_settings(model_path, template.media), video=video,
+                   video_seconds=_model_type(Path(model_path)) in SECONDS_SPACED,
+                   video_processor=_video_processor(model_path) if video_datasets else None)
+
+    def save(self, folder: str | Path) -> None:
+        """The image processor and the sizing settings, into `folder` (the tokenized data's tokenizer folder)."""
+        self.image_processor.save_pretrained(str(folder))
+        if self.video_processor is not None:
+            self.video_processor.save_pretrained(str(folder))
+        settings = {"media": dataclasses.asdict(self.media), "settings": dataclasses.asdict(self.settings),
+                    "processor_settings": self.processor_settings, "video_seconds": self.video_seconds,
+                    "video": self.video and dataclasses.asdict(self.video)}
+        (Path(folder) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+    def save_processor(self, folder: str | Path) -> None:
+        """The processor as a model folder holds it: the image processor, and the multimodal processor's
+        numbers (processor_config.json) where the family counts tokens by them."""
+        self.image_processor.save_pretrained(str(folder))
+        if self.processor_settings:
+            saved = {**self.processor_settings, "image_token": self.media.image_token,
+                     "processor_class": PROCESSOR_CLASSES[self.media.plugin]}
+            (Path(folder) / PROCESSOR_FILE).write_text(json.dumps(saved, indent=2), encoding="utf-8")
+
+    @classmethod
+    def read(cls, folder: str | Path) -> MediaRows:
+        """What `save` wrote into `folder`."""
+        saved = json.loads((Path(folder) / SETTINGS_FILE).read_text(encoding="utf-8"))
+        video = saved.get("video")
+        return cls(media=MediaTokens(**saved["media"]), image_processor=load_image_processor(folder),
+                   settings=MediaConfig(**saved["settings"]), processor_settings=saved.get("processor_settings", {}),
+                   video=video and VideoPatching(**video), video_seconds=saved.get("video_seconds", False),
+                   video_processor=_video_processor(folder) if video else None)
+
+    def sized(self, paths: Sequence[str]) -> list[Any]:
+        """The images at `paths`, opened and sized as the model family reads them."""
+        from PIL import Image
+
+        images = []
+        for path in paths:
+            with Image.open(path) as image:
+                image.load()  # the pixels, before the file closes (an image left as it is stays lazy otherwise)
+                images.append(sized_image(image, max_pixels=self.settings.image_max_pixels,
+                                          min_pixels=self.settings.image_min_pixels, plugin=self.media.plugin))
+        return images
+
+    @property
+    def sampling(self) -> VideoSampling:
+        return VideoSampling(fps=self.settings.video_fps, maxlen=self.settings.video_maxlen)
+
+    def features(self, paths: Sequence[str]) -> dict[str, Any]:
+        """The model inputs of the images at `paths` (pixel_values, image_grid_thw), as torch tensors."""
+        import torch
+
+        return {name: torch.from_numpy(value) for name, value in image_features(self.sized(paths), self.image_processor).items()}
+
+    def video_features(self, paths: Sequence[str]) -> dict[str, Any]:
+        """The model inputs of the videos at `paths` (pixel_values_videos, video_grid_thw, and Qwen2.5-VL's
+        second_per_grid_ts), as torch tensors: each video's sampled frames decoded, paired and sized."""
+        import numpy as np
+        import torch
+
+        videos, seconds = [], []
+        for path in paths:
+            found = probe(path, self.sampling)
+            taken = frames(path, found.indices)
+            taken += taken[-1:] * (paired(len(taken)) - len(taken))
+            videos.append([sized_image(frame, max_pixels=self.settings.video_max_pixels,
+                                       min_pixels=self.settings.video_min_pixels, plugin=self.media.plugin) for frame in taken])
+            seconds.append(self.video.temporal_patch_size / found.sampled_fps)
+        if self.video_processor is not None:
+            inputs = dict(self.video_processor(videos=videos, size=self.video.size, do_sample_frames=False, return_tensors="np"))
+        else:
+            inputs = video_features(videos, self.image_processor, self.video)
+        if self.video_seconds:
+            inputs["second_per_grid_ts"] = np.array(seconds, dtype=np.float32)
+        return {name: torch.from_numpy(np.asarray(value)) for name, value in inputs.items()}
+
+    def expand(self, row: dict[str, Any]) -> dict[str, Any]:
+        """`row` with its images' and videos' placeholders expanded (a row without them gains empty lists)."""
+        images, videos = list(row.get("images") or []), list(row.get("videos") or [])
+        image_counts = self.token_counts(images) if images else []
+        video_counts = self.video_token_counts(videos) if videos else []
+        in_prompt = placeholder_counts(row["prompt"])  # the prompt's media come first, then the reply's
+        expanded = {part: expand_videos(expand_images(row[part], image_counts[start["images"]:end["images"]], self.media),
+                                        video_counts[start["videos"]:end["videos"]], self.media)
+                    for part, start, end in (("prompt", {"images": 0, "videos": 0}, in_prompt),
+                                             ("response", in_prompt, {"images": None, "videos": None}))}
+        return {**row, **expanded, "images": images, "videos": videos, "media_tokens": sum(image_counts) + sum(video_counts)}
+
+    def expand_messages(self, messages: Sequence[dict[str, str]], paths: Sequence[str]) -> list[dict[str, str]]:
+        """`messages` (a conversation to answer) with each `<image>` expanded for the image at `paths`
+        in the same place; the counts must agree (the caller has placed the placeholders)."""
+        return expand_images(messages, self.token_counts(paths), self.media)
+
+    def token_counts(self, paths: Sequence[str]) -> list[int]:
+        """How many image tokens each image at `paths` takes."""
+        return patch_token_counts(self.sized(paths), self.image_processor, plugin=self.media.plugin,
+                                  processor_settings=self.processor_settings)
+
+    def video_token_counts(self, paths: Sequence[str]) -> list[int]:
+        """How many video tokens each video at `paths` takes, from its header: its sampled frames (paired)
+        at the size its frames are scaled to."""
+        counts = []
+        for path in paths:
+            found = probe(path, self.sampling)
+            width, height = sized_dimensions(found.width, found.height, max_pixels=self.settings.video_max_pixels,
+                                             min_pixels=self.settings.video_min_pixels, plugin=self.media.plugin)
+            counts.append(self.video.token_count(paired(len(found.indices)), width, height, self.image_processor))
+        return counts
+
+    def token_ids(self, tokenizer: Any) -> dict[str, int]:
+        """The ids of the template's image token and (for a family that takes videos) video token."""
+        tokens = {"images": self.media.image_token, "videos": self.media.video_token if self.video else None}
+        return {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items() if token}
+
+    def model_inputs(self, input_ids: Any, images: Sequence[str], videos: Sequence[str] = (), *,
+                     token_ids: dict[str, int]) -> dict[str, Any]:
+        """What the model takes beside `input_ids` (a [batch, n] tensor) for the images and videos at
+        `images` and `videos`, each in the order of its tokens: the features, and for the Qwen-VL families
+        `mm_token_type_ids` (1 on image tokens, 2 on video tokens), from which transformers computes its
+        3D rotary positions."""
+        inputs = dict(self.features(images)) if images else {}
+        if videos:
+            inputs.update(self.video_features(videos))
+        if self.media.plugin in QWEN_PLUGINS:
+            types = (input_ids == token_ids["images"]).long()
+            if "videos" in token_ids:
+                types += 2 * (input_ids == token_ids["videos"]).long()
+            inputs["mm_token_type_ids"] = types
+        return inputs
+
+    def expand_all(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        return (self.expand(row) for row in rows)
+
+
+SECONDS_SPACED = frozenset({"qwen2_5_vl"})
+"""Model types whose video positions are spaced by seconds per temporal patch (`second_per_grid_ts`)."""
+VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"
+
+
+def _video_patching(media: MediaTokens, model_path: str | Path, image_processor: Any) -> VideoPatching | None:
+    """The folder's video numbers (its video processor's, else its image processor's), for the families
+    whose videos tuneline feeds (Qwen2-VL, Qwen2.5-VL); None for the others."""
+    if media.plugin != "qwen2_vl" or not media.video_token:
+        return None
+    path = Path(model_path) / VIDEO_PROCESSOR_FILE
+    if path.is_file():
+        try:
+            return VideoPatching.of({**vars(image_processor), **json.loads(path.read_text(encoding="utf-8"))})
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"{path} cannot be read ({type(e).__name__}: {e}); it sets how the model cuts video "
+                              "frames: use the model's own file.") from e
+    return VideoPatching.of(image_processor)
+
+
+def _video_processor(model_path: str | Path) -> Any:
+    """transformers' video processor of the folder where torchvision imports (which it needs), else None."""
+    from transformers.utils import is_torchvision_available
+
+    if not is_torchvision_available():
+        return None
+    from transformers import AutoVideoProcessor
+
+    return AutoVideoProcessor.from_pretrained(str(model_path))
+
+
+def media_rows_for_model(model_path: str | Path, *, template: Template | None, settings: MediaConfig,
+                         processor_path: str | Path | None = None) -> MediaRows:
+    """How prompts for the model at `model_path` hold images: the media tokens of `template`, or (None)
+    of the model type's template, and the image processor of `processor_path` (default: the model's
+    folder); a ConfigError for a text model."""
+    from tuneline.core.templates.catalog import TEMPLATES
+
+    if template is None:
+        model_type = _model_type(Path(model_path))
+        if model_type not in MODEL_TEMPLATES:
+            raise ConfigError(f"'{model_path}' is a {model_type or 'text'} model, which reads no images; pass a "
+                              f"vision-language model ({', '.join(MODEL_TEMPLATES)}) or leave out the images.")
+        template = TEMPLATES[MODEL_TEMPLATES[model_type]]
+    if template.media is None:
+        raise ConfigError(f"template '{template.name}' writes text only, so it cannot show the model an image; use a "
+                          f"multimodal template of the model's family ({FAMILY_TEMPLATES}).")
+    folder = processor_path or model_path
+    return MediaRows(media=template.media, image_processor=load_image_processor(folder), settings=settings,
+                     processor_settings=load_processor_settings(folder, template.media))
+
+
+def _model_type(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def load_image_processor(model_path: str | Path) -> Any:
+    """The model folder's image processor (transformers' class for its family)."""
+    from transformers import AutoImageProcessor
+
+    fix = "image rows are sized and cut into patches by it: use the model's own folder, which ships one."
+    folder = Path(model_path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in (IMAGE_PROCESSOR_FILE, PROCESSOR_FILE)):
+        raise ConfigError(f"'model_name_or_path: {model_path}' has no image processor (no {IMAGE_PROCESSOR_FILE}); {fix}")
+    try:
+        return AutoImageProcessor.from_pretrained(str(model_path))
+    except (OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"'model_name_or_path: {model_path}': transformers cannot load its image processor "
+                          f"({reason}); {fix}") from e
+
+
+IMAGE_PROCESSOR_FILE, PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"
+PROCESSOR_CLASSES = {"llava": "LlavaProcessor"}
+"""transformers' multimodal processor class of each family that keeps numbers in processor_config.json."""
+
+
+def load_processor_settings(model_path: str | Path, media: MediaTokens) -> dict[str, Any]:
+    """The numbers of the folder's multimodal processor (processor_config.json) that `media`'s family
+    counts image tokens by; none for a family whose image processor alone counts them (Qwen2-VL)."""
+    if media.plugin != "llava":
+        return {}
+    path = Path(model_path) / PROCESSOR_FILE
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"'model_name_or_path: {model_path}' has no readable {PROCESSOR_FILE} ({type(e).__name__}); "
+                          f"LLaVA's processor keeps there the {', '.join(LLAVA_SETTINGS)} that count an image's tokens: "
+                          "use the model's own folder, which ships one.") from e
+    missing = [key for key in LLAVA_SETTINGS[:1] if saved.get(key) is None]
+    if missing:
+        raise ConfigError(f"{path} sets no {', '.join(missing)}; LLaVA counts an image's tokens by it: use the model's own "
+                          "processor_config.json.")
+    return {key: saved.get(key) for key in LLAVA_SETTINGS}
