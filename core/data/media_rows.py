@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import MediaConfig
-from tuneline.core.data.media_tokens import (LLAVA_SETTINGS, VideoPatching, expand_images, expand_videos, image_features,
-                                             patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
-                                             video_features)
+from tuneline.core.data.media_tokens import (LLAVA_SETTINGS, PAN_AND_SCAN, VideoPatching, expand_images, expand_videos,
+                                             image_features, pan_and_scan_crops, patch_token_counts, placeholder_counts,
+                                             sized_dimensions, sized_image, video_features)
 from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
@@ -92,8 +92,8 @@ class MediaRows:
         numbers (processor_config.json) where the family counts tokens by them."""
         self.image_processor.save_pretrained(str(folder))
         if self.processor_settings:
-            saved = {**self.processor_settings, "image_token": self.media.image_token,
-                     "processor_class": PROCESSOR_CLASSES[self.media.plugin]}
+            named = {"image_token": self.media.image_token} if self.media.plugin == "llava" else {}
+            saved = {**self.processor_settings, **named, "processor_class": PROCESSOR_CLASSES[self.media.plugin]}
             (Path(folder) / PROCESSOR_FILE).write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
     @classmethod
@@ -122,11 +122,18 @@ class MediaRows:
     def sampling(self) -> VideoSampling:
         return VideoSampling(fps=self.settings.video_fps, maxlen=self.settings.video_maxlen)
 
+    @property
+    def pans_and_scans(self) -> bool:
+        """Gemma 3 under `image_do_pan_and_scan`: the image processor adds crops of wide and tall images."""
+        return self.media.plugin == "gemma3" and self.settings.image_do_pan_and_scan
+
     def features(self, paths: Sequence[str]) -> dict[str, Any]:
         """The model inputs of the images at `paths` (pixel_values, image_grid_thw), as torch tensors."""
         import torch
 
-        return {name: torch.from_numpy(value) for name, value in image_features(self.sized(paths), self.image_processor).items()}
+        settings = PAN_AND_SCAN if self.pans_and_scans else {}
+        return {name: torch.from_numpy(value)
+                for name, value in image_features(self.sized(paths), self.image_processor, **settings).items()}
 
     def video_features(self, paths: Sequence[str]) -> dict[str, Any]:
         """The model inputs of the videos at `paths` (pixel_values_videos, video_grid_thw, and Qwen2.5-VL's
@@ -154,18 +161,28 @@ class MediaRows:
         """`row` with its images' and videos' placeholders expanded (a row without them gains empty lists)."""
         images, videos = list(row.get("images") or []), list(row.get("videos") or [])
         image_counts = self.token_counts(images) if images else []
+        crops = self.crops(images)
         video_counts = self.video_token_counts(videos) if videos else []
         in_prompt = placeholder_counts(row["prompt"])  # the prompt's media come first, then the reply's
-        expanded = {part: expand_videos(expand_images(row[part], image_counts[start["images"]:end["images"]], self.media),
-                                        video_counts[start["videos"]:end["videos"]], self.media)
-                    for part, start, end in (("prompt", {"images": 0, "videos": 0}, in_prompt),
-                                             ("response", in_prompt, {"images": None, "videos": None}))}
-        return {**row, **expanded, "images": images, "videos": videos, "media_tokens": sum(image_counts) + sum(video_counts)}
+        expanded = {}
+        for part, start, end in (("prompt", {"images": 0, "videos": 0}, in_prompt),
+                                 ("response", in_prompt, {"images": None, "videos": None})):
+            with_images = expand_images(row[part], image_counts[start["images"]:end["images"]], self.media,
+                                        crops and crops[start["images"]:end["images"]])
+            expanded[part] = expand_videos(with_images, video_counts[start["videos"]:end["videos"]], self.media)
+        image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
+        return {**row, **expanded, "images": images, "videos": videos, "media_tokens": image_tokens + sum(video_counts)}
 
     def expand_messages(self, messages: Sequence[dict[str, str]], paths: Sequence[str]) -> list[dict[str, str]]:
         """`messages` (a conversation to answer) with each `<image>` expanded for the image at `paths`
         in the same place; the counts must agree (the caller has placed the placeholders)."""
-        return expand_images(messages, self.token_counts(paths), self.media)
+        return expand_images(messages, self.token_counts(paths), self.media, self.crops(paths))
+
+    def crops(self, paths: Sequence[str]) -> list[int] | None:
+        """How many crops each image at `paths` gains under Gemma 3's pan and scan; None without it."""
+        if not self.pans_and_scans:
+            return None
+        return pan_and_scan_crops(self.sized(paths), self.image_processor) if paths else []
 
     def token_counts(self, paths: Sequence[str]) -> list[int]:
         """How many image tokens each image at `paths` takes."""
@@ -202,6 +219,8 @@ class MediaRows:
             if "videos" in token_ids:
                 types += 2 * (input_ids == token_ids["videos"]).long()
             inputs["mm_token_type_ids"] = types
+        elif self.media.plugin == "gemma3":  # Gemma 3 attends both ways within an image's soft tokens
+            inputs["token_type_ids"] = (input_ids == token_ids["images"]).long()
         return inputs
 
     def expand_all(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -284,24 +303,27 @@ def load_image_processor(model_path: str | Path) -> Any:
 
 
 IMAGE_PROCESSOR_FILE, PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"
-PROCESSOR_CLASSES = {"llava": "LlavaProcessor"}
+PROCESSOR_CLASSES = {"llava": "LlavaProcessor", "gemma3": "Gemma3Processor"}
 """transformers' multimodal processor class of each family that keeps numbers in processor_config.json."""
+PROCESSOR_SETTINGS = {"llava": ("LLaVA", LLAVA_SETTINGS), "gemma3": ("Gemma 3", ("image_seq_length",))}
+"""Each such family's name and the numbers of its processor that count an image's tokens (the first required)."""
 
 
 def load_processor_settings(model_path: str | Path, media: MediaTokens) -> dict[str, Any]:
     """The numbers of the folder's multimodal processor (processor_config.json) that `media`'s family
     counts image tokens by; none for a family whose image processor alone counts them (Qwen2-VL)."""
-    if media.plugin != "llava":
+    if media.plugin not in PROCESSOR_SETTINGS:
         return {}
+    family, keys = PROCESSOR_SETTINGS[media.plugin]
     path = Path(model_path) / PROCESSOR_FILE
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ConfigError(f"'model_name_or_path: {model_path}' has no readable {PROCESSOR_FILE} ({type(e).__name__}); "
-                          f"LLaVA's processor keeps there the {', '.join(LLAVA_SETTINGS)} that count an image's tokens: "
+                          f"{family}'s processor keeps there the {', '.join(keys)} that count an image's tokens: "
                           "use the model's own folder, which ships one.") from e
-    missing = [key for key in LLAVA_SETTINGS[:1] if saved.get(key) is None]
+    missing = [key for key in keys[:1] if saved.get(key) is None]
     if missing:
-        raise ConfigError(f"{path} sets no {', '.join(missing)}; LLaVA counts an image's tokens by it: use the model's own "
-                          "processor_config.json.")
-    return {key: saved.get(key) for key in LLAVA_SETTINGS}
+        raise ConfigError(f"{path} sets no {', '.join(missing)}; {family} counts an image's tokens by it: use the model's "
+                          "own processor_config.json.")
+    return {key: saved.get(key) for key in keys}

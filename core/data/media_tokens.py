@@ -11,6 +11,12 @@ With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as L
   placeholder becomes one `<image>` per vision patch of that size, plus the processor's
   `num_additional_image_tokens` (the class token), less one under the `default` feature strategy
   (which drops it): 576 for 336 pixels in patches of 14.
+- Gemma 3 (`gemma3` plugin): every image is resized to the processor's square and pooled to the
+  processor's `image_seq_length` soft tokens (256), written as Gemma3Processor writes its full image
+  sequence, `\n\n<start_of_image>`, the soft tokens, `<end_of_image>\n\n`. With
+  `image_do_pan_and_scan` the image processor also cuts a wide or tall image into crops (at LLaMA-
+  Factory's fixed settings), and the placeholder becomes "Here is the original image", its sequence,
+  "and here are some crops to help you see better" and one sequence per crop.
 
 The model's own image processor (transformers' class, loaded from the model folder) makes the
 pixels from the same sizing in training, so the tokens and the features always agree.
@@ -82,9 +88,21 @@ def _qwen_sized(width: int, height: int) -> list[tuple[int, int]]:
     return sizes
 
 
-def image_features(images: Sequence[Image], image_processor: Any) -> dict[str, Any]:
+PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 256, "pan_and_scan_max_num_crops": 4,
+                "pan_and_scan_min_ratio_to_activate": 1.2}
+"""Gemma 3's image processor settings under `image_do_pan_and_scan` (LLaMA-Factory fixes these numbers)."""
+COUNT_ONLY = ("num_crops",)  # what an image processor returns that counts tokens rather than feeds the model
+
+
+def image_features(images: Sequence[Image], image_processor: Any, **settings: Any) -> dict[str, Any]:
     """The image processor's model inputs for sized `images` (pixel_values, image_grid_thw), as numpy arrays."""
-    return dict(image_processor(list(images), return_tensors="np"))
+    features = dict(image_processor(list(images), return_tensors="np", **settings))
+    return {name: value for name, value in features.items() if name not in COUNT_ONLY}
+
+
+def pan_and_scan_crops(images: Sequence[Image], image_processor: Any) -> list[int]:
+    """How many crops Gemma 3's image processor adds to each sized image under pan and scan."""
+    return [int(crops) for crops in image_processor(list(images), return_tensors="np", **PAN_AND_SCAN)["num_crops"]]
 
 
 def image_token_counts(features: dict[str, Any], image_processor: Any) -> list[int]:
@@ -100,6 +118,8 @@ def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin:
     `processor_settings`: the multimodal processor's own numbers (LLaVA's patch_size and the rest)."""
     if plugin == "llava":
         return [llava_token_count(images[0], image_processor, processor_settings or {})] * len(images) if images else []
+    if plugin == "gemma3":
+        return [int((processor_settings or {})["image_seq_length"])] * len(images)
     merge = int(image_processor.merge_size) ** 2
     return [int(image_processor.get_number_of_image_patches(image.height, image.width, {})) // merge for image in images]
 
@@ -187,23 +207,28 @@ def video_features(videos: Sequence[Sequence[Image]], image_processor: Any, patc
 
 def expand_videos(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens) -> list[dict[str, str]]:
     """`messages` with the n-th `<video>` written as `counts[n]` video tokens between the vision markers."""
-    return _expanded(messages, counts, VIDEO_PLACEHOLDER, media.video_token or "", media)
+    texts = [f"{media.vision_bos}{(media.video_token or '') * count}{media.vision_eos}" for count in counts]
+    return _expanded(messages, texts, VIDEO_PLACEHOLDER)
 
 
-def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens) -> list[dict[str, str]]:
+def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens,
+                  crops: Sequence[int] | None = None) -> list[dict[str, str]]:
     """`messages` with the n-th `<image>` (across the messages, in order) written as `counts[n]` image
-    tokens between the template's vision markers. The caller has checked that the counts match."""
-    return _expanded(messages, counts, IMAGE_PLACEHOLDER, media.image_token, media)
+    tokens between the template's vision markers, and (Gemma 3's pan and scan) once more for each of
+    its `crops[n]` crops. The caller has checked that the counts match."""
+    texts = [f"{media.vision_bos}{media.image_token * count}{media.vision_eos}" for count in counts]
+    if crops is not None:
+        texts = [f"Here is the original image {text} and here are some crops to help you see better " + " ".join([text] * n)
+                 for text, n in zip(texts, crops, strict=True)]
+    return _expanded(messages, texts, IMAGE_PLACEHOLDER)
 
 
-def _expanded(messages: Sequence[dict[str, str]], counts: Sequence[int], placeholder: str, token: str,
-              media: MediaTokens) -> list[dict[str, str]]:
-    pending = iter(counts)
+def _expanded(messages: Sequence[dict[str, str]], texts: Sequence[str], placeholder: str) -> list[dict[str, str]]:
+    pending = iter(texts)
     expanded = []
     for message in messages:
         pieces = message["content"].split(placeholder)
-        content = pieces[0] + "".join(f"{media.vision_bos}{token * next(pending)}{media.vision_eos}{piece}"
-                                      for piece in pieces[1:])
+        content = pieces[0] + "".join(f"{next(pending)}{piece}" for piece in pieces[1:])
         expanded.append({**message, "content": content})
     return expanded
 

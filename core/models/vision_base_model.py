@@ -1,10 +1,11 @@
 """The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL and LLaVA-1.5 shaped, from transformers' own config classes, randomly initialised.
+Qwen3-VL, LLaVA-1.5 and Gemma 3 shaped, from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
 family's media tokens where the tokenizer lacks them and the chat template of the family's template
-(`qwen2_vl`, `qwen3_vl`, `llava`), and is saved with the family's image processor (transformers' class, sized
-small so a CPU cuts few patches; LLaVA's with its LlavaProcessor numbers in processor_config.json),
+(`qwen2_vl`, `qwen3_vl`, `llava`, `gemma3`), and is saved with the family's image processor (transformers'
+class, sized small so a CPU cuts few patches; LLaVA's and Gemma 3's with their processor's numbers in
+processor_config.json),
 so its folder loads with AutoModelForImageTextToText, AutoTokenizer and AutoImageProcessor like a
 downloaded one.
 """
@@ -21,14 +22,17 @@ from tuneline.core.templates.jinja import chat_template_jinja
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 """Qwen2-VL's special tokens for media, in the order its tokenizer numbers them."""
 LLAVA_IMAGE_TOKEN = "<image>"
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava")
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+"""Gemma 3's image tokens, by the names its tokenizer gives them (Gemma3Processor reads them so)."""
+GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
 
 @dataclass(frozen=True)
 class VisionModelConfig:
-    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl or llava."})
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, llava or gemma3."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
@@ -39,8 +43,10 @@ class VisionModelConfig:
     max_position_embeddings: int = field(default=1024, metadata={"help": "Longest sequence the model supports."})
     image_min_pixels: int = field(default=28 * 28, metadata={"help": "The image processor's smallest image."})
     image_max_pixels: int = field(default=112 * 112, metadata={"help": "The image processor's largest image."})
-    image_size: int = field(default=56, metadata={"help": "LLaVA: the side every image is resized and cropped to "
-                                                          "(one image token per 14x14 patch)."})
+    image_size: int = field(default=56, metadata={"help": "LLaVA and Gemma 3: the side every image is resized (and "
+                                                          "cropped) to, in vision patches of 14x14."})
+    image_tokens: int = field(default=16, metadata={"help": "Gemma 3: soft tokens an image's patches are pooled to "
+                                                            "(a square, dividing the patches per side)."})
     seed: int = field(default=0, metadata={"help": "Seed of the weight initialisation."})
 
 
@@ -51,8 +57,9 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
 
     if config.family not in FAMILIES:
         raise ValueError(f"family {config.family!r} is not one of {', '.join(FAMILIES)}")
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
-    tokens = (LLAVA_IMAGE_TOKEN,) if config.family == "llava" else VISION_TOKENS
+    named = GEMMA3_TOKENS if config.family == "gemma3" else {}
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path), **named)
+    tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "gemma3": (*GEMMA3_TOKENS.values(), *GEMMA_TURN_TOKENS)}.get(config.family, VISION_TOKENS)
     missing = [token for token in tokens if token not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
@@ -61,12 +68,16 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     torch.manual_seed(config.seed)
     if config.family == "llava":
         model = _llava_model(config, vocab_size=len(tokenizer), image_token_id=ids[LLAVA_IMAGE_TOKEN], tokenizer=tokenizer)
+    elif config.family == "gemma3":
+        model = _gemma3_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     else:
         model = _qwen_model_class(config.family)(_qwen_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer))
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
     if config.family == "llava":
         _save_llava_processor(config, tokenizer, output_dir)
+    elif config.family == "gemma3":
+        _save_gemma3_processor(config, tokenizer, output_dir)
     else:
         _qwen_image_processor(config).save_pretrained(output_dir)
     return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer)}
@@ -152,3 +163,37 @@ def _save_llava_processor(config: VisionModelConfig, tokenizer, output_dir: str 
     LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE, num_additional_image_tokens=1,
                    vision_feature_select_strategy="default", image_token=LLAVA_IMAGE_TOKEN).save_pretrained(output_dir)
     image_processor.save_pretrained(output_dir)  # preprocessor_config.json too, where older readers look
+
+
+def _gemma3_model(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, int], tokenizer):
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    head_dim = config.hidden_size // config.num_attention_heads
+    # Gemma 3's decoder alternates local (sliding window) and global attention
+    layer_types = ["sliding_attention" if (index + 1) % 2 else "full_attention" for index in range(config.num_hidden_layers)]
+    text = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                            num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                            num_key_value_heads=config.num_key_value_heads, head_dim=head_dim,
+                            query_pre_attn_scalar=head_dim, max_position_embeddings=config.max_position_embeddings,
+                            sliding_window=64, layer_types=layer_types, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    # SigLIP without its pooling head, as Gemma 3's tower: the projector pools the patch features itself
+    vision = SiglipVisionConfig(hidden_size=config.vision_width, intermediate_size=2 * config.vision_width,
+                                num_hidden_layers=config.vision_depth, num_attention_heads=2, image_size=config.image_size,
+                                patch_size=PATCH_SIZE, vision_use_head=False)
+    gemma = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=config.image_tokens,
+                         image_token_index=ids[GEMMA3_TOKENS["image_token"]], boi_token_index=ids[GEMMA3_TOKENS["boi_token"]],
+                         eoi_token_index=ids[GEMMA3_TOKENS["eoi_token"]], tie_word_embeddings=True)
+    model = Gemma3ForConditionalGeneration(gemma)
+    # transformers initialises the projection to zeros (a checkpoint overwrites it); random, pixels reach the decoder
+    model.model.multi_modal_projector.mm_input_projection_weight.data.normal_(std=text.initializer_range)
+    return model
+
+
+def _save_gemma3_processor(config: VisionModelConfig, tokenizer, output_dir: str | Path) -> None:
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
+
+    image_processor = Gemma3ImageProcessor(size={"height": config.image_size, "width": config.image_size})
+    Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
+                    image_seq_length=config.image_tokens).save_pretrained(output_dir)
+    image_processor.save_pretrained(output_dir)

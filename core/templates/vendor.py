@@ -4,11 +4,14 @@ Mistral, Phi, Gemma, DeepSeek V3/R1, GLM, Baichuan 2, Cohere, Granite, Seed-OSS,
 from __future__ import annotations
 
 from tuneline.core.templates.chatml import INTERN_SYSTEM
-from tuneline.core.templates.spec import BOS, CONTENT, EOS, Template, Token, headed_template
+from tuneline.core.templates.spec import BOS, CONTENT, EOS, MediaTokens, Template, Token, headed_template
 
 _GEMMA_REPLY = "<start_of_turn>model\n"
 _GEMMA_USER = "<start_of_turn>user\n{content}<end_of_turn>\n" + _GEMMA_REPLY
 _GEMMA_OBSERVATION = "<start_of_turn>tool\n{content}<end_of_turn>\n" + _GEMMA_REPLY
+GEMMA3_MEDIA = MediaTokens(plugin="gemma3", image_token="<image_soft_token>", vision_bos="\n\n<start_of_image>",
+                           vision_eos="<end_of_image>\n\n")
+"""Gemma 3's image: its processor's full image sequence, one soft token per pooled vision feature."""
 _DEEPSEEK3_USER = "<\uff5cUser\uff5c>{content}<\uff5cAssistant\uff5c>"  # fullwidth bars, as DeepSeek writes them
 _GLM_STOP = ("<|user|>", "<|observation|>")
 _GLM_PREFIX = ("[gMASK]", "<sop>")
@@ -20,7 +23,8 @@ _SEED_SYSTEM = (
 _GRANITE_HEADER = "<|start_of_role|>{role}<|end_of_role|>"
 
 
-def _gemma(name: str, *, stop_words: tuple[str, ...], replace_eos: bool, efficient_eos: bool) -> Template:
+def _gemma(name: str, *, stop_words: tuple[str, ...], replace_eos: bool, efficient_eos: bool,
+           media: MediaTokens | None = None) -> Template:
     return Template(
         name=name,
         format_user=(_GEMMA_USER,),
@@ -34,6 +38,7 @@ def _gemma(name: str, *, stop_words: tuple[str, ...], replace_eos: bool, efficie
         efficient_eos=efficient_eos,
         system_in_user=True,
         generation_prefix=_GEMMA_REPLY,
+        media=media,
     )
 
 
@@ -95,7 +100,7 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
     headed_template("phi", header="<|{role}|>\n", end="<|end|>\n", stop_words=("<|end|>",), replace_eos=True),
     _gemma("gemma", stop_words=("<end_of_turn>",), replace_eos=True, efficient_eos=False),
     _gemma("gemma2", stop_words=("<eos>", "<end_of_turn>"), replace_eos=False, efficient_eos=True),
-    _gemma("gemma3", stop_words=("<end_of_turn>",), replace_eos=True, efficient_eos=False),
+    _gemma("gemma3", stop_words=("<end_of_turn>",), replace_eos=True, efficient_eos=False, media=GEMMA3_MEDIA),
     Template(name="deepseek3", format_user=(_DEEPSEEK3_USER,), format_prefix=(BOS,),
              generation_prefix="<\uff5cAssistant\uff5c>"),
     Template(name="deepseekr1", format_user=(_DEEPSEEK3_USER,), format_prefix=(BOS,), reasoning=True,

@@ -1,6 +1,7 @@
 """Training the vision-language families beyond Qwen2-VL on image rows: a tiny LLaVA-1.5 (a CLIP vision tower,
 its projector and a LLaMA language model, with llama2's tokenizer) and a tiny Qwen3-VL (its deepstack
-tower in patches of 16 and Qwen3's decoder, with Qwen2.5's tokenizer), both from
+tower in patches of 16 and Qwen3's decoder, with Qwen2.5's tokenizer) and a tiny Gemma 3 (a SigLIP tower, its
+pooling projector and Gemma 3's decoder, with llama2's tokenizer and Gemma's image and turn tokens), all from
 core/models/vision_base_model.py. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
 transformers' own generate() answers."""
@@ -33,13 +34,15 @@ FAMILIES = {
                     "model.multi_modal_projector.", "LlavaForConditionalGeneration"),
     "qwen3_vl": Family("qwen3_vl", "qwen2.5", "qwen3_vl", "<|image_pad|>", "model.visual.blocks.", "model.visual.merger.",
                        "Qwen3VLForConditionalGeneration"),
+    "gemma3": Family("gemma3", "llama2", "gemma3", "<image_soft_token>", "model.vision_tower.encoder.",
+                     "model.multi_modal_projector.", "Gemma3ForConditionalGeneration"),
 }
 
 
 def image_tokens(family: Family, features: dict) -> list[int]:
     """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
-    class token dropped); Qwen3-VL's grid of 16-pixel patches, merged 2 x 2."""
-    if family.name == "llava":
+    class token dropped); Gemma 3's 16 soft tokens; Qwen3-VL's grid of 16-pixel patches, merged 2 x 2."""
+    if family.name in ("llava", "gemma3"):
         return [16] * len(features["pixel_values"])
     return (features["image_grid_thw"].prod(dim=1) // 4).tolist()
 
@@ -106,7 +109,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
     model(**batch).loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
     tower = [name for name in grads if name.startswith(family.tower)]
-    assert tower and all(grads[name] is not None and grads[name].abs().sum() > 0 for name in tower)
+    assert tower and all(grads[name] is not None and grads[name].abs().sum() > 0 for name in tower), [n for n in tower if grads[n] is None or grads[n].abs().sum() == 0]
     assert all(grads[name] is None for name in grads if name.startswith(family.projector))
 
 
@@ -131,6 +134,8 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
     if family.name == "llava":  # the processor travels beside the adapter
         assert json.loads((out / "processor_config.json").read_text())["patch_size"] == 14
+    if family.name == "gemma3":
+        assert json.loads((out / "processor_config.json").read_text())["image_seq_length"] == 16
     assert (out / "preprocessor_config.json").is_file()
     targets = json.loads((out / "adapter_config.json").read_text())["target_modules"]
     tower, projector = family.tower.split(".")[1], family.projector.split(".")[-2]
@@ -151,7 +156,8 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     assert prompt[first:first + count] == [image_token] * count and prompt.count(image_token) == count
     assert "What colour is this?" in tokenizer.decode(prompt[first + count:])
     ids = torch.tensor([prompt])
-    extra = {"mm_token_type_ids": (ids == image_token).long()} if family.name == "qwen3_vl" else {}
+    types = {"qwen3_vl": "mm_token_type_ids", "gemma3": "token_type_ids"}
+    extra = {types[family.name]: (ids == image_token).long()} if family.name in types else {}
     output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **features, **extra,
                             **generation_kwargs(GeneratingConfig(max_new_tokens=4, do_sample=False), tokenizer, model))
     assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer

@@ -262,3 +262,87 @@ def test_qwen3_vl_rows_tokenize_to_llamafactorys_supervised_examples(image_datas
     assert len(kept) < len(QWEN3["rows"]) or cutoff_len == 1024
     assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
     assert train["labels"] == [expected[i]["labels"] for i in kept]
+
+
+GEMMA3 = json.loads((Path(__file__).resolve().parents[2] / "data/media/gemma3_images.json").read_text())
+GEMMA3_CASES = [(setting, row) for setting, golden in GEMMA3["by_setting"].items() for row in golden["rows"]]
+
+
+@pytest.fixture(scope="module")
+def gemma3_dataset(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
+    """A Gemma 3 processor folder as the golden's (llama2's tokenizer with Gemma 3's image tokens by their
+    names, and its turn markers; the image processor at 64 pixels, 16 soft tokens an image) and the golden rows as a dataset."""
+    from transformers import AutoTokenizer, Gemma3ImageProcessor, Gemma3Processor
+
+    root = tmp_path_factory.mktemp("gemma3")
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/llama2", **GEMMA3["tokens"])
+    tokenizer.add_special_tokens({"additional_special_tokens": list(GEMMA3["tokens"].values()) + GEMMA3["turn_tokens"]})
+    Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=tokenizer,
+                    image_seq_length=GEMMA3["processor"]["image_seq_length"]).save_pretrained(root / "model")
+    data = root / "data"
+    (data / "pictures").mkdir(parents=True)
+    for name, size in GEMMA3["sizes"].items():
+        drawn(size).save(data / "pictures" / f"{name}.png")
+    rows = [{"messages": row["messages"], "images": [f"pictures/{name}.png" for name in row["images"]]}
+            for row in GEMMA3["by_setting"]["plain"]["rows"]]
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    return root / "model", data
+
+
+@pytest.mark.parametrize(("setting", "row"), GEMMA3_CASES, ids=[f"{setting}: {row['name']}" for setting, row in GEMMA3_CASES])
+def test_gemma3_images_expand_to_llamafactorys_tokens(setting: str, row: dict, gemma3_dataset):
+    """Gemma 3: each image is Gemma3Processor's full image sequence of 16 soft tokens; under pan and scan a
+    wide picture also shows its crops (the panorama: 3), and the token types mark every soft token."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+
+    folder, data = gemma3_dataset
+    template = TEMPLATES["gemma3"]
+    settings = MediaConfig(image_max_pixels=GEMMA3["image_max_pixels"], image_min_pixels=GEMMA3["image_min_pixels"],
+                           image_do_pan_and_scan=setting == "pan_and_scan")
+    rows = media_rows_for_model(folder, template=template, settings=settings)
+    paths = [str(data / "pictures" / f"{name}.png") for name in row["images"]]
+    assert rows.crops(paths) == (row["num_crops"] if setting == "pan_and_scan" else None)
+    expanded = rows.expand_messages(row["messages"], paths)
+    assert expanded == row["expanded"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    fix_tokenizer(template, tokenizer)
+    conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
+    pairs = [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)]
+    assert pairs == row["pairs"]
+    input_ids = torch.tensor([[token for source, target in pairs for token in source + target]])
+    inputs = rows.model_inputs(input_ids, paths, token_ids=rows.token_ids(tokenizer))
+    assert list(inputs["pixel_values"].shape) == row["pixel_values_shape"] and "num_crops" not in inputs
+    assert inputs["token_type_ids"][0].tolist() == row["token_type_ids"]
+
+
+@pytest.mark.parametrize("setting", list(GEMMA3["by_setting"]))
+@pytest.mark.parametrize("cutoff_len", [2048, 50])
+def test_gemma3_rows_tokenize_to_llamafactorys_supervised_examples(gemma3_dataset, tmp_path: Path, cutoff_len: int,
+                                                                   setting: str):
+    from datasets import load_from_disk
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    folder, data = gemma3_dataset
+    config = build_stage_config({"model_name_or_path": str(folder), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": "gemma3", "cutoff_len": cutoff_len,
+                                 "image_do_pan_and_scan": setting == "pan_and_scan"})
+    counters = tokenize_stage_data(config, tokenizer_path=folder, output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    golden = GEMMA3["by_setting"][setting]["supervised_by_cutoff_len"]
+    soft_token = 32002  # <image_soft_token> in the golden's tokenizer
+    # kept: the examples whose cutoff left all their soft tokens (LLaMA-Factory keeps the others too)
+    kept = [i for i, (cut, whole) in enumerate(zip(golden[str(cutoff_len)], golden["2048"]))
+            if cut["input_ids"].count(soft_token) == whole["input_ids"].count(soft_token)]
+    assert len(kept) == (5 if cutoff_len == 2048 else 2)
+    assert counters.get("rows_dropped_media_tokens_cut", 0) == 5 - len(kept)
+    assert train["input_ids"] == [golden[str(cutoff_len)][i]["input_ids"] for i in kept]
+    assert train["labels"] == [golden[str(cutoff_len)][i]["labels"] for i in kept]

@@ -1,0 +1,93 @@
+"""Golden rows of Gemma 3's image placeholder expansion, written by LLaMA-Factory 0.9.5's own `gemma3`
+template and mm_plugin with transformers' Gemma3Processor (Gemma3ImageProcessor at 64 pixels, 16 tokens
+an image) into tests/data/media/, in the format tests/core/data/test_media_tokens.py reads, once with
+`image_do_pan_and_scan` off and once on (where a wide picture gains crops). The tokenizer is llama2's
+with Gemma 3's three image tokens (named as Gemma's tokenizer names them) and its turn markers added.
+The images are the Qwen2-VL golden's plus a panorama (drawn again by the test).
+
+With pan and scan on, LLaMA-Factory 0.9.5 stops on transformers 5 (IndexError: it reads the image
+processor's `num_crops` as nested by batch, `[0][i]`, and transformers 5 gives one flat count per image);
+this script hands its expansion the counts nested as it reads them, which is the expansion it means.
+Run with LLaMA-Factory's Python from the repository root:
+
+    /work/lfvenv/bin/python tests/data/make_gemma3_golden.py tests/data/media/gemma3_images.json
+"""
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+from PIL import Image, ImageDraw
+from transformers import AutoTokenizer, Gemma3ImageProcessor, Gemma3Processor
+from llamafactory.data.template import TEMPLATES
+from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+
+out = Path(sys.argv[1])
+images_dir = Path(tempfile.mkdtemp())
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+SIZES = {**QWEN["sizes"], "panorama": [1100, 400]}
+ROWS = QWEN["rows"] + [{"name": "panorama and square", "images": ["panorama", "square"],
+                        "messages": [{"role": "user", "content": "<image>Is it wide? <image>"},
+                                     {"role": "assistant", "content": "The first is."}]}]
+
+def make(name, size):
+    w, h = size
+    img = Image.new("RGB", tuple(size), (200, 40, 40))
+    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
+    p = images_dir / f"{name}.png"; img.save(p); return str(p)
+
+paths = {n: make(n, s) for n, s in SIZES.items()}
+TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/llama2", **TOKENS)
+TURNS = ["<start_of_turn>", "<end_of_turn>"]  # Gemma's turn markers, single tokens in its own tokenizer
+tokenizer.add_special_tokens({"additional_special_tokens": list(TOKENS.values()) + TURNS})
+processor = Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=tokenizer,
+                            image_seq_length=16)
+processor.image_max_pixels, processor.image_min_pixels = 768 * 768, 32 * 32
+template = TEMPLATES["gemma3"]
+template.fix_special_tokens(tokenizer)  # as LLaMA-Factory's loader does: <end_of_turn> becomes the eos token
+own_inputs = type(template.mm_plugin)._get_mm_inputs
+
+
+def batched_crops(self, *args, **kwargs):
+    inputs = own_inputs(self, *args, **kwargs)
+    if "num_crops" in inputs and inputs["num_crops"].dim() == 1:
+        inputs["num_crops"] = inputs["num_crops"].unsqueeze(0)
+    return inputs
+
+
+type(template.mm_plugin)._get_mm_inputs = batched_crops
+by_setting = {}
+for pan_and_scan in (False, True):
+    processor.image_do_pan_and_scan = pan_and_scan
+    golden = []
+    for row in ROWS:
+        images = [paths[n] for n in row["images"]]
+        expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
+        pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
+        mm = template.mm_plugin._get_mm_inputs(images, [], [], processor)
+        ids = [token for a, b in pairs for token in a + b]
+        types_ = template.mm_plugin.get_mm_inputs(images, [], [], [len(images)], [0], [0], [ids], processor)["token_type_ids"]
+        golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
+                       "expanded": expanded, "pairs": [[list(a), list(b)] for a, b in pairs],
+                       "pixel_values_shape": list(mm["pixel_values"].shape), "num_crops": mm["num_crops"].flatten().tolist(),
+                       "token_type_ids": types_[0]})
+    supervised = {}
+    for cutoff_len in (2048, 50):
+        data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
+        processor_lf = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
+        batch = {"_prompt": [r["messages"][:-1] for r in ROWS], "_response": [r["messages"][-1:] for r in ROWS],
+                 "_system": [""] * len(ROWS), "_tools": [""] * len(ROWS),
+                 "_images": [[paths[n] for n in r["images"]] for r in ROWS], "_videos": [None] * len(ROWS),
+                 "_audios": [None] * len(ROWS)}
+        encoded = processor_lf.preprocess_dataset(batch)
+        supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels}
+                                       for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+    by_setting["pan_and_scan" if pan_and_scan else "plain"] = {"rows": golden, "supervised_by_cutoff_len": supervised}
+
+json.dump({"llamafactory_version": "0.9.5", "template": "gemma3", "tokenizer": "llama2 with Gemma 3's image tokens and turn markers added",
+           "tokens": TOKENS, "turn_tokens": TURNS, "processor": {"class": "Gemma3Processor", "image_seq_length": 16},
+           "image_processor": "Gemma3ImageProcessor(size 64 x 64)", "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32,
+           "sizes": SIZES, "by_setting": by_setting}, out.open("w"), indent=None)
+print("wrote", out, {k: [(g["name"], g["num_crops"], g["pixel_values_shape"]) for g in v["rows"]] for k, v in by_setting.items()})
