@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 ARROW_FILE = "data-00000-of-00001.arrow"
-TEXT_LIST_COLUMNS = frozenset({"images", "videos"})  # lists of file paths, not of token ids
+TEXT_LIST_COLUMNS = frozenset({"images", "videos", "audios"})  # lists of file paths, not of token ids
 
 
 def _feature(value: Any) -> dict[str, Any]:

@@ -48,7 +48,7 @@ class EncodingSpec:
     neat_packing: bool
     predict: bool  # prompts for generation (do_predict without do_train)
     batch_size: int  # the trainer's per-device batch, for the padding ratio
-    media_token_ids: tuple[int, ...] = ()  # with media rows: every example keeps its `images` and `videos`, and one that lost media tokens drops
+    media_token_ids: tuple[int, ...] = ()  # with media rows: every example keeps its `images`, `videos`, `audios`, and one that lost media tokens drops
 
     @classmethod
     def from_config(cls, config: StageConfig, *, template: Template, examples: str,
@@ -240,11 +240,11 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
 
 def _with_media(example: dict[str, Any], row: dict[str, Any], token_ids: tuple[int, ...], counters: Counter, *,
                 ids: str = "input_ids") -> dict[str, Any] | None:
-    """`example` with the row's image and video files, or None (counted) when cutoff_len cut into their tokens."""
+    """`example` with the row's image, video and audio files, or None (counted) when cutoff_len cut into their tokens."""
     if sum(example[ids].count(token_id) for token_id in token_ids) != row["media_tokens"]:
         counters["rows_dropped_media_tokens_cut"] += 1
         return None
-    return {**example, "images": row["images"], "videos": row["videos"]}
+    return {**example, "images": row["images"], "videos": row["videos"], "audios": row["audios"]}
 
 
 def _pieces_ids(pieces: list[list[str | int]], encoded: dict[str, list[int]], split: dict[str, list[str]]) -> list[list[int]]:

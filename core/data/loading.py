@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem, convert_row
-from tuneline.core.data.media import resolved_media, unread_media_columns
+from tuneline.core.data.media import resolved_media
 from tuneline.core.data.readers import Record
 from tuneline.core.data.sources import entry_label, open_records
 from tuneline.core.errors import ConfigError, DataError
@@ -201,12 +201,6 @@ def _counts(dropped: dict[str, int]) -> str:
 
 def _check_loadable(attr: DatasetAttr, *, entry: str) -> None:
     """Entry-level reasons that no row of the dataset can be loaded."""
-    unread = unread_media_columns(list(attr.columns))
-    if unread:
-        raise DataError(
-            f"{entry} maps {', '.join(unread)} in \"columns\", and tuneline reads images and videos only so far, "
-            "not audio; use a dataset of text, images and videos, or remove those columns from the entry."
-        )
     if attr.formatting == "alpaca" and not {"prompt", "query"} & set(attr.columns):
         raise DataError(
             f"{entry} maps neither prompt nor query in \"columns\", so its rows have no user "

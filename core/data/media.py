@@ -1,11 +1,12 @@
-"""The media files of a multimodal row: LLaMA-Factory's `images` and `videos` columns, resolved and checked.
+"""The media files of a multimodal row: LLaMA-Factory's `images`, `videos` and `audios` columns, resolved and
+checked.
 
 A path is read as LLaMA-Factory reads it: relative to `media_dir` (which defaults to `dataset_dir`)
 when the file is there, else as written. A URL or an inline image is refused: tuneline reads media
 from files, so that their content can key the cache. Each problem is a `RowProblem`, so a bad row
 stops tokenizing with its dataset and row named, or is dropped and counted with `on_bad_row: skip`.
-An image must open with Pillow and a video with PyAV, with a video stream whose first frame decodes.
-Audio columns are refused by name until tuneline reads them.
+An image must open with Pillow, a video with PyAV, with a video stream whose first frame decodes, and
+an audio clip with PyAV, with an audio stream that decodes to at least one sample.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem
 from tuneline.core.data.media_tokens import PLACEHOLDERS, placeholder_counts
 
-READ_COLUMNS = ("images", "videos")
-"""The media columns tuneline reads so far."""
+READ_COLUMNS = ("images", "videos", "audios")
+"""The media columns tuneline reads."""
 URL_PREFIXES = ("http://", "https://", "data:")
 
 
@@ -48,6 +49,8 @@ def _file(reference: str, *, key: str, media_dir: Path) -> str:
         _check_image(path)
     if key == "videos":
         _check_video(path)
+    if key == "audios":
+        _check_audio(path)
     return str(path)
 
 
@@ -70,6 +73,11 @@ def _check_video(path: Path) -> None:
         raise RowProblem(str(e), reason="media_unreadable") from None
 
 
-def unread_media_columns(columns: Sequence[str]) -> list[str]:
-    """The media columns an entry maps that tuneline does not read yet."""
-    return [key for key in MEDIA_COLUMNS if key in columns and key not in READ_COLUMNS]
+def _check_audio(path: Path) -> None:
+    from tuneline.core.data.audio_clips import AudioError, check
+
+    try:
+        check(path)
+    except AudioError as e:
+        raise RowProblem(str(e), reason="media_unreadable") from None
+

@@ -25,15 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import MediaConfig
-from tuneline.core.data.media_tokens import (LLAVA_SETTINGS, PAN_AND_SCAN, VideoPatching, expand_images, expand_videos,
-                                             image_features, pan_and_scan_crops, patch_token_counts, placeholder_counts,
-                                             sized_dimensions, sized_image, video_features)
+from tuneline.core.data.audio_clips import samples
+from tuneline.core.data.media_tokens import (LLAVA_SETTINGS, PAN_AND_SCAN, VideoPatching, audio_token_count, expand_audios,
+                                             expand_images, expand_videos, image_features, pan_and_scan_crops,
+                                             patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
+                                             video_features)
 from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
@@ -56,30 +58,46 @@ class MediaRows:
     `second_per_grid_ts`)."""
     video_processor: Any = None
     """transformers' own video processor, where torchvision imports; else None (see the module's doc)."""
+    audio_processor: Any = None
+    """The folder's audio feature extractor (Qwen2-Audio's Whisper one); None: the family hears no audio."""
 
     @classmethod
-    def load(cls, template: Template, model_path: str | Path, settings: MediaConfig, *, datasets: list[str],
-             video_datasets: Sequence[str] = ()) -> MediaRows:
-        """For `template` and the processors of the model folder at `model_path`; a ConfigError names the
-        dataset, template or folder when its images or (`video_datasets`) videos cannot be encoded."""
+    def load(cls, template: Template, model_path: str | Path, settings: MediaConfig, *,
+             datasets: Mapping[str, Sequence[str]]) -> MediaRows:
+        """For `template` and the processors of the model folder at `model_path`; `datasets`: the names of
+        the datasets that hold each media column. A ConfigError names the dataset, template or folder when
+        their media cannot be encoded."""
+        def named(column: str) -> str:
+            return ", ".join(repr(name) for name in datasets.get(column, ()))
+
         if template.media is None:
-            raise ConfigError(f"dataset {', '.join(repr(d) for d in datasets)} holds images or videos, and 'template: "
+            every = sorted({name for names in datasets.values() for name in names})
+            raise ConfigError(f"dataset {', '.join(repr(d) for d in every)} holds images, videos or audio, and 'template: "
                               f"{template.name}' writes text only; use a multimodal template of the model's family "
                               f"({FAMILY_TEMPLATES}).")
-        image_processor = load_image_processor(model_path)
-        video = _video_patching(template.media, model_path, image_processor)
-        if video_datasets and video is None:
-            raise ConfigError(f"dataset {', '.join(repr(d) for d in video_datasets)} holds videos, and tuneline feeds "
-                              f"videos to the Qwen2-VL family so far ('template: qwen2_vl'), not through 'template: "
-                              f"{template.name}'; use a Qwen2-VL or Qwen2.5-VL model or leave out the videos.")
-        return cls(media=template.media, image_processor=image_processor, settings=settings,
-                   processor_settings=load_processor_settings(model_path, template.media), video=video,
+        media = template.media
+        if datasets.get("images") and media.image_token is None:
+            raise ConfigError(f"dataset {named('images')} holds images, and 'template: {template.name}' is for a model "
+                              "that reads no images; use a vision-language model and its template or leave out the images.")
+        if datasets.get("audios") and media.audio_token is None:
+            raise ConfigError(f"dataset {named('audios')} holds audio, and tuneline feeds audio to Qwen2-Audio so far "
+                              f"('template: qwen2_audio'), not through 'template: {template.name}'; use a Qwen2-Audio "
+                              "model or leave out the audio.")
+        image_processor = load_image_processor(model_path) if media.image_token else None
+        video = _video_patching(media, model_path, image_processor)
+        if datasets.get("videos") and video is None:
+            raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds videos to the Qwen2-VL family "
+                              f"so far ('template: qwen2_vl'), not through 'template: {template.name}'; use a Qwen2-VL or "
+                              "Qwen2.5-VL model or leave out the videos.")
+        return cls(media=media, image_processor=image_processor, settings=settings,
+                   processor_settings=load_processor_settings(model_path, media), video=video,
                    video_seconds=_model_type(Path(model_path)) in SECONDS_SPACED,
-                   video_processor=_video_processor(model_path) if video_datasets else None)
+                   video_processor=_video_processor(model_path) if datasets.get("videos") else None,
+                   audio_processor=load_audio_processor(model_path) if media.audio_token else None)
 
     def save(self, folder: str | Path) -> None:
         """The image processor and the sizing settings, into `folder` (the tokenized data's tokenizer folder)."""
-        self.image_processor.save_pretrained(str(folder))
+        self._save_processors(folder)
         if self.video_processor is not None:
             self.video_processor.save_pretrained(str(folder))
         settings = {"media": dataclasses.asdict(self.media), "settings": dataclasses.asdict(self.settings),
@@ -90,21 +108,27 @@ class MediaRows:
     def save_processor(self, folder: str | Path) -> None:
         """The processor as a model folder holds it: the image processor, and the multimodal processor's
         numbers (processor_config.json) where the family counts tokens by them."""
-        self.image_processor.save_pretrained(str(folder))
+        self._save_processors(folder)
         if self.processor_settings:
             named = {"image_token": self.media.image_token} if self.media.plugin == "llava" else {}
             saved = {**self.processor_settings, **named, "processor_class": PROCESSOR_CLASSES[self.media.plugin]}
             (Path(folder) / PROCESSOR_FILE).write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
+    def _save_processors(self, folder: str | Path) -> None:
+        for processor in (self.image_processor, self.audio_processor):
+            if processor is not None:
+                processor.save_pretrained(str(folder))
+
     @classmethod
     def read(cls, folder: str | Path) -> MediaRows:
         """What `save` wrote into `folder`."""
         saved = json.loads((Path(folder) / SETTINGS_FILE).read_text(encoding="utf-8"))
-        video = saved.get("video")
-        return cls(media=MediaTokens(**saved["media"]), image_processor=load_image_processor(folder),
+        video, media = saved.get("video"), MediaTokens(**saved["media"])
+        return cls(media=media, image_processor=load_image_processor(folder) if media.image_token else None,
                    settings=MediaConfig(**saved["settings"]), processor_settings=saved.get("processor_settings", {}),
                    video=video and VideoPatching(**video), video_seconds=saved.get("video_seconds", False),
-                   video_processor=_video_processor(folder) if video else None)
+                   video_processor=_video_processor(folder) if video else None,
+                   audio_processor=load_audio_processor(folder) if media.audio_token else None)
 
     def sized(self, paths: Sequence[str]) -> list[Any]:
         """The images at `paths`, opened and sized as the model family reads them."""
@@ -158,20 +182,43 @@ class MediaRows:
         return {name: torch.from_numpy(np.asarray(value)) for name, value in inputs.items()}
 
     def expand(self, row: dict[str, Any]) -> dict[str, Any]:
-        """`row` with its images' and videos' placeholders expanded (a row without them gains empty lists)."""
-        images, videos = list(row.get("images") or []), list(row.get("videos") or [])
+        """`row` with its images', videos' and audio clips' placeholders expanded (a row without them gains
+        empty lists)."""
+        images, videos, audios = (list(row.get(key) or []) for key in ("images", "videos", "audios"))
         image_counts = self.token_counts(images) if images else []
         crops = self.crops(images)
         video_counts = self.video_token_counts(videos) if videos else []
+        audio_counts = self.audio_token_counts(audios) if audios else []
         in_prompt = placeholder_counts(row["prompt"])  # the prompt's media come first, then the reply's
         expanded = {}
-        for part, start, end in (("prompt", {"images": 0, "videos": 0}, in_prompt),
-                                 ("response", in_prompt, {"images": None, "videos": None})):
+        for part, start, end in (("prompt", {"images": 0, "videos": 0, "audios": 0}, in_prompt),
+                                 ("response", in_prompt, {"images": None, "videos": None, "audios": None})):
             with_images = expand_images(row[part], image_counts[start["images"]:end["images"]], self.media,
                                         crops and crops[start["images"]:end["images"]])
-            expanded[part] = expand_videos(with_images, video_counts[start["videos"]:end["videos"]], self.media)
+            with_videos = expand_videos(with_images, video_counts[start["videos"]:end["videos"]], self.media)
+            expanded[part] = expand_audios(with_videos, audio_counts[start["audios"]:end["audios"]], self.media)
         image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
-        return {**row, **expanded, "images": images, "videos": videos, "media_tokens": image_tokens + sum(video_counts)}
+        return {**row, **expanded, "images": images, "videos": videos, "audios": audios,
+                "media_tokens": image_tokens + sum(video_counts) + sum(audio_counts)}
+
+    def audio_samples(self, path: str) -> Any:
+        """The clip at `path` as the model hears it: one channel at `audio_sampling_rate`."""
+        return samples(path, self.settings.audio_sampling_rate)
+
+    def audio_token_counts(self, paths: Sequence[str]) -> list[int]:
+        """How many audio tokens each clip at `paths` takes, from its length (each decoded in turn)."""
+        return [audio_token_count(len(self.audio_samples(path)), self.audio_processor) for path in paths]
+
+    def audio_features(self, paths: Sequence[str]) -> dict[str, Any]:
+        """The model inputs of the clips at `paths` (input_features, feature_attention_mask), as torch
+        tensors: the feature extractor's mel frames, padded to its chunk, as LLaMA-Factory makes them."""
+        import torch
+
+        rate = self.settings.audio_sampling_rate
+        features = self.audio_processor([self.audio_samples(path) for path in paths], sampling_rate=rate,
+                                        return_attention_mask=True, padding="max_length", return_tensors="np")
+        return {"input_features": torch.from_numpy(features["input_features"]),
+                "feature_attention_mask": torch.from_numpy(features["attention_mask"])}
 
     def expand_messages(self, messages: Sequence[dict[str, str]], paths: Sequence[str]) -> list[dict[str, str]]:
         """`messages` (a conversation to answer) with each `<image>` expanded for the image at `paths`
@@ -202,11 +249,12 @@ class MediaRows:
 
     def token_ids(self, tokenizer: Any) -> dict[str, int]:
         """The ids of the template's image token and (for a family that takes videos) video token."""
-        tokens = {"images": self.media.image_token, "videos": self.media.video_token if self.video else None}
+        tokens = {"images": self.media.image_token, "videos": self.media.video_token if self.video else None,
+                  "audios": self.media.audio_token if self.audio_processor is not None else None}
         return {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items() if token}
 
-    def model_inputs(self, input_ids: Any, images: Sequence[str], videos: Sequence[str] = (), *,
-                     token_ids: dict[str, int]) -> dict[str, Any]:
+    def model_inputs(self, input_ids: Any, images: Sequence[str], videos: Sequence[str] = (), audios: Sequence[str] = (),
+                     *, token_ids: dict[str, int]) -> dict[str, Any]:
         """What the model takes beside `input_ids` (a [batch, n] tensor) for the images and videos at
         `images` and `videos`, each in the order of its tokens: the features, and for the Qwen-VL families
         `mm_token_type_ids` (1 on image tokens, 2 on video tokens), from which transformers computes its
@@ -214,6 +262,8 @@ class MediaRows:
         inputs = dict(self.features(images)) if images else {}
         if videos:
             inputs.update(self.video_features(videos))
+        if audios:
+            inputs.update(self.audio_features(audios))
         if self.media.plugin in QWEN_PLUGINS:
             types = (input_ids == token_ids["images"]).long()
             if "videos" in token_ids:
@@ -274,6 +324,9 @@ def media_rows_for_model(model_path: str | Path, *, template: Template | None, s
     if template.media is None:
         raise ConfigError(f"template '{template.name}' writes text only, so it cannot show the model an image; use a "
                           f"multimodal template of the model's family ({FAMILY_TEMPLATES}).")
+    if template.media.image_token is None:
+        raise ConfigError(f"template '{template.name}' is for a model that reads no images; use a vision-language model "
+                          f"and its template ({FAMILY_TEMPLATES}) or leave out the images.")
     folder = processor_path or model_path
     return MediaRows(media=template.media, image_processor=load_image_processor(folder), settings=settings,
                      processor_settings=load_processor_settings(folder, template.media))
@@ -300,6 +353,19 @@ def load_image_processor(model_path: str | Path) -> Any:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"'model_name_or_path: {model_path}': transformers cannot load its image processor "
                           f"({reason}); {fix}") from e
+
+
+def load_audio_processor(model_path: str | Path) -> Any:
+    """The model folder's audio feature extractor (transformers' class for its family)."""
+    from transformers import AutoFeatureExtractor
+
+    try:
+        return AutoFeatureExtractor.from_pretrained(str(model_path))
+    except (OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"'model_name_or_path: {model_path}': transformers cannot load its audio feature extractor "
+                          f"({reason}); audio rows are cut into features by it: use the model's own folder, which ships "
+                          "one.") from e
 
 
 IMAGE_PROCESSOR_FILE, PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"

@@ -18,6 +18,11 @@ With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as L
   Factory's fixed settings), and the placeholder becomes "Here is the original image", its sequence,
   "and here are some crops to help you see better" and one sequence per crop.
 
+Audio (`qwen2_audio` plugin, Qwen2-Audio): each clip, one channel at `audio_sampling_rate`, becomes
+`<|audio_bos|>`, one `<|AUDIO|>` per feature of Qwen2-Audio's encoder and `<|audio_eos|>`. The folder's
+Whisper feature extractor cuts the clip into mel frames (one a hop, at most its chunk: 30 seconds),
+and the encoder's two stride-2 steps leave (((frames - 1) // 2 + 1) - 2) // 2 + 1 features.
+
 The model's own image processor (transformers' class, loaded from the model folder) makes the
 pixels from the same sizing in training, so the tokens and the features always agree.
 """
@@ -209,6 +214,20 @@ def expand_videos(messages: Sequence[dict[str, str]], counts: Sequence[int], med
     """`messages` with the n-th `<video>` written as `counts[n]` video tokens between the vision markers."""
     texts = [f"{media.vision_bos}{(media.video_token or '') * count}{media.vision_eos}" for count in counts]
     return _expanded(messages, texts, VIDEO_PLACEHOLDER)
+
+
+def expand_audios(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens) -> list[dict[str, str]]:
+    """`messages` with the n-th `<audio>` written as `counts[n]` audio tokens between the audio markers."""
+    texts = [f"{media.audio_bos}{(media.audio_token or '') * count}{media.audio_eos}" for count in counts]
+    return _expanded(messages, texts, AUDIO_PLACEHOLDER)
+
+
+def audio_token_count(samples: int, feature_extractor: Any) -> int:
+    """Qwen2-Audio's tokens for a clip of `samples` samples: its mel frames (a hop each, up to the feature
+    extractor's chunk) after the encoder's two stride-2 steps."""
+    limit = int(feature_extractor.n_samples)  # a longer clip is cut to the chunk, as the extractor cuts it
+    frames = math.ceil(min(samples, limit) / int(feature_extractor.hop_length))
+    return (((frames - 1) // 2 + 1) - 2) // 2 + 1
 
 
 def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens,

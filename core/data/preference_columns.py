@@ -27,7 +27,7 @@ FEEDBACK_COLUMNS = ("input_ids", "attention_mask", "labels", "kl_input_ids", "kl
                     "kto_tags")
 
 
-IMAGE_FILES, VIDEO_FILES = "image_files", "video_files"
+IMAGE_FILES, VIDEO_FILES, AUDIO_FILES = "image_files", "video_files", "audio_files"
 """A pair's image files, which the image collator opens (`core.training.media_collator`)."""
 
 _TRAINED_BY = {"pairwise": "a pairwise stage (rm, dpo)", "feedback": "stage kto"}
@@ -102,6 +102,8 @@ def _split_pairs(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         pairs[IMAGE_FILES] = batch["images"]
     if "videos" in batch:
         pairs[VIDEO_FILES] = batch["videos"]
+    if "audios" in batch:
+        pairs[AUDIO_FILES] = batch["audios"]
     return pairs
 
 

@@ -261,21 +261,21 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
 
 
 def _media_rows(config: StageConfig, template: Template, model_path: str | Path, *, examples: str) -> MediaRows | None:
-    """How the stage's image and video rows are expanded; None when no dataset it reads maps either."""
+    """How the stage's image, video and audio rows are expanded; None when no dataset it reads maps any."""
     with_media = media_datasets(config)
     if not with_media:
         return None
     problems = []
     if examples not in ("supervised", "pairwise"):
-        problems.append(f"dataset {', '.join(repr(n) for n in with_media)} maps images or videos, and tuneline encodes "
-                        f"media rows as supervised or pairwise examples so far, not as {examples} examples.")
+        problems.append(f"dataset {', '.join(repr(n) for n in with_media)} maps images, videos or audio, and tuneline "
+                        f"encodes media rows as supervised or pairwise examples so far, not as {examples} examples.")
     if config.data.packing or config.data.neat_packing:
-        problems.append("'packing' with image or video rows is not offered yet (a pack must keep each image's and "
-                        "video's tokens whole); remove packing and neat_packing.")
+        problems.append("'packing' with image, video or audio rows is not offered yet (a pack must keep each one's tokens "
+                        "whole); remove packing and neat_packing.")
     if problems:
         raise ConfigError(problems)
-    return MediaRows.load(template, model_path, config.media, datasets=with_media,
-                          video_datasets=media_datasets(config, columns=("videos",)))
+    return MediaRows.load(template, model_path, config.media,
+                          datasets={column: media_datasets(config, columns=(column,)) for column in MEDIA_READ})
 
 
 def media_datasets(config: StageConfig, *, columns: tuple[str, ...] = MEDIA_READ) -> list[str]:
@@ -285,12 +285,15 @@ def media_datasets(config: StageConfig, *, columns: tuple[str, ...] = MEDIA_READ
 
 
 def media_token_ids(tokenizer, media_rows: MediaRows) -> tuple[int, ...]:
-    """The ids of the template's image and video tokens, each of which must be one token of the vocabulary."""
-    for token_id, token in zip(media_rows.token_ids(tokenizer).values(), (media_rows.media.image_token, media_rows.media.video_token)):
-        if token_id is None or tokenizer.convert_ids_to_tokens(token_id) != token:
-            raise ConfigError(f"the template's media token {token!r} is not a token of this tokenizer; use the tokenizer of "
-                              "the multimodal model the template is for.")
-    return tuple(media_rows.token_ids(tokenizer).values())
+    """The ids of the template's image, video and audio tokens, each of which must be one token of the vocabulary."""
+    ids = media_rows.token_ids(tokenizer)
+    tokens = {"images": media_rows.media.image_token, "videos": media_rows.media.video_token,
+              "audios": media_rows.media.audio_token}
+    for column, token_id in ids.items():
+        if token_id is None or tokenizer.convert_ids_to_tokens(token_id) != tokens[column]:
+            raise ConfigError(f"the template's media token {tokens[column]!r} is not a token of this tokenizer; use the "
+                              "tokenizer of the multimodal model the template is for.")
+    return tuple(ids.values())
 
 
 def eval_split_names(config: StageConfig) -> list[str]:

@@ -123,11 +123,15 @@ def load_model(
 
 def generating_class(config: PretrainedConfig) -> type:
     """transformers' auto class of a model that writes text: a causal LM, or for a vision-language
-    family (Qwen2-VL, ...) the image-text-to-text class, whose model reads pixels as well."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    family (Qwen2-VL, ...) the image-text-to-text class, whose model reads pixels as well, or for an
+    audio-language family (Qwen2-Audio) the multimodal LM class, whose model reads sound."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForMultimodalLM
 
-    if type(config) not in AutoModelForCausalLM._model_mapping and type(config) in AutoModelForImageTextToText._model_mapping:
-        return AutoModelForImageTextToText
+    if type(config) in AutoModelForCausalLM._model_mapping:
+        return AutoModelForCausalLM
+    for auto_class in (AutoModelForImageTextToText, AutoModelForMultimodalLM):
+        if type(config) in auto_class._model_mapping:
+            return auto_class
     return AutoModelForCausalLM
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuneline.core.models.audio_base_model import AUDIO_TOKENS, qwen2_audio_model, save_qwen2_audio_processor
 from tuneline.core.models.composite import MODEL_TEMPLATES
 from tuneline.core.templates.catalog import TEMPLATES
 from tuneline.core.templates.jinja import chat_template_jinja
@@ -25,14 +26,15 @@ LLAVA_IMAGE_TOKEN = "<image>"
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 """Gemma 3's image tokens, by the names its tokenizer gives them (Gemma3Processor reads them so)."""
 GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen2_audio")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
 
 @dataclass(frozen=True)
 class VisionModelConfig:
-    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, llava or gemma3."})
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, llava, gemma3 or "
+                                                                 "qwen2_audio (audio_base_model.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
@@ -59,7 +61,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         raise ValueError(f"family {config.family!r} is not one of {', '.join(FAMILIES)}")
     named = GEMMA3_TOKENS if config.family == "gemma3" else {}
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path), **named)
-    tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "gemma3": (*GEMMA3_TOKENS.values(), *GEMMA_TURN_TOKENS)}.get(config.family, VISION_TOKENS)
+    tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "gemma3": (*GEMMA3_TOKENS.values(), *GEMMA_TURN_TOKENS),
+              "qwen2_audio": AUDIO_TOKENS}.get(config.family, VISION_TOKENS)
     missing = [token for token in tokens if token not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
@@ -70,6 +73,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         model = _llava_model(config, vocab_size=len(tokenizer), image_token_id=ids[LLAVA_IMAGE_TOKEN], tokenizer=tokenizer)
     elif config.family == "gemma3":
         model = _gemma3_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
+    elif config.family == "qwen2_audio":
+        model = qwen2_audio_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     else:
         model = _qwen_model_class(config.family)(_qwen_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer))
     model.save_pretrained(output_dir, safe_serialization=True)
@@ -78,6 +83,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         _save_llava_processor(config, tokenizer, output_dir)
     elif config.family == "gemma3":
         _save_gemma3_processor(config, tokenizer, output_dir)
+    elif config.family == "qwen2_audio":
+        save_qwen2_audio_processor(tokenizer, output_dir)
     else:
         _qwen_image_processor(config).save_pretrained(output_dir)
     return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer)}

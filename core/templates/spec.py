@@ -42,7 +42,7 @@ ToolFormat = Literal["default", "gemma4", "glm4", "glm4_moe", "lfm2", "ling", "l
 TOOL_FORMATS: tuple[str, ...] = get_args(ToolFormat)
 """LLaMA-Factory 0.9.5's tool formats, the values `tool_format` takes."""
 DEFAULT_THOUGHT_WORDS = ("<think>\n", "\n</think>\n\n")
-MediaPlugin = Literal["qwen2_vl", "qwen3_vl", "llava", "gemma3"]
+MediaPlugin = Literal["qwen2_vl", "qwen3_vl", "llava", "gemma3", "qwen2_audio"]
 QWEN_PLUGINS = ("qwen2_vl", "qwen3_vl")  # images sized, cut and counted alike (Qwen3-VL in patches of 16)
 """The families whose media placeholders tuneline expands (LLaMA-Factory's `mm_plugin` names)."""
 
@@ -55,10 +55,15 @@ class MediaTokens:
     family's image processor makes of that image, and `vision_eos` (see `core.data.media_tokens`)."""
 
     plugin: MediaPlugin
-    image_token: str
+    image_token: str | None
+    """None: the family reads no images (Qwen2-Audio)."""
     video_token: str | None = None
     vision_bos: str = ""
     vision_eos: str = ""
+    audio_token: str | None = None
+    """Each `<audio>` becomes `audio_bos`, this token once per audio feature, and `audio_eos`."""
+    audio_bos: str = ""
+    audio_eos: str = ""
 
 
 @dataclass(frozen=True)

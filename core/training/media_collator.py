@@ -1,10 +1,10 @@
 """Batches of media examples: the text padded as for any example, the pixels cut in the data loader.
 
-An example of tokenized media rows holds its image and video files (`images`, `videos`, each in the
-order of its tokens) beside its ids. The collator pads the ids with the text collator, opens and
+An example of tokenized media rows holds its image, video and audio files (`images`, `videos`, `audios`,
+each in the order of its tokens) beside its ids. The collator pads the ids with the text collator, opens and
 sizes the batch's images and decodes its videos' sampled frames, and runs the processor the tokenized
 data was counted with (`MediaRows.read`), so the model gets `pixel_values` and `image_grid_thw` (and
-`pixel_values_videos`, `video_grid_thw`) that fill exactly the media tokens the batch holds, in order
+`pixel_values_videos`, `video_grid_thw`; for audio `input_features`, `feature_attention_mask`) that fill exactly the media tokens the batch holds, in order
 (and Qwen2-VL's `mm_token_type_ids`); `PairedMediaCollator` does the same for DPO's pairs.
 """
 
@@ -32,14 +32,14 @@ class MediaCollator:
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         batch = dict(self.text_collator([{key: feature[key] for key in TEXT_COLUMNS if key in feature} for feature in features]))
         inputs = self.media.model_inputs(batch["input_ids"], _files(features, "images"), _files(features, "videos"),
-                                         token_ids=self.token_ids)
+                                         _files(features, "audios"), token_ids=self.token_ids)
         return {**batch, **inputs}
 
 
 @dataclass(frozen=True)
 class PairedMediaCollator:
     """TRL's preference collator, whose batch is every pair's chosen sequence and then every pair's
-    rejected one, with each pair's images and videos (`image_files`, `video_files`) fed for both of its
+    rejected one, with each pair's images, videos and audio (`image_files`, `video_files`, `audio_files`) fed for both of its
     sequences, in that order."""
 
     text_collator: Callable[[list[dict[str, Any]]], dict[str, Any]]
@@ -47,10 +47,12 @@ class PairedMediaCollator:
     token_ids: dict[str, int]
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        from tuneline.core.data.preference_columns import IMAGE_FILES, VIDEO_FILES
+        from tuneline.core.data.preference_columns import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
 
-        batch = dict(self.text_collator([{key: value for key, value in feature.items() if key not in (IMAGE_FILES, VIDEO_FILES)}
+        files = (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES)
+        batch = dict(self.text_collator([{key: value for key, value in feature.items() if key not in files}
                                          for feature in features]))
-        images, videos = _files(features, IMAGE_FILES), _files(features, VIDEO_FILES)
-        pixels = self.media.model_inputs(batch["input_ids"], images + images, videos + videos, token_ids=self.token_ids)
+        images, videos, audios = (_files(features, column) for column in files)
+        pixels = self.media.model_inputs(batch["input_ids"], images + images, videos + videos, audios + audios,
+                                         token_ids=self.token_ids)
         return {**batch, **pixels}  # the chosen half's media, then the rejected half's

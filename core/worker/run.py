@@ -69,7 +69,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                  *profiler_callbacks(RuntimeConfig(**job.runtime), output_dir=job.output_dir, tracking_uri=job.tracking_uri,
                                      run_id=job.run_id)]
     media_rows = None
-    if {"images", "videos"} & set(datasets["train"].column_names):  # the collator opens them, so the trainer must pass them on
+    if {"images", "videos", "audios"} & set(datasets["train"].column_names):  # the collator opens them, so the trainer must pass them on
         from tuneline.core.data.media_rows import MediaRows
         from tuneline.core.data.tokenization import TOKENIZER_DIR
 

@@ -182,11 +182,6 @@ CASES = {
     "split_of_local_file": Case(
         {"file_name": "d.json", "split": "validation"}, {"d.json": [GOOD_ALPACA]},
         ["asks for split 'validation', but a local file holds only the 'train' split"]),
-    "audio_column": Case(
-        {"file_name": "d.json", **OPENAI,
-         "columns": {"messages": "messages", "audios": "audios"}}, {"d.json": []},
-        ["dataset 'd' in " + INFO + " maps audios in \"columns\"",
-         "tuneline reads images and videos only so far, not audio"]),
     "modelscope_only": Case(
         {"ms_hub_url": "someone/data"}, {},
         ["dataset 'd' in " + INFO + " loads from ms_hub_url 'someone/data'",

@@ -30,7 +30,6 @@ TEXT_DATASETS = {
     "c4_demo": (300, []),
     "wiki_demo": (30, []),
 }
-UNREAD_MEDIA = ["mllm_audio_demo", "mllm_video_audio_demo"]
 HUB_ONLY = ["alpaca_en", "lima", "ultrachat_200k", "dpo_mix_en", "kto_mix_en", "adgen_eval", "llava_1k_en", "pokemon_cap",
             "rlhf_v"]
 
@@ -81,7 +80,7 @@ def assert_standard(row: dict, *, kto: bool) -> None:
 
 def test_whole_official_file_validates(info: dict) -> None:
     assert len(info) > 90
-    assert set(TEXT_DATASETS) | set(UNREAD_MEDIA) | {"mllm_demo"} <= set(info)
+    assert set(TEXT_DATASETS) | {"mllm_demo", "mllm_video_demo", "mllm_audio_demo", "mllm_video_audio_demo"} <= set(info)
     assert info["alpaca_en"].load_from == "hf_hub" and info["deepctrl"].load_from == "ms_hub"
     assert info["llava_1k_en"].subset == "en" and info["starcoder_python"].folder == "python"
 
@@ -152,20 +151,13 @@ def test_streaming_gives_the_same_rows(lf_data: Path, name: str) -> None:
     assert list(iter_rows(attr, lf_data)) == load_rows(attr, lf_data)
 
 
-@pytest.mark.parametrize("name", UNREAD_MEDIA)
-def test_audio_datasets_are_refused_by_name(info: dict, lf_data: Path, name: str) -> None:
-    with pytest.raises(DataError) as error:
-        load_rows(info[name], lf_data)
-    message = str(error.value)
-    assert f"dataset '{name}' in {lf_data / 'dataset_info.json'} maps " in message
-    assert "tuneline reads images and videos only so far, not audio" in message
-
-
 @pytest.mark.parametrize("name, rows, first", [("mllm_demo", 6, "images file 'mllm_demo_data/1.jpg'"),
-                                               ("mllm_video_demo", 3, "videos file 'mllm_demo_data/1.mp4'")])
-def test_the_image_and_video_demos_name_their_missing_files(info: dict, lf_data: Path, name: str, rows: int, first: str) -> None:
-    """The shared copy of LLaMA-Factory's data holds mllm_demo.json and mllm_video_demo.json without
-    their mllm_demo_data/ images and clips."""
+                                               ("mllm_video_demo", 3, "videos file 'mllm_demo_data/1.mp4'"),
+                                               ("mllm_audio_demo", 3, "audios file 'mllm_demo_data/1.mp3'"),
+                                               ("mllm_video_audio_demo", 3, "videos file 'mllm_demo_data/4.mp4'")])
+def test_the_media_demos_name_their_missing_files(info: dict, lf_data: Path, name: str, rows: int, first: str) -> None:
+    """The shared copy of LLaMA-Factory's data holds its four media demos' rows without their
+    mllm_demo_data/ images, clips and sounds."""
     with pytest.raises(DataError) as error:
         load_rows(info[name], lf_data)
     message = " ".join(str(error.value).split())

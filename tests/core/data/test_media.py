@@ -1,4 +1,4 @@
-"""Image and video rows as LLaMA-Factory's `images` and `videos` columns give them: paths resolved
+"""Image, video and audio rows as LLaMA-Factory's `images`, `videos` and `audios` columns give them: paths resolved
 against media_dir and checked, each bad row named (file and row) or dropped and counted with
 on_bad_row: skip."""
 
@@ -16,7 +16,7 @@ from tuneline.core.errors import DataError
 
 CLIPS = Path(__file__).resolve().parents[2] / "data/media/clips"
 ENTRY = {"file_name": "rows.json", "formatting": "sharegpt",
-         "columns": {"messages": "messages", "images": "images", "videos": "videos"},
+         "columns": {"messages": "messages", "images": "images", "videos": "videos", "audios": "audios"},
          "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}
 
 
@@ -26,6 +26,10 @@ def image_row(question: str, images) -> dict:
 
 def video_row(question: str, videos) -> dict:
     return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "A box."}], "videos": videos}
+
+
+def audio_row(question: str, audios) -> dict:
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "A tone."}], "audios": audios}
 
 
 def header_only_video(path: Path) -> None:
@@ -60,10 +64,15 @@ def dataset(tmp_path: Path):
     header_only_video(media / "no_frames.mkv")
     with wave.open(str(media / "tone.wav"), "wb") as sound:
         sound.setnchannels(1), sound.setsampwidth(2), sound.setframerate(8000), sound.writeframes(bytes(1600))
+    with wave.open(str(media / "silent.wav"), "wb") as sound:  # a header and no samples
+        sound.setnchannels(1), sound.setsampwidth(2), sound.setframerate(8000), sound.writeframes(b"")
+    (media / "cut.wav").write_bytes((media / "tone.wav").read_bytes()[:30])
 
     def write(rows: list[dict]) -> Path:
+        """The rows as dataset 'd', whose entry maps the media columns the rows use."""
         (tmp_path / "rows.json").write_text(json.dumps(rows))
-        (tmp_path / "dataset_info.json").write_text(json.dumps({"d": ENTRY}))
+        columns = {key: value for key, value in ENTRY["columns"].items() if key == "messages" or any(key in row for row in rows)}
+        (tmp_path / "dataset_info.json").write_text(json.dumps({"d": {**ENTRY, "columns": columns}}))
         return tmp_path
 
     return write, media
@@ -104,6 +113,13 @@ BAD_ROWS = {
                              "no_frames.mkv' ends before its first frame"),
     "video placeholders": (video_row("<video><video>?", ["clip.mp4"]), "media_count", "the row has 1 videos and 2 <video>"),
     "video url": (video_row("<video>?", ["https://example.com/a.mp4"]), "media_url", "is a URL or inline data"),
+    "missing sound": (audio_row("<audio>?", ["gone.wav"]), "media_missing", "audios file 'gone.wav' is neither in media_dir"),
+    "not a sound": (audio_row("<audio>?", ["notes.txt"]), "media_unreadable", "notes.txt' cannot be read as audio"),
+    "sound cut short": (audio_row("<audio>?", ["cut.wav"]), "media_unreadable", "cut.wav' cannot be read as audio"),
+    "sound without samples": (audio_row("<audio>?", ["silent.wav"]), "media_unreadable", "silent.wav' holds no samples"),
+    "video, no sound": (audio_row("<audio>?", ["clip.mp4"]), "media_unreadable", "clip.mp4' holds no audio stream"),
+    "audio placeholders": (audio_row("What?", ["tone.wav"]), "media_count", "the row has 1 audios and 0 <audio>"),
+    "audio url": (audio_row("<audio>?", ["https://example.com/a.wav"]), "media_url", "is a URL or inline data"),
 }
 
 

@@ -116,17 +116,17 @@ def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_data
 
     model, data = image_dataset
     keys = {"dataset": "pictures", "dataset_dir": str(data)}
-    with pytest.raises(ConfigError, match="dataset 'pictures' holds images or videos, and 'template: qwen' writes text only"):
+    with pytest.raises(ConfigError, match="dataset 'pictures' holds images, videos or audio, and 'template: qwen' writes text only"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen"}),
                             tokenizer_path=model, output_dir=tmp_path / "a")
     tokenizer_only = shared_dir / "tokenizers/qwen2.5"
     with pytest.raises(ConfigError, match=r"has no image processor \(no preprocessor_config.json\)"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(tokenizer_only), "template": "qwen2_vl"}),
                             tokenizer_path=tokenizer_only, output_dir=tmp_path / "b")
-    with pytest.raises(ConfigError, match="'packing' with image or video rows is not offered yet"):
+    with pytest.raises(ConfigError, match="'packing' with image, video or audio rows is not offered yet"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "packing": True}),
                             tokenizer_path=model, output_dir=tmp_path / "c")
-    with pytest.raises(ConfigError, match="maps images or videos, and 'stage: rm' does not train on media rows yet"):
+    with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: rm' does not train on media rows yet"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "stage": "rm"}),
                             tokenizer_path=model, output_dir=tmp_path / "d")
     assert not any((tmp_path / name).exists() for name in "abcd")

@@ -49,7 +49,7 @@ def video_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
 def media_rows(model: Path, settings: MediaConfig):
     from tuneline.core.data.media_rows import MediaRows
 
-    return MediaRows.load(TEMPLATES["qwen2_vl"], model, settings, datasets=["clips"], video_datasets=["clips"])
+    return MediaRows.load(TEMPLATES["qwen2_vl"], model, settings, datasets={"images": ["clips"], "videos": ["clips"]})
 
 
 @pytest.mark.parametrize("row", GOLDEN["rows"], ids=[row["name"] for row in GOLDEN["rows"]])
@@ -140,7 +140,7 @@ def test_video_rows_need_a_family_that_takes_videos(video_folder, tmp_path: Path
     with pytest.raises(ConfigError, match="dataset 'clips' holds videos, and tuneline feeds videos to the Qwen2-VL family "
                                           "so far .* not through 'template: qwen3_vl'"):
         tokenize_stage_data(build_stage_config({**keys, "template": "qwen3_vl"}), tokenizer_path=model, output_dir=tmp_path / "a")
-    with pytest.raises(ConfigError, match="maps images or videos, and 'stage: kto' does not train on media rows yet"):
+    with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: kto' does not train on media rows yet"):
         tokenize_stage_data(build_stage_config({**keys, "template": "qwen2_vl", "stage": "kto"}), tokenizer_path=model,
                             output_dir=tmp_path / "b")
     assert not any((tmp_path / name).exists() for name in "ab")
