@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each trains tiny multimodal models
+
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
 
