@@ -60,6 +60,8 @@ class MediaRows:
     """transformers' own video processor, where torchvision imports; else None (see the module's doc)."""
     audio_processor: Any = None
     """The folder's audio feature extractor (Qwen2-Audio's Whisper one); None: the family hears no audio."""
+    multimodal_processor: Any = None
+    """LLaVA-NeXT's processor (transformers' class), which counts an image's tile features; None elsewhere."""
 
     @classmethod
     def load(cls, template: Template, model_path: str | Path, settings: MediaConfig, *,
@@ -89,8 +91,10 @@ class MediaRows:
             raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds videos to the Qwen2-VL family "
                               f"so far ('template: qwen2_vl'), not through 'template: {template.name}'; use a Qwen2-VL or "
                               "Qwen2.5-VL model or leave out the videos.")
+        processor_settings = load_processor_settings(model_path, media)
         return cls(media=media, image_processor=image_processor, settings=settings,
-                   processor_settings=load_processor_settings(model_path, media), video=video,
+                   processor_settings=processor_settings, video=video,
+                   multimodal_processor=_multimodal_processor(model_path, media, image_processor, processor_settings),
                    video_seconds=_model_type(Path(model_path)) in SECONDS_SPACED,
                    video_processor=_video_processor(model_path) if datasets.get("videos") else None,
                    audio_processor=load_audio_processor(model_path) if media.audio_token else None)
@@ -110,7 +114,7 @@ class MediaRows:
         numbers (processor_config.json) where the family counts tokens by them."""
         self._save_processors(folder)
         if self.processor_settings:
-            named = {"image_token": self.media.image_token} if self.media.plugin == "llava" else {}
+            named = {"image_token": self.media.image_token} if self.media.plugin in ("llava", "llava_next") else {}
             saved = {**self.processor_settings, **named, "processor_class": PROCESSOR_CLASSES[self.media.plugin]}
             (Path(folder) / PROCESSOR_FILE).write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
@@ -124,8 +128,11 @@ class MediaRows:
         """What `save` wrote into `folder`."""
         saved = json.loads((Path(folder) / SETTINGS_FILE).read_text(encoding="utf-8"))
         video, media = saved.get("video"), MediaTokens(**saved["media"])
-        return cls(media=media, image_processor=load_image_processor(folder) if media.image_token else None,
-                   settings=MediaConfig(**saved["settings"]), processor_settings=saved.get("processor_settings", {}),
+        image_processor = load_image_processor(folder) if media.image_token else None
+        processor_settings = saved.get("processor_settings", {})
+        return cls(media=media, image_processor=image_processor, settings=MediaConfig(**saved["settings"]),
+                   processor_settings=processor_settings,
+                   multimodal_processor=_multimodal_processor(folder, media, image_processor, processor_settings),
                    video=video and VideoPatching(**video), video_seconds=saved.get("video_seconds", False),
                    video_processor=_video_processor(folder) if video else None,
                    audio_processor=load_audio_processor(folder) if media.audio_token else None)
@@ -234,7 +241,7 @@ class MediaRows:
     def token_counts(self, paths: Sequence[str]) -> list[int]:
         """How many image tokens each image at `paths` takes."""
         return patch_token_counts(self.sized(paths), self.image_processor, plugin=self.media.plugin,
-                                  processor_settings=self.processor_settings)
+                                  processor_settings=self.processor_settings, multimodal_processor=self.multimodal_processor)
 
     def video_token_counts(self, paths: Sequence[str]) -> list[int]:
         """How many video tokens each video at `paths` takes, from its header: its sampled frames (paired)
@@ -328,8 +335,10 @@ def media_rows_for_model(model_path: str | Path, *, template: Template | None, s
         raise ConfigError(f"template '{template.name}' is for a model that reads no images; use a vision-language model "
                           f"and its template ({FAMILY_TEMPLATES}) or leave out the images.")
     folder = processor_path or model_path
-    return MediaRows(media=template.media, image_processor=load_image_processor(folder), settings=settings,
-                     processor_settings=load_processor_settings(folder, template.media))
+    image_processor, processor_settings = load_image_processor(folder), load_processor_settings(folder, template.media)
+    return MediaRows(media=template.media, image_processor=image_processor, settings=settings,
+                     processor_settings=processor_settings,
+                     multimodal_processor=_multimodal_processor(folder, template.media, image_processor, processor_settings))
 
 
 def _model_type(folder: Path) -> str | None:
@@ -355,6 +364,16 @@ def load_image_processor(model_path: str | Path) -> Any:
                           f"({reason}); {fix}") from e
 
 
+def _multimodal_processor(folder: str | Path, media: MediaTokens, image_processor: Any, settings: dict[str, Any]) -> Any:
+    """LLaVA-NeXT's processor, from the folder's tokenizer, image processor and numbers; None for the others."""
+    if media.plugin != "llava_next":
+        return None
+    from transformers import AutoTokenizer, LlavaNextProcessor
+
+    return LlavaNextProcessor(image_processor=image_processor, tokenizer=AutoTokenizer.from_pretrained(str(folder)),
+                              image_token=media.image_token, **settings)
+
+
 def load_audio_processor(model_path: str | Path) -> Any:
     """The model folder's audio feature extractor (transformers' class for its family)."""
     from transformers import AutoFeatureExtractor
@@ -369,9 +388,10 @@ def load_audio_processor(model_path: str | Path) -> Any:
 
 
 IMAGE_PROCESSOR_FILE, PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"
-PROCESSOR_CLASSES = {"llava": "LlavaProcessor", "gemma3": "Gemma3Processor"}
+PROCESSOR_CLASSES = {"llava": "LlavaProcessor", "llava_next": "LlavaNextProcessor", "gemma3": "Gemma3Processor"}
 """transformers' multimodal processor class of each family that keeps numbers in processor_config.json."""
-PROCESSOR_SETTINGS = {"llava": ("LLaVA", LLAVA_SETTINGS), "gemma3": ("Gemma 3", ("image_seq_length",))}
+PROCESSOR_SETTINGS = {"llava": ("LLaVA", LLAVA_SETTINGS), "llava_next": ("LLaVA-NeXT", LLAVA_SETTINGS),
+                      "gemma3": ("Gemma 3", ("image_seq_length",))}
 """Each such family's name and the numbers of its processor that count an image's tokens (the first required)."""
 
 

@@ -11,6 +11,10 @@ With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as L
   placeholder becomes one `<image>` per vision patch of that size, plus the processor's
   `num_additional_image_tokens` (the class token), less one under the `default` feature strategy
   (which drops it): 576 for 336 pixels in patches of 14.
+- LLaVA-NeXT (`llava_next` plugin): the processor resizes an image to its best grid of tiles and also
+  keeps it whole as a base tile; the placeholder becomes one `<image>` per feature LlavaNextProcessor
+  counts for the image's size (the base tile's patches, the grid's patches less the padding, a newline
+  a row), less one under the `default` feature strategy.
 - Gemma 3 (`gemma3` plugin): every image is resized to the processor's square and pooled to the
   processor's `image_seq_length` soft tokens (256), written as Gemma3Processor writes its full image
   sequence, `\n\n<start_of_image>`, the soft tokens, `<end_of_image>\n\n`. With
@@ -117,14 +121,17 @@ def image_token_counts(features: dict[str, Any], image_processor: Any) -> list[i
 
 
 def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin: str = "qwen2_vl",
-                       processor_settings: Mapping[str, Any] | None = None) -> list[int]:
+                       processor_settings: Mapping[str, Any] | None = None, multimodal_processor: Any = None) -> list[int]:
     """How many image tokens each sized image takes, from its size alone where the processor's own patch
     arithmetic allows: tokenizing needs the counts, not the pixels, which the training collator cuts later.
-    `processor_settings`: the multimodal processor's own numbers (LLaVA's patch_size and the rest)."""
+    `processor_settings`: the multimodal processor's own numbers (LLaVA's patch_size and the rest);
+    `multimodal_processor`: LLaVA-NeXT's processor, whose own arithmetic counts its tiles' features."""
     if plugin == "llava":
         return [llava_token_count(images[0], image_processor, processor_settings or {})] * len(images) if images else []
     if plugin == "gemma3":
         return [int((processor_settings or {})["image_seq_length"])] * len(images)
+    if plugin == "llava_next":
+        return llava_next_token_counts(images, image_processor, processor_settings or {}, multimodal_processor)
     merge = int(image_processor.merge_size) ** 2
     return [int(image_processor.get_number_of_image_patches(image.height, image.width, {})) // merge for image in images]
 
@@ -142,6 +149,20 @@ def llava_token_count(image: Image, image_processor: Any, settings: Mapping[str,
     patch = int(settings["patch_size"])
     count = (height // patch) * (width // patch) + int(settings.get("num_additional_image_tokens") or 0)
     return count - 1 if settings.get("vision_feature_select_strategy") == "default" else count
+
+
+def llava_next_token_counts(images: Sequence[Image], image_processor: Any, settings: Mapping[str, Any],
+                            multimodal_processor: Any) -> list[int]:
+    """LLaVA-NeXT's tokens for each image: its base tile's patches, the patches of the tiles of the best
+    grid for its size with the padding taken off, and a newline feature a row (LlavaNextProcessor's own
+    count), less one under the `default` strategy. The tile is the processor's crop (LLaMA-Factory reads
+    it off the first image; the crop is one size for all)."""
+    if not images:
+        return []
+    height, width = _processed_size(images[0], image_processor)
+    less = 1 if settings.get("vision_feature_select_strategy") == "default" else 0
+    return [int(multimodal_processor._get_number_of_features(image.height, image.width, height, width)) - less
+            for image in images]
 
 
 def _processed_size(image: Image, image_processor: Any) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL, LLaVA-1.5 and Gemma 3 shaped, from transformers' own config classes, randomly initialised.
+Qwen3-VL, LLaVA-1.5, LLaVA-NeXT and Gemma 3 shaped, from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
 family's media tokens where the tokenizer lacks them and the chat template of the family's template
@@ -26,14 +26,14 @@ LLAVA_IMAGE_TOKEN = "<image>"
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 """Gemma 3's image tokens, by the names its tokenizer gives them (Gemma3Processor reads them so)."""
 GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen2_audio")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "gemma3", "qwen2_audio")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
 
 @dataclass(frozen=True)
 class VisionModelConfig:
-    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, llava, gemma3 or "
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, llava, llava_next, gemma3 or "
                                                                  "qwen2_audio (audio_base_model.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
@@ -61,7 +61,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         raise ValueError(f"family {config.family!r} is not one of {', '.join(FAMILIES)}")
     named = GEMMA3_TOKENS if config.family == "gemma3" else {}
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path), **named)
-    tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "gemma3": (*GEMMA3_TOKENS.values(), *GEMMA_TURN_TOKENS),
+    tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "gemma3": (*GEMMA3_TOKENS.values(), *GEMMA_TURN_TOKENS),
               "qwen2_audio": AUDIO_TOKENS}.get(config.family, VISION_TOKENS)
     missing = [token for token in tokens if token not in tokenizer.get_vocab()]
     if missing:
@@ -69,7 +69,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in tokens}
     tokenizer.chat_template = chat_template_jinja(TEMPLATES[MODEL_TEMPLATES[config.family]], tokenizer)  # the family's format
     torch.manual_seed(config.seed)
-    if config.family == "llava":
+    if config.family in ("llava", "llava_next"):
         model = _llava_model(config, vocab_size=len(tokenizer), image_token_id=ids[LLAVA_IMAGE_TOKEN], tokenizer=tokenizer)
     elif config.family == "gemma3":
         model = _gemma3_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
@@ -79,7 +79,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         model = _qwen_model_class(config.family)(_qwen_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer))
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
-    if config.family == "llava":
+    if config.family in ("llava", "llava_next"):
         _save_llava_processor(config, tokenizer, output_dir)
     elif config.family == "gemma3":
         _save_gemma3_processor(config, tokenizer, output_dir)
@@ -145,8 +145,15 @@ def _qwen_image_processor(config: VisionModelConfig):
                                  patch_size=PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE)
 
 
+def _tile_grids(config: VisionModelConfig) -> list[list[int]]:
+    """LLaVA-NeXT's grids of tiles, LLaVA-v1.6's five shapes (1x2, 2x1, 2x2, 3x1, 1x3) in tiles of the image size."""
+    side = config.image_size
+    return [[side, 2 * side], [2 * side, side], [2 * side, 2 * side], [3 * side, side], [side, 3 * side]]
+
+
 def _llava_model(config: VisionModelConfig, *, vocab_size: int, image_token_id: int, tokenizer):
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
+                              LlavaNextForConditionalGeneration)
 
     vision = CLIPVisionConfig(hidden_size=config.vision_width, intermediate_size=2 * config.vision_width,
                               num_hidden_layers=config.vision_depth, num_attention_heads=2, image_size=config.image_size,
@@ -157,18 +164,23 @@ def _llava_model(config: VisionModelConfig, *, vocab_size: int, image_token_id: 
                        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                        pad_token_id=tokenizer.pad_token_id)
     # LLaVA-1.5's reading: the last layer's patch features, its class token dropped ("default")
-    llava = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_id, vision_feature_layer=-1,
-                        vision_feature_select_strategy="default", projector_hidden_act="gelu", tie_word_embeddings=True)
-    return LlavaForConditionalGeneration(llava)
+    reading = dict(vision_config=vision, text_config=text, image_token_index=image_token_id, vision_feature_layer=-1,
+                   vision_feature_select_strategy="default", projector_hidden_act="gelu", tie_word_embeddings=True)
+    if config.family == "llava_next":
+        return LlavaNextForConditionalGeneration(LlavaNextConfig(**reading, image_grid_pinpoints=_tile_grids(config)))
+    return LlavaForConditionalGeneration(LlavaConfig(**reading))
 
 
 def _save_llava_processor(config: VisionModelConfig, tokenizer, output_dir: str | Path) -> None:
-    from transformers import CLIPImageProcessor, LlavaProcessor
+    from transformers import CLIPImageProcessor, LlavaNextImageProcessor, LlavaNextProcessor, LlavaProcessor
 
-    image_processor = CLIPImageProcessor(size={"shortest_edge": config.image_size},
-                                         crop_size={"height": config.image_size, "width": config.image_size})
-    LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE, num_additional_image_tokens=1,
-                   vision_feature_select_strategy="default", image_token=LLAVA_IMAGE_TOKEN).save_pretrained(output_dir)
+    sizes = {"size": {"shortest_edge": config.image_size}, "crop_size": {"height": config.image_size, "width": config.image_size}}
+    if config.family == "llava_next":
+        image_processor, processor_class = LlavaNextImageProcessor(**sizes, image_grid_pinpoints=_tile_grids(config)), LlavaNextProcessor
+    else:
+        image_processor, processor_class = CLIPImageProcessor(**sizes), LlavaProcessor
+    processor_class(image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE, num_additional_image_tokens=1,
+                    vision_feature_select_strategy="default", image_token=LLAVA_IMAGE_TOKEN).save_pretrained(output_dir)
     image_processor.save_pretrained(output_dir)  # preprocessor_config.json too, where older readers look
 
 

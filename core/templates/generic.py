@@ -43,6 +43,13 @@ GENERIC_TEMPLATES: tuple[Template, ...] = (
         media=MediaTokens(plugin="llava", image_token="<image>"),
     ),
     Template(
+        name="llava_next",  # vicuna's format, with LLaVA-NeXT's tiled images
+        format_user=("USER: {content} ASSISTANT:",),
+        default_system=_VICUNA_SYSTEM,
+        generation_prefix=" ASSISTANT:",
+        media=MediaTokens(plugin="llava_next", image_token="<image>"),
+    ),
+    Template(
         name="aquila",
         format_user=("Human: {content}###Assistant:",),
         format_assistant=("{content}###",),

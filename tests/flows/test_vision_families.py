@@ -1,6 +1,7 @@
 """Training the vision-language families beyond Qwen2-VL on image rows: a tiny LLaVA-1.5 (a CLIP vision tower,
-its projector and a LLaMA language model, with llama2's tokenizer) and a tiny Qwen3-VL (its deepstack
-tower in patches of 16 and Qwen3's decoder, with Qwen2.5's tokenizer) and a tiny Gemma 3 (a SigLIP tower, its
+its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA-NeXT (the same in tiles of
+56 pixels on LLaVA-v1.6's five grids), a tiny Qwen3-VL (its deepstack tower in patches of 16 and Qwen3's
+decoder, with Qwen2.5's tokenizer) and a tiny Gemma 3 (a SigLIP tower, its
 pooling projector and Gemma 3's decoder, with llama2's tokenizer and Gemma's image and turn tokens), all from
 core/models/vision_base_model.py. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
@@ -36,16 +37,23 @@ FAMILIES = {
                     "model.multi_modal_projector.", "LlavaForConditionalGeneration"),
     "qwen3_vl": Family("qwen3_vl", "qwen2.5", "qwen3_vl", "<|image_pad|>", "model.visual.blocks.", "model.visual.merger.",
                        "Qwen3VLForConditionalGeneration"),
+    "llava_next": Family("llava_next", "llama2", "llava_next", "<image>", "model.vision_tower.encoder.",
+                         "model.multi_modal_projector.", "LlavaNextForConditionalGeneration"),
     "gemma3": Family("gemma3", "llama2", "gemma3", "<image_soft_token>", "model.vision_tower.encoder.",
                      "model.multi_modal_projector.", "Gemma3ForConditionalGeneration"),
 }
 
 
-def image_tokens(family: Family, features: dict) -> list[int]:
+def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
     """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
-    class token dropped); Gemma 3's 16 soft tokens; Qwen3-VL's grid of 16-pixel patches, merged 2 x 2."""
+    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; Qwen3-VL's grid of 16-pixel patches, merged 2 x 2."""
     if family.name in ("llava", "gemma3"):
         return [16] * len(features["pixel_values"])
+    if family.name == "llava_next":  # LlavaNextProcessor's count for each image's size, in 56-pixel tiles, less the class token
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(model_dir)
+        return [processor._get_number_of_features(height, width, 56, 56) - 1 for height, width in features["image_sizes"].tolist()]
     return (features["image_grid_thw"].prod(dim=1) // 4).tolist()
 
 
@@ -94,7 +102,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
     tokenize_stage_data(config, tokenizer_path=model_dir, output_dir=tmp_path / "tokenized")
     train = load_from_disk(str(tmp_path / "tokenized"))["train"]
     saved = MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
-    if family.name == "llava":  # LlavaProcessor's numbers travel with the data
+    if family.name in ("llava", "llava_next"):  # LlavaProcessor's numbers travel with the data
         assert saved.processor_settings == {"patch_size": 14, "vision_feature_select_strategy": "default",
                                             "num_additional_image_tokens": 1}
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
@@ -102,7 +110,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
                              FinetuningConfig(finetuning_type="full", freeze_vision_tower=False))
     assert type(model).__name__ == family.model_class
     batch = build_collator(train, tokenizer=tokenizer, model=model, media_rows=saved)([train[i] for i in range(len(train))])
-    counts = image_tokens(family, batch)
+    counts = image_tokens(family, batch, model_dir)
     images_of = [len(row) for row in train["images"]]
     assert len(counts) == sum(images_of) == 5
     starts = [sum(images_of[:i]) for i in range(len(images_of))]
@@ -134,7 +142,7 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
-    if family.name == "llava":  # the processor travels beside the adapter
+    if family.name in ("llava", "llava_next"):  # the processor travels beside the adapter
         assert json.loads((out / "processor_config.json").read_text())["patch_size"] == 14
     if family.name == "gemma3":
         assert json.loads((out / "processor_config.json").read_text())["image_seq_length"] == 16
@@ -153,7 +161,7 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     prompt, paths = session._prompt()
     features = session.images.features(paths)
     image_token = tokenizer.convert_tokens_to_ids(family.image_token)
-    count, = image_tokens(family, features)
+    count, = image_tokens(family, features, model_dir)
     first = prompt.index(image_token)
     assert prompt[first:first + count] == [image_token] * count and prompt.count(image_token) == count
     assert "What colour is this?" in tokenizer.decode(prompt[first + count:])

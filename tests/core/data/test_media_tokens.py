@@ -346,3 +346,66 @@ def test_gemma3_rows_tokenize_to_llamafactorys_supervised_examples(gemma3_datase
     assert counters.get("rows_dropped_media_tokens_cut", 0) == 5 - len(kept)
     assert train["input_ids"] == [golden[str(cutoff_len)][i]["input_ids"] for i in kept]
     assert train["labels"] == [golden[str(cutoff_len)][i]["labels"] for i in kept]
+
+
+LLAVA_NEXT = json.loads((Path(__file__).resolve().parents[2] / "data/media/llava_next_images.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def llava_next_folder(tmp_path_factory, shared_dir: Path) -> Path:
+    """A LLaVA-NeXT processor folder as the golden's: llama2's tokenizer with `<image>`, LLaVA-v1.6's image
+    processor (336-pixel tiles on five grids) and LlavaNextProcessor's numbers."""
+    from transformers import AutoTokenizer, LlavaNextImageProcessor, LlavaNextProcessor
+
+    folder = tmp_path_factory.mktemp("llava_next")
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/llama2")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    LlavaNextProcessor(image_processor=LlavaNextImageProcessor(**LLAVA_NEXT["image_processor"]), tokenizer=tokenizer,
+                       **{key: value for key, value in LLAVA_NEXT["processor"].items() if key != "class"}).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("row", LLAVA_NEXT["rows"], ids=[row["name"] for row in LLAVA_NEXT["rows"]])
+def test_llava_next_images_expand_to_llamafactorys_tokens(row: dict, llava_next_folder: Path):
+    """Each image's tokens depend on its size (its best grid of tiles, the padding off, a newline a row)."""
+    from transformers import AutoTokenizer
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+
+    template = TEMPLATES["llava_next"]
+    rows = media_rows_for_model(llava_next_folder, template=template, settings=MediaConfig())
+    images = [sized_image(drawn(GOLDEN["sizes"][name]), max_pixels=LLAVA_NEXT["image_max_pixels"],
+                          min_pixels=LLAVA_NEXT["image_min_pixels"], plugin="llava_next") for name in row["images"]]
+    features = image_features(images, rows.image_processor)
+    assert list(features["pixel_values"].shape) == row["pixel_values_shape"]
+    assert features["image_sizes"].tolist() == row["image_sizes"]
+    counts = patch_token_counts(images, rows.image_processor, plugin="llava_next", processor_settings=rows.processor_settings,
+                                multimodal_processor=rows.multimodal_processor)
+    expanded = expand_images(row["messages"], counts, template.media)
+    assert [message["content"].count("<image>") for message in expanded] == row["image_tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(llava_next_folder)
+    fix_tokenizer(template, tokenizer)
+    conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
+    assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
+
+
+@pytest.mark.parametrize("cutoff_len", [4096, 1400])
+def test_llava_next_rows_tokenize_to_llamafactorys_supervised_examples(llava_next_folder: Path, image_dataset, tmp_path: Path,
+                                                                        cutoff_len: int):
+    from datasets import load_from_disk
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    _, data = image_dataset
+    config = build_stage_config({"model_name_or_path": str(llava_next_folder), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": "llava_next", "cutoff_len": cutoff_len})
+    counters = tokenize_stage_data(config, tokenizer_path=llava_next_folder, output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    expected = LLAVA_NEXT["supervised_by_cutoff_len"][str(cutoff_len)]
+    kept = [i for i, row in enumerate(LLAVA_NEXT["rows"]) if expected[i]["input_ids"].count(32000) == sum(row["image_tokens"])]
+    assert kept == ([0, 1, 2, 3] if cutoff_len == 4096 else [0, 3])  # 1400 cuts into the two-image rows' images
+    assert counters.get("rows_dropped_media_tokens_cut", 0) == len(LLAVA_NEXT["rows"]) - len(kept)
+    assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
+    assert train["labels"] == [expected[i]["labels"] for i in kept]

@@ -1,0 +1,70 @@
+"""Golden rows of LLaVA-NeXT's image placeholder expansion, written by LLaMA-Factory 0.9.5's own
+`llava_next` template and mm_plugin with transformers' LlavaNextProcessor (LLaVA-v1.6's numbers: images
+resized to 336 and cut into 336-pixel tiles on the best of five grids, patch 14, the `default` feature
+strategy, one class token) into tests/data/media/, in the format tests/core/data/test_media_tokens.py
+reads. The tokenizer is llama2's with `<image>` added; the images are the Qwen2-VL golden's (drawn again
+by the test). Run with LLaMA-Factory's Python from the repository root:
+
+    /work/lfvenv/bin/python tests/data/make_llava_next_golden.py tests/data/media/llava_next_images.json
+"""
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+from PIL import Image, ImageDraw
+from transformers import AutoTokenizer, LlavaNextImageProcessor, LlavaNextProcessor
+from llamafactory.data.template import TEMPLATES
+from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+
+out = Path(sys.argv[1])
+images_dir = Path(tempfile.mkdtemp())
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+SIZES = QWEN["sizes"]
+
+
+def make(name, size):
+    w, h = size
+    img = Image.new("RGB", tuple(size), (200, 40, 40))
+    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
+    p = images_dir / f"{name}.png"; img.save(p); return str(p)
+
+
+paths = {n: make(n, s) for n, s in SIZES.items()}
+tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/llama2")
+tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+IMAGE_PROCESSOR = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336},
+                   "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]}
+SETTINGS = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
+processor = LlavaNextProcessor(image_processor=LlavaNextImageProcessor(**IMAGE_PROCESSOR), tokenizer=tokenizer, **SETTINGS)
+processor.image_max_pixels, processor.image_min_pixels = 768 * 768, 32 * 32
+template = TEMPLATES["llava_next"]
+template.fix_special_tokens(tokenizer)
+golden = []
+for row in QWEN["rows"]:
+    images = [paths[n] for n in row["images"]]
+    expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
+    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
+    mm = template.mm_plugin._get_mm_inputs(images, [], [], processor)
+    golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
+                   "image_tokens": [m["content"].count("<image>") for m in expanded],
+                   "pairs": [[list(a), list(b)] for a, b in pairs], "pixel_values_shape": list(mm["pixel_values"].shape),
+                   "image_sizes": mm["image_sizes"].tolist()})
+supervised = {}
+for cutoff_len in (4096, 1400):
+    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
+    encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
+    rows = QWEN["rows"]
+    batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
+             "_system": [""] * len(rows), "_tools": [""] * len(rows),
+             "_images": [[paths[n] for n in r["images"]] for r in rows], "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
+    encoded = encoder.preprocess_dataset(batch)
+    supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+
+json.dump({"llamafactory_version": "0.9.5", "template": "llava_next", "tokenizer": "llama2 with <image> added",
+           "processor": {"class": "LlavaNextProcessor", **SETTINGS}, "image_processor": IMAGE_PROCESSOR,
+           "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32,
+           "rows": golden, "supervised_by_cutoff_len": supervised}, out.open("w"), indent=None)
+print("wrote", out, [g["image_tokens"] for g in golden], [g["pixel_values_shape"] for g in golden],
+      [len(s["input_ids"]) for s in supervised["4096"]])
