@@ -20,6 +20,7 @@ from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root, trains
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
+from tuneline.core.data.converters import MEDIA_COLUMNS
 from tuneline.core.data.dataset_info import get_dataset_attrs
 from tuneline.core.data.tokenization import TEMPLATE_WARNING_FILE, TOKENIZER_DIR, dataset_fingerprints, dataset_names, render_preview
 from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
@@ -181,7 +182,8 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
     for index in range(min(count, len(train))):
         example = train[index]
         trained = sum(1 for label in example["labels"] if label != -100)
-        shown = f"images: {', '.join(example['images'])}\n" if example.get("images") else ""  # where each image's tokens came from
+        # where each image's, video's and sound's tokens came from
+        shown = "".join(f"{column}: {', '.join(example[column])}\n" for column in MEDIA_COLUMNS if example.get(column))
         blocks.append(f"--- example {index}: {len(example['input_ids'])} tokens, {trained} trained [[like this]]\n"
                       + shown + render_preview(example, tokenizer).split("\n\n", 1)[1])
     if manifest.get(TEMPLATE_WARNING):

@@ -377,6 +377,7 @@ def render_preview(example: dict, tokenizer) -> str:
 
 
 def _runs_counted(text: str) -> str:
-    """A token repeated many times in a row (an image's `<|image_pad|>` tokens) shown once with its count."""
-    return re.sub(r"(<\|[^|<>]+\|>)\1{3,}", lambda m: f"{m.group(1)} x {len(m.group(0)) // len(m.group(1))}", text)
+    """A token repeated many times in a row (an image's `<|image_pad|>`, `<image>` or `<image_soft_token>`
+    tokens, a sound's `<|AUDIO|>`) shown once with its count."""
+    return re.sub(r"(<[^<>\s]+>)\1{3,}", lambda m: f"{m.group(1)} x {len(m.group(0)) // len(m.group(1))}", text)
 

@@ -117,3 +117,17 @@ def test_dpo_trains_on_sound_pairs(audio_model: Path, sound_data: Path, tmp_path
     assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["global_step"] == 2
     assert [entry["loss"] for entry in logged if "loss" in entry][0] == pytest.approx(0.6931, abs=1e-3)  # ln 2: policy = reference
     assert all("accuracy" in entry for entry in logged if "loss" in entry)
+
+
+def test_data_preview_names_each_examples_sounds_and_counts_their_tokens(audio_model: Path, sound_data: Path, tmp_path: Path):
+    import yaml
+    from conftest import run_cli_here
+
+    (tmp_path / "preview.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": str(audio_model), "stage": "sft", "dataset": "sound_questions", "dataset_dir": str(sound_data),
+        "template": "qwen2_audio", "cutoff_len": 128}))
+    result = run_cli_here("data", "preview", str(tmp_path / "preview.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.split("--- example 1")[0]
+    assert f"audios: {sound_data / 'sounds' / 'train_000.wav'}\n" in first
+    assert "<|audio_bos|><|AUDIO|> x 37<|audio_eos|>" in first  # 1.5 s: 150 mel frames

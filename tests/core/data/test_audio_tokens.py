@@ -115,6 +115,10 @@ def test_sound_rows_tokenize_to_llamafactorys_supervised_examples(audio_folder, 
     assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
     assert train["labels"] == [expected[i]["labels"] for i in kept]
     assert train["audios"] == [[str(data / "sounds" / f"{name}.wav") for name in GOLDEN["rows"][i]["audios"]] for i in kept]
+    if cutoff_len == 2048:  # the preview counts a sound's tokens instead of repeating them
+        from tuneline.core.data.tokenization import PREVIEW_FILE
+
+        assert "<|audio_bos|><|AUDIO|> x 32<|audio_eos|>What is this?" in (tmp_path / "out" / PREVIEW_FILE).read_text()
 
 
 def test_audio_goes_to_qwen2_audio_only(audio_folder, tmp_path: Path, shared_dir: Path):
