@@ -33,6 +33,8 @@ _QWEN_VISION = ModelParts(projector=("visual.merger",), vision_tower=("visual.pa
 PARTS: dict[str, ModelParts] = {
     "qwen2_vl": _QWEN_VISION,
     "qwen2_5_vl": _QWEN_VISION,
+    "glm4v": ModelParts(projector=("visual.merger",), vision_tower=("visual.patch_embed", "visual.blocks"),
+                        lora_conflicts=("patch_embed",)),
     "llava": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_tower",)),
     "llava_next": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_tower",)),
     "gemma3": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_tower",)),
@@ -43,11 +45,11 @@ PARTS: dict[str, ModelParts] = {
 }
 """Each multimodal model type's parts, by the keys LLaMA-Factory registers for it."""
 
-MODEL_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl", "llava": "llava",
-                   "llava_next": "llava_next", "gemma3": "gemma3", "qwen2_audio": "qwen2_audio"}
+MODEL_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl", "glm4v": "glm4v",
+                   "llava": "llava", "llava_next": "llava_next", "gemma3": "gemma3", "qwen2_audio": "qwen2_audio"}
 """The template whose media tokens each vision-language model type (that tuneline encodes images for) reads."""
-FAMILY_TEMPLATES = ("qwen2_vl for Qwen2-VL and Qwen2.5-VL, qwen3_vl for Qwen3-VL, llava for LLaVA-1.5, llava_next for "
-                    "LLaVA-NeXT, gemma3 for Gemma 3, qwen2_audio for Qwen2-Audio")
+FAMILY_TEMPLATES = ("qwen2_vl for Qwen2-VL and Qwen2.5-VL, qwen3_vl for Qwen3-VL, glm4v for GLM-4.1V, llava for LLaVA-1.5, "
+                    "llava_next for LLaVA-NeXT, gemma3 for Gemma 3, qwen2_audio for Qwen2-Audio")
 
 
 def model_parts(config: PretrainedConfig) -> ModelParts | None:

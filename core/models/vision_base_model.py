@@ -26,14 +26,17 @@ LLAVA_IMAGE_TOKEN = "<image>"
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 """Gemma 3's image tokens, by the names its tokenizer gives them (Gemma3Processor reads them so)."""
 GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "gemma3", "qwen2_audio")
+GLM4V_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<|begin_of_image|>",
+                "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>")
+"""GLM-4V's control and media tokens (single tokens in GLM's own tokenizer)."""
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "qwen2_audio")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
 
 @dataclass(frozen=True)
 class VisionModelConfig:
-    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, llava, llava_next, gemma3 or "
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3 or "
                                                                  "qwen2_audio (audio_base_model.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
@@ -62,7 +65,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     named = GEMMA3_TOKENS if config.family == "gemma3" else {}
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path), **named)
     tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "gemma3": (*GEMMA3_TOKENS.values(), *GEMMA_TURN_TOKENS),
-              "qwen2_audio": AUDIO_TOKENS}.get(config.family, VISION_TOKENS)
+              "qwen2_audio": AUDIO_TOKENS, "glm4v": GLM4V_TOKENS}.get(config.family, VISION_TOKENS)
     missing = [token for token in tokens if token not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
@@ -75,6 +78,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         model = _gemma3_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     elif config.family == "qwen2_audio":
         model = qwen2_audio_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
+    elif config.family == "glm4v":
+        model = _glm4v_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     else:
         model = _qwen_model_class(config.family)(_qwen_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer))
     model.save_pretrained(output_dir, safe_serialization=True)
@@ -85,6 +90,12 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         _save_gemma3_processor(config, tokenizer, output_dir)
     elif config.family == "qwen2_audio":
         save_qwen2_audio_processor(tokenizer, output_dir)
+    elif config.family == "glm4v":
+        from transformers import Glm4vImageProcessor
+
+        Glm4vImageProcessor(size={"shortest_edge": config.image_min_pixels, "longest_edge": config.image_max_pixels},
+                            patch_size=PATCH_SIZE, merge_size=MERGE_SIZE,
+                            temporal_patch_size=TEMPORAL_PATCH_SIZE).save_pretrained(output_dir)
     else:
         _qwen_image_processor(config).save_pretrained(output_dir)
     return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer)}
@@ -123,6 +134,33 @@ def _qwen_config(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, i
     return config_class(text_config=text, vision_config=vision, tie_word_embeddings=True,
                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+
+
+def _mrope_sections(config: VisionModelConfig) -> list[int]:
+    """M-RoPE splits the rotary half of each head into time, height and width, a quarter and the rest in two
+    (Qwen2-VL's own 16, 24, 24 of 64)."""
+    half = config.hidden_size // config.num_attention_heads // 2
+    time = max(1, half // 4)
+    return [time, (half - time) // 2, half - time - (half - time) // 2]
+
+
+def _glm4v_model(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, int], tokenizer):
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+
+    text = dict(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _mrope_sections(config),
+                                 "partial_rotary_factor": 1.0},
+                pad_token_id=tokenizer.pad_token_id)
+    vision = dict(depth=config.vision_depth, hidden_size=config.vision_width, num_heads=2, out_hidden_size=config.hidden_size,
+                  intermediate_size=config.hidden_size, patch_size=PATCH_SIZE, spatial_merge_size=MERGE_SIZE,
+                  temporal_patch_size=TEMPORAL_PATCH_SIZE, image_size=PATCH_SIZE * MERGE_SIZE * 4)
+    glm = Glm4vConfig(text_config=text, vision_config=vision, tie_word_embeddings=True,
+                      image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+                      image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+                      video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+    return Glm4vForConditionalGeneration(glm)
 
 
 def _qwen_model_class(family: str) -> type:

@@ -12,6 +12,9 @@ _GEMMA_OBSERVATION = "<start_of_turn>tool\n{content}<end_of_turn>\n" + _GEMMA_RE
 GEMMA3_MEDIA = MediaTokens(plugin="gemma3", image_token="<image_soft_token>", vision_bos="\n\n<start_of_image>",
                            vision_eos="<end_of_image>\n\n")
 """Gemma 3's image: its processor's full image sequence, one soft token per pooled vision feature."""
+GLM4V_MEDIA = MediaTokens(plugin="glm4v", image_token="<|image|>", video_token="<|video|>", vision_bos="<|begin_of_image|>",
+                          vision_eos="<|end_of_image|>")
+"""GLM-4V's image (GLM-4.1V-Thinking): Qwen2-VL's sizing and merged patches between GLM's image markers."""
 _DEEPSEEK3_USER = "<\uff5cUser\uff5c>{content}<\uff5cAssistant\uff5c>"  # fullwidth bars, as DeepSeek writes them
 _GLM_STOP = ("<|user|>", "<|observation|>")
 _GLM_PREFIX = ("[gMASK]", "<sop>")
@@ -42,7 +45,8 @@ def _gemma(name: str, *, stop_words: tuple[str, ...], replace_eos: bool, efficie
     )
 
 
-def _glm4(name: str, *, reasoning: bool) -> Template:
+def _glm4(name: str, *, reasoning: bool, stop_words: tuple[str, ...] = _GLM_STOP,
+          media: MediaTokens | None = None) -> Template:
     return Template(
         name=name,
         format_user=("<|user|>\n{content}<|assistant|>",),
@@ -51,12 +55,13 @@ def _glm4(name: str, *, reasoning: bool) -> Template:
         format_function=(CONTENT,),
         format_observation=("<|observation|>\n{content}<|assistant|>",),
         format_prefix=("[gMASK]<sop>",),
-        stop_words=_GLM_STOP,
+        stop_words=stop_words,
         markers=_GLM_PREFIX,
         efficient_eos=True,
         reasoning=reasoning,
         generation_prefix="<|assistant|>",
         tool_format="glm4",
+        media=media,
     )
 
 
@@ -127,6 +132,7 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
     ),
     _glm4("glm4", reasoning=False),
     _glm4("glmz1", reasoning=True),
+    _glm4("glm4v", reasoning=True, stop_words=(*_GLM_STOP, "</answer>"), media=GLM4V_MEDIA),
     Template(
         name="codegeex4",
         format_user=("<|user|>\n{content}<|assistant|>\n",),

@@ -1,7 +1,7 @@
 """Training the vision-language families beyond Qwen2-VL on image rows: a tiny LLaVA-1.5 (a CLIP vision tower,
 its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA-NeXT (the same in tiles of
 56 pixels on LLaVA-v1.6's five grids), a tiny Qwen3-VL (its deepstack tower in patches of 16 and Qwen3's
-decoder, with Qwen2.5's tokenizer) and a tiny Gemma 3 (a SigLIP tower, its
+decoder, with Qwen2.5's tokenizer), a tiny GLM-4.1V (Qwen2.5's tokenizer with GLM's tokens) and a tiny Gemma 3 (a SigLIP tower, its
 pooling projector and Gemma 3's decoder, with llama2's tokenizer and Gemma's image and turn tokens), all from
 core/models/vision_base_model.py. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
@@ -37,6 +37,8 @@ FAMILIES = {
                     "model.multi_modal_projector.", "LlavaForConditionalGeneration"),
     "qwen3_vl": Family("qwen3_vl", "qwen2.5", "qwen3_vl", "<|image_pad|>", "model.visual.blocks.", "model.visual.merger.",
                        "Qwen3VLForConditionalGeneration"),
+    "glm4v": Family("glm4v", "qwen2.5", "glm4v", "<|image|>", "model.visual.blocks.", "model.visual.merger.",
+                    "Glm4vForConditionalGeneration"),
     "llava_next": Family("llava_next", "llama2", "llava_next", "<image>", "model.vision_tower.encoder.",
                          "model.multi_modal_projector.", "LlavaNextForConditionalGeneration"),
     "gemma3": Family("gemma3", "llama2", "gemma3", "<image_soft_token>", "model.vision_tower.encoder.",
@@ -46,7 +48,8 @@ FAMILIES = {
 
 def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
     """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
-    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; Qwen3-VL's grid of 16-pixel patches, merged 2 x 2."""
+    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; Qwen3-VL's grid of 16-pixel patches
+    and GLM-4V's of 14-pixel ones, merged 2 x 2."""
     if family.name in ("llava", "gemma3"):
         return [16] * len(features["pixel_values"])
     if family.name == "llava_next":  # LlavaNextProcessor's count for each image's size, in 56-pixel tiles, less the class token
@@ -166,7 +169,7 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     assert prompt[first:first + count] == [image_token] * count and prompt.count(image_token) == count
     assert "What colour is this?" in tokenizer.decode(prompt[first + count:])
     ids = torch.tensor([prompt])
-    types = {"qwen3_vl": "mm_token_type_ids", "gemma3": "token_type_ids"}
+    types = {"qwen3_vl": "mm_token_type_ids", "glm4v": "mm_token_type_ids", "gemma3": "token_type_ids"}
     extra = {types[family.name]: (ids == image_token).long()} if family.name in types else {}
     output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **features, **extra,
                             **generation_kwargs(GeneratingConfig(max_new_tokens=4, do_sample=False), tokenizer, model))

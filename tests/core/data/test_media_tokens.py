@@ -409,3 +409,68 @@ def test_llava_next_rows_tokenize_to_llamafactorys_supervised_examples(llava_nex
     assert counters.get("rows_dropped_media_tokens_cut", 0) == len(LLAVA_NEXT["rows"]) - len(kept)
     assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
     assert train["labels"] == [expected[i]["labels"] for i in kept]
+
+
+GLM4V = json.loads((Path(__file__).resolve().parents[2] / "data/media/glm4v_images.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def glm4v_folder(tmp_path_factory, shared_dir: Path) -> Path:
+    """A GLM-4V-shaped folder as the golden's: Qwen2.5's tokenizer with GLM's control and image tokens, and
+    Glm4vImageProcessor at its defaults."""
+    from transformers import AutoTokenizer, Glm4vImageProcessor
+
+    folder = tmp_path_factory.mktemp("glm4v")
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
+    tokenizer.add_special_tokens({"additional_special_tokens": GLM4V["added_tokens"]})
+    tokenizer.save_pretrained(folder)
+    Glm4vImageProcessor().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("row", GLM4V["rows"], ids=[row["name"] for row in GLM4V["rows"]])
+def test_glm4v_images_expand_to_llamafactorys_tokens(row: dict, glm4v_folder: Path):
+    """GLM-4V: Qwen2-VL's sizing, its own image processor's grid, GLM's image markers, the reasoning template."""
+    from transformers import AutoTokenizer
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+
+    template = TEMPLATES["glm4v"]
+    rows = media_rows_for_model(glm4v_folder, template=template, settings=MediaConfig())
+    images = [sized_image(drawn(GOLDEN["sizes"][name]), max_pixels=GLM4V["image_max_pixels"],
+                          min_pixels=GLM4V["image_min_pixels"], plugin="glm4v") for name in row["images"]]
+    features = image_features(images, rows.image_processor)
+    assert features["image_grid_thw"].tolist() == row["image_grid_thw"]
+    assert list(features["pixel_values"].shape) == row["pixel_values_shape"]
+    counts = patch_token_counts(images, rows.image_processor, plugin="glm4v")
+    assert counts == image_token_counts(features, rows.image_processor)
+    expanded = expand_images(row["messages"], counts, template.media)
+    assert [message["content"].count("<|image|>") for message in expanded] == row["image_tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(glm4v_folder)
+    fix_tokenizer(template, tokenizer)
+    conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
+    assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
+
+
+@pytest.mark.parametrize("cutoff_len", [4096, 200])
+def test_glm4v_rows_tokenize_to_llamafactorys_supervised_examples(glm4v_folder: Path, image_dataset, tmp_path: Path,
+                                                                   cutoff_len: int):
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    _, data = image_dataset
+    config = build_stage_config({"model_name_or_path": str(glm4v_folder), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": "glm4v", "cutoff_len": cutoff_len})
+    counters = tokenize_stage_data(config, tokenizer_path=glm4v_folder, output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    expected = GLM4V["supervised_by_cutoff_len"][str(cutoff_len)]
+    image_token = AutoTokenizer.from_pretrained(glm4v_folder).convert_tokens_to_ids("<|image|>")
+    kept = [i for i, row in enumerate(GLM4V["rows"]) if expected[i]["input_ids"].count(image_token) == sum(row["image_tokens"])]
+    assert kept == ([0, 1, 2, 3] if cutoff_len == 4096 else [0, 1, 3])  # 200 cuts into the large image's tokens
+    assert counters.get("rows_dropped_media_tokens_cut", 0) == len(GLM4V["rows"]) - len(kept)
+    assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
+    assert train["labels"] == [expected[i]["labels"] for i in kept]
