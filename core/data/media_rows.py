@@ -32,8 +32,8 @@ from typing import Any
 
 from tuneline.core.config import MediaConfig
 from tuneline.core.data.audio_clips import samples
-from tuneline.core.data.media_tokens import (LLAVA_SETTINGS, PAN_AND_SCAN, VideoPatching, audio_token_count, expand_audios,
-                                             expand_images, expand_videos, image_features, pan_and_scan_crops,
+from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, PAN_AND_SCAN, VideoPatching, audio_token_count,
+                                             expand_audios, expand_images, expand_videos, image_features, pan_and_scan_crops,
                                              patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
                                              video_features)
 from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
@@ -162,9 +162,17 @@ class MediaRows:
         """The model inputs of the images at `paths` (pixel_values, image_grid_thw), as torch tensors."""
         import torch
 
-        settings = PAN_AND_SCAN if self.pans_and_scans else {}
         return {name: torch.from_numpy(value)
-                for name, value in image_features(self.sized(paths), self.image_processor, **settings).items()}
+                for name, value in image_features(self.sized(paths), self.image_processor, **self.image_settings).items()}
+
+    @property
+    def image_settings(self) -> dict[str, Any]:
+        """What the image processor is called with beyond the images: Gemma 3's pan and scan, InternVL's tiles."""
+        if self.pans_and_scans:
+            return PAN_AND_SCAN
+        if self.media.plugin == "intern_vl" and self.settings.crop_to_patches:
+            return CROP_TO_PATCHES
+        return {}
 
     def video_features(self, paths: Sequence[str]) -> dict[str, Any]:
         """The model inputs of the videos at `paths` (pixel_values_videos, video_grid_thw, and Qwen2.5-VL's
@@ -241,7 +249,8 @@ class MediaRows:
     def token_counts(self, paths: Sequence[str]) -> list[int]:
         """How many image tokens each image at `paths` takes."""
         return patch_token_counts(self.sized(paths), self.image_processor, plugin=self.media.plugin,
-                                  processor_settings=self.processor_settings, multimodal_processor=self.multimodal_processor)
+                                  processor_settings=self.processor_settings, multimodal_processor=self.multimodal_processor,
+                                  crop_to_patches=self.settings.crop_to_patches)
 
     def video_token_counts(self, paths: Sequence[str]) -> list[int]:
         """How many video tokens each video at `paths` takes, from its header: its sampled frames (paired)
@@ -388,10 +397,11 @@ def load_audio_processor(model_path: str | Path) -> Any:
 
 
 IMAGE_PROCESSOR_FILE, PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"
-PROCESSOR_CLASSES = {"llava": "LlavaProcessor", "llava_next": "LlavaNextProcessor", "gemma3": "Gemma3Processor"}
+PROCESSOR_CLASSES = {"llava": "LlavaProcessor", "llava_next": "LlavaNextProcessor", "gemma3": "Gemma3Processor",
+                     "intern_vl": "InternVLProcessor"}
 """transformers' multimodal processor class of each family that keeps numbers in processor_config.json."""
 PROCESSOR_SETTINGS = {"llava": ("LLaVA", LLAVA_SETTINGS), "llava_next": ("LLaVA-NeXT", LLAVA_SETTINGS),
-                      "gemma3": ("Gemma 3", ("image_seq_length",))}
+                      "gemma3": ("Gemma 3", ("image_seq_length",)), "intern_vl": ("InternVL", ("image_seq_length",))}
 """Each such family's name and the numbers of its processor that count an image's tokens (the first required)."""
 
 

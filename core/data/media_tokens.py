@@ -15,6 +15,9 @@ With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as L
   keeps it whole as a base tile; the placeholder becomes one `<image>` per feature LlavaNextProcessor
   counts for the image's size (the base tile's patches, the grid's patches less the padding, a newline
   a row), less one under the `default` feature strategy.
+- InternVL (`intern_vl` plugin): every image is one tile of the processor's size or, with
+  `crop_to_patches`, the tiles of its best grid (at most 12) and a thumbnail; the placeholder becomes
+  `<img>`, the processor's `image_seq_length` (256) `<IMG_CONTEXT>` a tile, and `</img>`.
 - Gemma 3 (`gemma3` plugin): every image is resized to the processor's square and pooled to the
   processor's `image_seq_length` soft tokens (256), written as Gemma3Processor writes its full image
   sequence, `\n\n<start_of_image>`, the soft tokens, `<end_of_image>\n\n`. With
@@ -100,7 +103,9 @@ def _qwen_sized(width: int, height: int) -> list[tuple[int, int]]:
 PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 256, "pan_and_scan_max_num_crops": 4,
                 "pan_and_scan_min_ratio_to_activate": 1.2}
 """Gemma 3's image processor settings under `image_do_pan_and_scan` (LLaMA-Factory fixes these numbers)."""
-COUNT_ONLY = ("num_crops",)  # what an image processor returns that counts tokens rather than feeds the model
+CROP_TO_PATCHES = {"crop_to_patches": True, "max_patches": 12, "min_patches": 1}
+"""InternVL's image processor settings under `crop_to_patches` (LLaMA-Factory fixes these numbers)."""
+COUNT_ONLY = ("num_crops", "num_patches")  # what an image processor returns that counts tokens rather than feeds the model
 
 
 def image_features(images: Sequence[Image], image_processor: Any, **settings: Any) -> dict[str, Any]:
@@ -121,17 +126,23 @@ def image_token_counts(features: dict[str, Any], image_processor: Any) -> list[i
 
 
 def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin: str = "qwen2_vl",
-                       processor_settings: Mapping[str, Any] | None = None, multimodal_processor: Any = None) -> list[int]:
+                       processor_settings: Mapping[str, Any] | None = None, multimodal_processor: Any = None,
+                       crop_to_patches: bool = False) -> list[int]:
     """How many image tokens each sized image takes, from its size alone where the processor's own patch
     arithmetic allows: tokenizing needs the counts, not the pixels, which the training collator cuts later.
     `processor_settings`: the multimodal processor's own numbers (LLaVA's patch_size and the rest);
-    `multimodal_processor`: LLaVA-NeXT's processor, whose own arithmetic counts its tiles' features."""
+    `multimodal_processor`: LLaVA-NeXT's processor, whose own arithmetic counts its tiles' features;
+    `crop_to_patches`: InternVL's tiles, counted by its image processor."""
     if plugin == "llava":
         return [llava_token_count(images[0], image_processor, processor_settings or {})] * len(images) if images else []
     if plugin == "gemma3":
         return [int((processor_settings or {})["image_seq_length"])] * len(images)
     if plugin == "llava_next":
         return llava_next_token_counts(images, image_processor, processor_settings or {}, multimodal_processor)
+    if plugin == "intern_vl":
+        tiles = (image_processor(list(images), return_tensors="np", **CROP_TO_PATCHES)["num_patches"] if crop_to_patches and images
+                 else [1] * len(images))
+        return [int((processor_settings or {})["image_seq_length"]) * int(count) for count in tiles]
     merge = int(image_processor.merge_size) ** 2
     return [int(image_processor.get_number_of_image_patches(image.height, image.width, {})) // merge for image in images]
 

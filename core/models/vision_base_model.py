@@ -29,14 +29,16 @@ GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
 GLM4V_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<|begin_of_image|>",
                 "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>")
 """GLM-4V's control and media tokens (single tokens in GLM's own tokenizer)."""
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "qwen2_audio")
+INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>")
+"""InternVL's image markers and its one token a pooled feature."""
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "internvl", "qwen2_audio")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
 
 @dataclass(frozen=True)
 class VisionModelConfig:
-    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3 or "
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3, internvl or "
                                                                  "qwen2_audio (audio_base_model.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
@@ -65,7 +67,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     named = GEMMA3_TOKENS if config.family == "gemma3" else {}
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path), **named)
     tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "gemma3": (*GEMMA3_TOKENS.values(), *GEMMA_TURN_TOKENS),
-              "qwen2_audio": AUDIO_TOKENS, "glm4v": GLM4V_TOKENS}.get(config.family, VISION_TOKENS)
+              "qwen2_audio": AUDIO_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS}.get(config.family, VISION_TOKENS)
     missing = [token for token in tokens if token not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
@@ -80,6 +82,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         model = qwen2_audio_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     elif config.family == "glm4v":
         model = _glm4v_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
+    elif config.family == "internvl":
+        model = _internvl_model(config, vocab_size=len(tokenizer), image_token_id=ids["<IMG_CONTEXT>"], tokenizer=tokenizer)
     else:
         model = _qwen_model_class(config.family)(_qwen_config(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer))
     model.save_pretrained(output_dir, safe_serialization=True)
@@ -90,6 +94,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         _save_gemma3_processor(config, tokenizer, output_dir)
     elif config.family == "qwen2_audio":
         save_qwen2_audio_processor(tokenizer, output_dir)
+    elif config.family == "internvl":
+        _save_internvl_processor(config, output_dir)
     elif config.family == "glm4v":
         from transformers import Glm4vImageProcessor
 
@@ -254,3 +260,39 @@ def _save_gemma3_processor(config: VisionModelConfig, tokenizer, output_dir: str
     Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
                     image_seq_length=config.image_tokens).save_pretrained(output_dir)
     image_processor.save_pretrained(output_dir)
+
+
+INTERNVL_DOWNSAMPLE = 0.5  # InternVL's pixel shuffle: each 2 x 2 patches become one feature
+
+
+def _internvl_tokens_per_tile(config: VisionModelConfig) -> int:
+    return int((config.image_size // PATCH_SIZE) ** 2 * INTERNVL_DOWNSAMPLE ** 2)
+
+
+def _internvl_model(config: VisionModelConfig, *, vocab_size: int, image_token_id: int, tokenizer):
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+
+    vision = dict(hidden_size=config.vision_width, num_hidden_layers=config.vision_depth, num_attention_heads=2,
+                  intermediate_size=2 * config.vision_width, image_size=[config.image_size] * 2, patch_size=[PATCH_SIZE] * 2)
+    text = dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=config.hidden_size,
+                intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
+                num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+                max_position_embeddings=config.max_position_embeddings, tie_word_embeddings=True,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    internvl = InternVLConfig(vision_config=vision, text_config=text, image_token_id=image_token_id,
+                              image_seq_length=_internvl_tokens_per_tile(config), downsample_ratio=INTERNVL_DOWNSAMPLE,
+                              tie_word_embeddings=True)
+    return InternVLForConditionalGeneration(internvl)
+
+
+def _save_internvl_processor(config: VisionModelConfig, output_dir: str | Path) -> None:
+    """GotOcr2's image processor, and InternVLProcessor's numbers as its processor_config.json holds them
+    (the processor class itself also wants a video processor, which needs torchvision)."""
+    import json
+
+    from transformers import GotOcr2ImageProcessor
+
+    GotOcr2ImageProcessor(size={"height": config.image_size, "width": config.image_size},
+                          image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]).save_pretrained(output_dir)
+    numbers = {"image_seq_length": _internvl_tokens_per_tile(config), "processor_class": "InternVLProcessor"}
+    (Path(output_dir) / "processor_config.json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")

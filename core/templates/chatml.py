@@ -47,6 +47,9 @@ def _qwen(name: str, **fields: Any) -> Template:
     return _chatml(name, **{**qwen, **fields})
 
 
+INTERN_VL_SYSTEM = "你是书生·万象，英文名是InternVL，是由上海人工智能实验室、清华大学及多家合作单位联合开发的多模态大语言模型。"
+"""InternVL's default system prompt."""
+_INTERN_VL_MEDIA = MediaTokens(plugin="intern_vl", image_token="<IMG_CONTEXT>", vision_bos="<img>", vision_eos="</img>")
 _QWEN3_VL_MEDIA = MediaTokens(plugin="qwen3_vl", image_token="<|image_pad|>", video_token="<|video_pad|>",
                               vision_bos="<|vision_start|>", vision_eos="<|vision_end|>")
 
@@ -68,6 +71,8 @@ CHATML_TEMPLATES: tuple[Template, ...] = (
     _qwen("mimo", default_system="You are a helpful assistant.", reasoning=True),
     _chatml("yi", stop_words=("<|im_end|>",)),
     _chatml("intern2", format_prefix=(BOS,), default_system=INTERN_SYSTEM, stop_words=("<|im_end|>",)),
+    _chatml("intern_vl", format_prefix=(BOS,), default_system=INTERN_VL_SYSTEM, stop_words=("<|im_end|>",), media=_INTERN_VL_MEDIA),
+    _chatml("intern_s1", format_prefix=(BOS,), stop_words=("<|im_end|>",), media=_INTERN_VL_MEDIA),
     _chatml("smollm", stop_words=("<|im_end|>",)),
     _chatml("smollm2", stop_words=("<|im_end|>",),
             default_system="You are a helpful AI assistant named SmolLM, trained by Hugging Face."),

@@ -1,7 +1,8 @@
 """Training the vision-language families beyond Qwen2-VL on image rows: a tiny LLaVA-1.5 (a CLIP vision tower,
 its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA-NeXT (the same in tiles of
 56 pixels on LLaVA-v1.6's five grids), a tiny Qwen3-VL (its deepstack tower in patches of 16 and Qwen3's
-decoder, with Qwen2.5's tokenizer), a tiny GLM-4.1V (Qwen2.5's tokenizer with GLM's tokens) and a tiny Gemma 3 (a SigLIP tower, its
+decoder, with Qwen2.5's tokenizer), a tiny GLM-4.1V (Qwen2.5's tokenizer with GLM's tokens), a tiny InternVL (an InternViT
+tower, pixel shuffle, Qwen2's decoder) and a tiny Gemma 3 (a SigLIP tower, its
 pooling projector and Gemma 3's decoder, with llama2's tokenizer and Gemma's image and turn tokens), all from
 core/models/vision_base_model.py. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
@@ -41,6 +42,8 @@ FAMILIES = {
                     "Glm4vForConditionalGeneration"),
     "llava_next": Family("llava_next", "llama2", "llava_next", "<image>", "model.vision_tower.encoder.",
                          "model.multi_modal_projector.", "LlavaNextForConditionalGeneration"),
+    "internvl": Family("internvl", "qwen2.5", "intern_vl", "<IMG_CONTEXT>", "model.vision_tower.encoder.",
+                       "model.multi_modal_projector.", "InternVLForConditionalGeneration"),
     "gemma3": Family("gemma3", "llama2", "gemma3", "<image_soft_token>", "model.vision_tower.encoder.",
                      "model.multi_modal_projector.", "Gemma3ForConditionalGeneration"),
 }
@@ -48,10 +51,12 @@ FAMILIES = {
 
 def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
     """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
-    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; Qwen3-VL's grid of 16-pixel patches
+    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; InternVL's 4 a tile; Qwen3-VL's grid of 16-pixel patches
     and GLM-4V's of 14-pixel ones, merged 2 x 2."""
     if family.name in ("llava", "gemma3"):
         return [16] * len(features["pixel_values"])
+    if family.name == "internvl":  # one 56-pixel tile each: 4 x 4 patches, pixel-shuffled 2 x 2
+        return [4] * len(features["pixel_values"])
     if family.name == "llava_next":  # LlavaNextProcessor's count for each image's size, in 56-pixel tiles, less the class token
         from transformers import AutoProcessor
 

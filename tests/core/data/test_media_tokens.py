@@ -474,3 +474,81 @@ def test_glm4v_rows_tokenize_to_llamafactorys_supervised_examples(glm4v_folder: 
     assert counters.get("rows_dropped_media_tokens_cut", 0) == len(GLM4V["rows"]) - len(kept)
     assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
     assert train["labels"] == [expected[i]["labels"] for i in kept]
+
+
+INTERNVL = json.loads((Path(__file__).resolve().parents[2] / "data/media/internvl_images.json").read_text())
+INTERNVL_CASES = [(setting, row) for setting, golden in INTERNVL["by_setting"].items() for row in golden["rows"]]
+
+
+@pytest.fixture(scope="module")
+def internvl_dataset(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
+    """An InternVL folder as the golden's (Qwen2.5's tokenizer with `<img>`, `</img>`, `<IMG_CONTEXT>`;
+    GotOcr2ImageProcessor at 448 pixels; InternVLProcessor's image_seq_length, 256) and the golden rows."""
+    from transformers import AutoTokenizer, GotOcr2ImageProcessor
+
+    root = tmp_path_factory.mktemp("internvl")
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
+    tokenizer.add_special_tokens({"additional_special_tokens": INTERNVL["added_tokens"]})
+    tokenizer.save_pretrained(root / "model")
+    GotOcr2ImageProcessor(**INTERNVL["image_processor"]).save_pretrained(root / "model")
+    (root / "model" / "processor_config.json").write_text(json.dumps({
+        "image_seq_length": INTERNVL["image_seq_length"], "processor_class": "InternVLProcessor"}))
+    data = root / "data"
+    (data / "pictures").mkdir(parents=True)
+    for name, size in INTERNVL["sizes"].items():
+        drawn(size).save(data / "pictures" / f"{name}.png")
+    rows = [{"messages": row["messages"], "images": [f"pictures/{name}.png" for name in row["images"]]}
+            for row in INTERNVL["by_setting"]["plain"]["rows"]]
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    return root / "model", data
+
+
+@pytest.mark.parametrize(("setting", "row"), INTERNVL_CASES, ids=[f"{setting}: {row['name']}" for setting, row in INTERNVL_CASES])
+def test_internvl_images_expand_to_llamafactorys_tokens(setting: str, row: dict, internvl_dataset):
+    """InternVL: 256 `<IMG_CONTEXT>` a tile between `<img>` and `</img>`; with crop_to_patches an image is
+    the tiles of its best grid and a thumbnail, as its image processor cuts it."""
+    from transformers import AutoTokenizer
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+
+    folder, data = internvl_dataset
+    template = TEMPLATES["intern_vl"]
+    rows = media_rows_for_model(folder, template=template, settings=MediaConfig(crop_to_patches=setting == "crop_to_patches"))
+    paths = [str(data / "pictures" / f"{name}.png") for name in row["images"]]
+    assert list(rows.features(paths)["pixel_values"].shape) == row["pixel_values_shape"]
+    expanded = rows.expand_messages(row["messages"], paths)
+    assert [message["content"].count("<IMG_CONTEXT>") for message in expanded] == row["image_tokens"]
+    if row["pairs"] is not None:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        fix_tokenizer(template, tokenizer)
+        conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
+        assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
+
+
+@pytest.mark.parametrize(("setting", "cutoff_len"), [("plain", 8192), ("plain", 400), ("crop_to_patches", 1500)])
+def test_internvl_rows_tokenize_to_llamafactorys_supervised_examples(internvl_dataset, tmp_path: Path, setting: str,
+                                                                     cutoff_len: int):
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    folder, data = internvl_dataset
+    config = build_stage_config({"model_name_or_path": str(folder), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": "intern_vl", "cutoff_len": cutoff_len,
+                                 "crop_to_patches": setting == "crop_to_patches"})
+    counters = tokenize_stage_data(config, tokenizer_path=folder, output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    golden = INTERNVL["by_setting"][setting]
+    expected = golden["supervised_by_cutoff_len"][str(cutoff_len)]
+    image_token = AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<IMG_CONTEXT>")
+    kept = [i for i, row in enumerate(golden["rows"]) if expected[i]["input_ids"].count(image_token) == sum(row["image_tokens"])]
+    assert kept == {8192: [0, 1, 2, 3, 4], 400: [0, 3], 1500: [4]}[cutoff_len]
+    assert counters.get("rows_dropped_media_tokens_cut", 0) == 5 - len(kept)
+    assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
+    assert train["labels"] == [expected[i]["labels"] for i in kept]

@@ -1,0 +1,81 @@
+"""Golden rows of InternVL's image placeholder expansion (InternVL3 in transformers' format), written by
+LLaMA-Factory 0.9.5's own `intern_vl` template and mm_plugin with transformers' GotOcr2ImageProcessor at
+448 pixels and 256 tokens a tile into tests/data/media/, in the format tests/core/data/test_media_tokens.py
+reads, once with `crop_to_patches` off and once on (an image then becomes up to 12 tiles and a
+thumbnail; those rows keep their counts and a cut example, not their thousands of ids twice). The tokenizer is Qwen2.5's with InternVL's `<img>`, `</img>` and `<IMG_CONTEXT>`
+added. The images are the Qwen2-VL golden's plus a panorama (drawn again by the test).
+
+transformers' InternVLProcessor needs a video processor, which needs torchvision (not importable
+beside the CPU build of torch); LLaMA-Factory's image path reads only the processor's image processor,
+image_seq_length, crop_to_patches and pixel limits, so this script hands it an object holding just
+those. Run with LLaMA-Factory's Python from the repository root:
+
+    /work/lfvenv/bin/python tests/data/make_internvl_golden.py tests/data/media/internvl_images.json
+"""
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+from PIL import Image, ImageDraw
+from transformers import AutoTokenizer, GotOcr2ImageProcessor
+from llamafactory.data.template import TEMPLATES
+from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+
+out = Path(sys.argv[1])
+images_dir = Path(tempfile.mkdtemp())
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+SIZES = {**QWEN["sizes"], "panorama": [1100, 400]}
+ROWS = QWEN["rows"] + [{"name": "panorama and square", "images": ["panorama", "square"],
+                        "messages": [{"role": "user", "content": "<image>Is it wide? <image>"},
+                                     {"role": "assistant", "content": "The first is."}]}]
+INTERN_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
+IMAGE_PROCESSOR = {"size": {"height": 448, "width": 448}, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+
+
+def make(name, size):
+    w, h = size
+    img = Image.new("RGB", tuple(size), (200, 40, 40))
+    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
+    p = images_dir / f"{name}.png"; img.save(p); return str(p)
+
+
+paths = {n: make(n, s) for n, s in SIZES.items()}
+tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
+tokenizer.add_special_tokens({"additional_special_tokens": INTERN_TOKENS})
+template = TEMPLATES["intern_vl"]
+template.fix_special_tokens(tokenizer)
+by_setting = {}
+for crop in (False, True):
+    processor = types.SimpleNamespace(image_processor=GotOcr2ImageProcessor(**IMAGE_PROCESSOR), image_seq_length=256,
+                                      crop_to_patches=crop, image_max_pixels=768 * 768, image_min_pixels=32 * 32)
+    golden = []
+    for row in ROWS:
+        images = [paths[n] for n in row["images"]]
+        expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
+        pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
+        mm = template.mm_plugin._get_mm_inputs(images, [], [], processor)
+        golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
+                       "image_tokens": [m["content"].count("<IMG_CONTEXT>") for m in expanded],
+                       "pairs": None if crop else [[list(a), list(b)] for a, b in pairs],
+                       "pixel_values_shape": list(mm["pixel_values"].shape),
+                       "num_patches": [int(n) for n in mm["image_num_patches"]]})
+    supervised = {}
+    for cutoff_len in ((1500,) if crop else (8192, 400)):  # a cropped row's whole example is thousands of tokens
+        data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
+        encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
+        batch = {"_prompt": [r["messages"][:-1] for r in ROWS], "_response": [r["messages"][-1:] for r in ROWS],
+                 "_system": [""] * len(ROWS), "_tools": [""] * len(ROWS), "_images": [[paths[n] for n in r["images"]] for r in ROWS],
+                 "_videos": [None] * len(ROWS), "_audios": [None] * len(ROWS)}
+        encoded = encoder.preprocess_dataset(batch)
+        supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels}
+                                       for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+    by_setting["crop_to_patches" if crop else "plain"] = {"rows": golden, "supervised_by_cutoff_len": supervised}
+
+json.dump({"llamafactory_version": "0.9.5", "template": "intern_vl", "tokenizer": "qwen2.5 with InternVL's image tokens added",
+           "added_tokens": INTERN_TOKENS, "image_processor": IMAGE_PROCESSOR, "image_seq_length": 256,
+           "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "sizes": SIZES, "by_setting": by_setting},
+          out.open("w"), indent=None)
+print("wrote", out, {k: [(g["name"], g["num_patches"], g["image_tokens"]) for g in v["rows"]] for k, v in by_setting.items()},
+      {k: {c: [len(s["input_ids"]) for s in e] for c, e in v["supervised_by_cutoff_len"].items()} for k, v in by_setting.items()})
