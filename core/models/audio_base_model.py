@@ -8,10 +8,7 @@ for `vision: qwen2_audio`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tuneline.core.models.vision_base_model import VisionModelConfig
+from typing import Any
 
 AUDIO_TOKENS = ("<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>")
 """Qwen2-Audio's special tokens, as its tokenizer names them."""
@@ -19,19 +16,16 @@ MEL_BINS = 128  # Qwen2-Audio's feature extractor and encoder: 128 mel bins, 300
 ENCODER_POSITIONS = 1500  # the encoder's positions after its stride-2 convolution: half the frames
 
 
-def qwen2_audio_model(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, int], tokenizer):
+def qwen2_audio_model(text_config: dict[str, Any], *, encoder_width: int, encoder_depth: int, audio_token_id: int):
+    """A Qwen2-Audio of `text_config`'s Qwen2 decoder and a Whisper-style encoder `encoder_width` wide and
+    `encoder_depth` layers deep."""
     from transformers import Qwen2AudioConfig, Qwen2AudioEncoderConfig, Qwen2AudioForConditionalGeneration, Qwen2Config
 
-    audio = Qwen2AudioEncoderConfig(d_model=config.vision_width, encoder_layers=config.vision_depth, encoder_attention_heads=2,
-                                    encoder_ffn_dim=2 * config.vision_width, num_mel_bins=MEL_BINS,
+    audio = Qwen2AudioEncoderConfig(d_model=encoder_width, encoder_layers=encoder_depth, encoder_attention_heads=2,
+                                    encoder_ffn_dim=2 * encoder_width, num_mel_bins=MEL_BINS,
                                     max_source_positions=ENCODER_POSITIONS)
-    text = Qwen2Config(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-                       num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-                       num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
-                       tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id)
-    return Qwen2AudioForConditionalGeneration(Qwen2AudioConfig(audio_config=audio, text_config=text,
-                                                               audio_token_index=ids["<|AUDIO|>"]))
+    return Qwen2AudioForConditionalGeneration(Qwen2AudioConfig(audio_config=audio, text_config=Qwen2Config(**text_config),
+                                                               audio_token_index=audio_token_id))
 
 
 def save_qwen2_audio_processor(tokenizer, output_dir: str | Path) -> None:

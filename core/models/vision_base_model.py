@@ -79,7 +79,9 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     elif config.family == "gemma3":
         model = _gemma3_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     elif config.family == "qwen2_audio":
-        model = qwen2_audio_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
+        model = qwen2_audio_model(_qwen2_text(config, vocab_size=len(tokenizer), tokenizer=tokenizer),
+                                  encoder_width=config.vision_width, encoder_depth=config.vision_depth,
+                                  audio_token_id=ids["<|AUDIO|>"])
     elif config.family == "glm4v":
         model = _glm4v_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     elif config.family == "internvl":
@@ -274,11 +276,7 @@ def _internvl_model(config: VisionModelConfig, *, vocab_size: int, image_token_i
 
     vision = dict(hidden_size=config.vision_width, num_hidden_layers=config.vision_depth, num_attention_heads=2,
                   intermediate_size=2 * config.vision_width, image_size=[config.image_size] * 2, patch_size=[PATCH_SIZE] * 2)
-    text = dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=config.hidden_size,
-                intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
-                num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
-                max_position_embeddings=config.max_position_embeddings, tie_word_embeddings=True,
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    text = {"model_type": "qwen2", **_qwen2_text(config, vocab_size=vocab_size, tokenizer=tokenizer)}
     internvl = InternVLConfig(vision_config=vision, text_config=text, image_token_id=image_token_id,
                               image_seq_length=_internvl_tokens_per_tile(config), downsample_ratio=INTERNVL_DOWNSAMPLE,
                               tie_word_embeddings=True)
@@ -296,3 +294,12 @@ def _save_internvl_processor(config: VisionModelConfig, output_dir: str | Path) 
                           image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]).save_pretrained(output_dir)
     numbers = {"image_seq_length": _internvl_tokens_per_tile(config), "processor_class": "InternVLProcessor"}
     (Path(output_dir) / "processor_config.json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
+
+
+def _qwen2_text(config: VisionModelConfig, *, vocab_size: int, tokenizer) -> dict:
+    """A Qwen2 decoder's settings of `config`'s sizes (InternVL's and Qwen2-Audio's language model)."""
+    return dict(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
+                tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
