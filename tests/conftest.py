@@ -235,6 +235,18 @@ def start_prefect_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Po
     return server, api
 
 
+@pytest.fixture(autouse=True)
+def _environment_kept() -> Iterator[None]:
+    """Each test leaves os.environ as it found it: a command run in this process sets defaults there
+    (PREFECT_LOGGING_LEVEL=WARNING, ...) that would reach the processes later tests of this worker
+    start. Fixtures of a wider scope are set up first, so what they put there stays."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory) -> Iterator[str]:
     """One local Prefect server for every `tuneline run`/`demo` process of the session: without it
@@ -303,7 +315,9 @@ def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     from tuneline.flows.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    old_cwd, old_cache = os.getcwd(), os.environ.get("TUNELINE_CACHE")
+    # the command sets defaults in os.environ (PREFECT_LOGGING_LEVEL=WARNING, ...) that must not reach
+    # the processes later tests of this worker start
+    old_cwd, old_environ = os.getcwd(), dict(os.environ)
     os.environ["TUNELINE_CACHE"] = str(cwd / "cache")
     os.chdir(cwd)
     try:
@@ -317,10 +331,8 @@ def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                 code = 1
     finally:
         os.chdir(old_cwd)
-        if old_cache is None:
-            os.environ.pop("TUNELINE_CACHE", None)
-        else:
-            os.environ["TUNELINE_CACHE"] = old_cache
+        os.environ.clear()
+        os.environ.update(old_environ)
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 

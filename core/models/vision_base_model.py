@@ -2,7 +2,7 @@
 Qwen3-VL, LLaVA-1.5, LLaVA-NeXT and Gemma 3 shaped, from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
-family's media tokens where the tokenizer lacks them and the chat template of the family's template
+family's media tokens and its template's control tokens where the tokenizer lacks them and the chat template of the family's template
 (`qwen2_vl`, `qwen3_vl`, `llava`, `gemma3`), and is saved with the family's image processor (transformers'
 class, sized small so a CPU cuts few patches; LLaVA's and Gemma 3's with their processor's numbers in
 processor_config.json),
@@ -18,6 +18,7 @@ from pathlib import Path
 from tuneline.core.models.audio_base_model import AUDIO_TOKENS, qwen2_audio_model, save_qwen2_audio_processor
 from tuneline.core.models.composite import MODEL_TEMPLATES
 from tuneline.core.templates.catalog import TEMPLATES
+from tuneline.core.templates.check import template_markers
 from tuneline.core.templates.jinja import chat_template_jinja
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
@@ -25,7 +26,6 @@ VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|imag
 LLAVA_IMAGE_TOKEN = "<image>"
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 """Gemma 3's image tokens, by the names its tokenizer gives them (Gemma3Processor reads them so)."""
-GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
 GLM4V_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<|begin_of_image|>",
                 "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>")
 """GLM-4V's control and media tokens (single tokens in GLM's own tokenizer)."""
@@ -66,13 +66,16 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         raise ValueError(f"family {config.family!r} is not one of {', '.join(FAMILIES)}")
     named = GEMMA3_TOKENS if config.family == "gemma3" else {}
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path), **named)
-    tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "gemma3": (*GEMMA3_TOKENS.values(), *GEMMA_TURN_TOKENS),
-              "qwen2_audio": AUDIO_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS}.get(config.family, VISION_TOKENS)
+    template = TEMPLATES[MODEL_TEMPLATES[config.family]]
+    family_tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "gemma3": tuple(GEMMA3_TOKENS.values()),
+                     "qwen2_audio": AUDIO_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS}.get(config.family, VISION_TOKENS)
+    # the template's control tokens too (chatml's <|im_start|>, Gemma's turns), whatever tokenizer the model starts from
+    tokens = tuple(dict.fromkeys((*family_tokens, *template_markers(template))))
     missing = [token for token in tokens if token not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in tokens}
-    tokenizer.chat_template = chat_template_jinja(TEMPLATES[MODEL_TEMPLATES[config.family]], tokenizer)  # the family's format
+    tokenizer.chat_template = chat_template_jinja(template, tokenizer)  # the family's format
     torch.manual_seed(config.seed)
     if config.family in ("llava", "llava_next"):
         model = _llava_model(config, vocab_size=len(tokenizer), image_token_id=ids[LLAVA_IMAGE_TOKEN], tokenizer=tokenizer)

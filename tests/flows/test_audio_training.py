@@ -1,6 +1,6 @@
-"""Training on audio rows: a tiny Qwen2-Audio (core/models/audio_base_model.py, the Qwen2.5 tokenizer)
-takes sounds written by data/generate_audio_data.py, each decoded at 16 kHz and cut into Whisper mel
-frames per batch by the feature extractor the tokenized data was counted with."""
+"""Training on audio rows: a tiny Qwen2-Audio (core/models/audio_base_model.py; llama2's tokenizer with chatml's
+and the audio tokens added) takes sounds written by data/generate_audio_data.py, each decoded at 16 kHz and
+cut into Whisper mel frames per batch by the feature extractor the tokenized data was counted with."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def audio_model(tmp_path_factory, shared_dir: Path) -> Path:
     from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
 
     folder = tmp_path_factory.mktemp("qwen2_audio") / "model"
-    build_vision_language_model(shared_dir / "tokenizers/qwen2.5", folder, config=VisionModelConfig(family="qwen2_audio"))
+    build_vision_language_model(shared_dir / "tokenizers/llama2", folder, config=VisionModelConfig(family="qwen2_audio"))
     return folder
 
 

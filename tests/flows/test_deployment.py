@@ -34,8 +34,10 @@ SMALL = ["dataset_dir=data", "max_steps=2", "max_samples=16", "hidden_size=32", 
 def prefect(tmp_path_factory):
     """Server and worker on a private PREFECT_HOME; yields the environment that reaches them."""
     home = tmp_path_factory.mktemp("prefect_home")
+    # INFO: the test reads the flow run's own log lines
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1", "OMP_NUM_THREADS": "1"}
+           "PREFECT_LOGGING_LEVEL": "INFO", "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "OMP_NUM_THREADS": "1"}
     env.pop("PREFECT_PROFILE", None)
     processes = []
     try:

@@ -1,10 +1,9 @@
 """Training the vision-language families beyond Qwen2-VL on image rows: a tiny LLaVA-1.5 (a CLIP vision tower,
 its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA-NeXT (the same in tiles of
 56 pixels on LLaVA-v1.6's five grids), a tiny Qwen3-VL (its deepstack tower in patches of 16 and Qwen3's
-decoder, with Qwen2.5's tokenizer), a tiny GLM-4.1V (Qwen2.5's tokenizer with GLM's tokens), a tiny InternVL (an InternViT
-tower, pixel shuffle, Qwen2's decoder) and a tiny Gemma 3 (a SigLIP tower, its
-pooling projector and Gemma 3's decoder, with llama2's tokenizer and Gemma's image and turn tokens), all from
-core/models/vision_base_model.py. Each is tokenized with its family's template, collated with pixels cut
+decoder), a tiny GLM-4.1V, a tiny InternVL (an InternViT tower, pixel shuffle, Qwen2's decoder) and a tiny Gemma 3 (a SigLIP tower, its
+pooling projector and Gemma 3's decoder), all from core/models/vision_base_model.py, all with llama2's
+tokenizer (a vocabulary a fifth of Qwen's, for speed) and their family's media and control tokens added. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
 transformers' own generate() answers."""
 
@@ -36,13 +35,13 @@ class Family:
 FAMILIES = {
     "llava": Family("llava", "llama2", "llava", "<image>", "model.vision_tower.encoder.",
                     "model.multi_modal_projector.", "LlavaForConditionalGeneration"),
-    "qwen3_vl": Family("qwen3_vl", "qwen2.5", "qwen3_vl", "<|image_pad|>", "model.visual.blocks.", "model.visual.merger.",
+    "qwen3_vl": Family("qwen3_vl", "llama2", "qwen3_vl", "<|image_pad|>", "model.visual.blocks.", "model.visual.merger.",
                        "Qwen3VLForConditionalGeneration"),
-    "glm4v": Family("glm4v", "qwen2.5", "glm4v", "<|image|>", "model.visual.blocks.", "model.visual.merger.",
+    "glm4v": Family("glm4v", "llama2", "glm4v", "<|image|>", "model.visual.blocks.", "model.visual.merger.",
                     "Glm4vForConditionalGeneration"),
     "llava_next": Family("llava_next", "llama2", "llava_next", "<image>", "model.vision_tower.encoder.",
                          "model.multi_modal_projector.", "LlavaNextForConditionalGeneration"),
-    "internvl": Family("internvl", "qwen2.5", "intern_vl", "<IMG_CONTEXT>", "model.vision_tower.encoder.",
+    "internvl": Family("internvl", "llama2", "intern_vl", "<IMG_CONTEXT>", "model.vision_tower.encoder.",
                        "model.multi_modal_projector.", "InternVLForConditionalGeneration"),
     "gemma3": Family("gemma3", "llama2", "gemma3", "<image_soft_token>", "model.vision_tower.encoder.",
                      "model.multi_modal_projector.", "Gemma3ForConditionalGeneration"),
