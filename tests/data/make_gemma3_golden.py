@@ -14,30 +14,20 @@ Run with LLaMA-Factory's Python from the repository root:
 """
 import json
 import sys
-import tempfile
-import types
 from pathlib import Path
-from PIL import Image, ImageDraw
 from transformers import AutoTokenizer, Gemma3ImageProcessor, Gemma3Processor
 from llamafactory.data.template import TEMPLATES
-from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
 
 out = Path(sys.argv[1])
-images_dir = Path(tempfile.mkdtemp())
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+QWEN = QWEN_GOLDEN
 SIZES = {**QWEN["sizes"], "panorama": [1100, 400]}
 ROWS = QWEN["rows"] + [{"name": "panorama and square", "images": ["panorama", "square"],
                         "messages": [{"role": "user", "content": "<image>Is it wide? <image>"},
                                      {"role": "assistant", "content": "The first is."}]}]
 
-def make(name, size):
-    w, h = size
-    img = Image.new("RGB", tuple(size), (200, 40, 40))
-    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
-    p = images_dir / f"{name}.png"; img.save(p); return str(p)
 
-paths = {n: make(n, s) for n, s in SIZES.items()}
+paths = drawn_images(SIZES)
 TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/llama2", **TOKENS)
 TURNS = ["<start_of_turn>", "<end_of_turn>"]  # Gemma's turn markers, single tokens in its own tokenizer
@@ -75,15 +65,7 @@ for pan_and_scan in (False, True):
                        "token_type_ids": types_[0]})
     supervised = {}
     for cutoff_len in (2048, 50):
-        data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-        processor_lf = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-        batch = {"_prompt": [r["messages"][:-1] for r in ROWS], "_response": [r["messages"][-1:] for r in ROWS],
-                 "_system": [""] * len(ROWS), "_tools": [""] * len(ROWS),
-                 "_images": [[paths[n] for n in r["images"]] for r in ROWS], "_videos": [None] * len(ROWS),
-                 "_audios": [None] * len(ROWS)}
-        encoded = processor_lf.preprocess_dataset(batch)
-        supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels}
-                                       for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+        supervised[str(cutoff_len)] = supervised_examples(template, tokenizer, processor, ROWS, paths, cutoff_len)
     by_setting["pan_and_scan" if pan_and_scan else "plain"] = {"rows": golden, "supervised_by_cutoff_len": supervised}
 
 json.dump({"llamafactory_version": "0.9.5", "template": "gemma3", "tokenizer": "llama2 with Gemma 3's image tokens and turn markers added",

@@ -13,31 +13,22 @@ repository root:
 """
 import json
 import sys
-import tempfile
 import types
 from pathlib import Path
-from PIL import Image, ImageDraw
 from transformers import AutoTokenizer, Glm4vImageProcessor
 from llamafactory.data.template import TEMPLATES
-from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
 
 out = Path(sys.argv[1])
-images_dir = Path(tempfile.mkdtemp())
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+QWEN = QWEN_GOLDEN
 SIZES = QWEN["sizes"]
 GLM_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<|begin_of_image|>",
               "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"]
 
 
-def make(name, size):
-    w, h = size
-    img = Image.new("RGB", tuple(size), (200, 40, 40))
-    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
-    p = images_dir / f"{name}.png"; img.save(p); return str(p)
 
 
-paths = {n: make(n, s) for n, s in SIZES.items()}
+paths = drawn_images(SIZES)
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
 tokenizer.add_special_tokens({"additional_special_tokens": GLM_TOKENS})
 processor = types.SimpleNamespace(image_processor=Glm4vImageProcessor(), image_max_pixels=768 * 768, image_min_pixels=32 * 32)
@@ -55,14 +46,7 @@ for row in QWEN["rows"]:
                    "image_grid_thw": mm["image_grid_thw"].tolist()})
 supervised = {}
 for cutoff_len in (4096, 200):
-    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-    encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-    rows = QWEN["rows"]
-    batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
-             "_system": [""] * len(rows), "_tools": [""] * len(rows),
-             "_images": [[paths[n] for n in r["images"]] for r in rows], "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
-    encoded = encoder.preprocess_dataset(batch)
-    supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+    supervised[str(cutoff_len)] = supervised_examples(template, tokenizer, processor, QWEN["rows"], paths, cutoff_len)
 
 json.dump({"llamafactory_version": "0.9.5", "template": "glm4v", "tokenizer": "qwen2.5 with GLM's control and image tokens added",
            "added_tokens": GLM_TOKENS, "image_processor": "Glm4vImageProcessor() defaults",

@@ -14,18 +14,14 @@ those. Run with LLaMA-Factory's Python from the repository root:
 """
 import json
 import sys
-import tempfile
 import types
 from pathlib import Path
-from PIL import Image, ImageDraw
 from transformers import AutoTokenizer, GotOcr2ImageProcessor
 from llamafactory.data.template import TEMPLATES
-from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
 
 out = Path(sys.argv[1])
-images_dir = Path(tempfile.mkdtemp())
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+QWEN = QWEN_GOLDEN
 SIZES = {**QWEN["sizes"], "panorama": [1100, 400]}
 ROWS = QWEN["rows"] + [{"name": "panorama and square", "images": ["panorama", "square"],
                         "messages": [{"role": "user", "content": "<image>Is it wide? <image>"},
@@ -34,14 +30,9 @@ INTERN_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 IMAGE_PROCESSOR = {"size": {"height": 448, "width": 448}, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
 
 
-def make(name, size):
-    w, h = size
-    img = Image.new("RGB", tuple(size), (200, 40, 40))
-    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
-    p = images_dir / f"{name}.png"; img.save(p); return str(p)
 
 
-paths = {n: make(n, s) for n, s in SIZES.items()}
+paths = drawn_images(SIZES)
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
 tokenizer.add_special_tokens({"additional_special_tokens": INTERN_TOKENS})
 template = TEMPLATES["intern_vl"]
@@ -61,16 +52,9 @@ for crop in (False, True):
                        "pairs": None if crop else [[list(a), list(b)] for a, b in pairs],
                        "pixel_values_shape": list(mm["pixel_values"].shape),
                        "num_patches": [int(n) for n in mm["image_num_patches"]]})
-    supervised = {}
-    for cutoff_len in ((1500,) if crop else (8192, 400)):  # a cropped row's whole example is thousands of tokens
-        data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-        encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-        batch = {"_prompt": [r["messages"][:-1] for r in ROWS], "_response": [r["messages"][-1:] for r in ROWS],
-                 "_system": [""] * len(ROWS), "_tools": [""] * len(ROWS), "_images": [[paths[n] for n in r["images"]] for r in ROWS],
-                 "_videos": [None] * len(ROWS), "_audios": [None] * len(ROWS)}
-        encoded = encoder.preprocess_dataset(batch)
-        supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels}
-                                       for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+    # a cropped row's whole example is thousands of tokens: those keep one cut example only
+    supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, ROWS, paths, cutoff_len)
+                  for cutoff_len in ((1500,) if crop else (8192, 400))}
     by_setting["crop_to_patches" if crop else "plain"] = {"rows": golden, "supervised_by_cutoff_len": supervised}
 
 json.dump({"llamafactory_version": "0.9.5", "template": "intern_vl", "tokenizer": "qwen2.5 with InternVL's image tokens added",

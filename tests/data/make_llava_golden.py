@@ -8,27 +8,17 @@ test). Run with LLaMA-Factory's Python from the repository root:
 """
 import json
 import sys
-import tempfile
-import types
 from pathlib import Path
-from PIL import Image, ImageDraw
 from transformers import AutoTokenizer, CLIPImageProcessor, LlavaProcessor
 from llamafactory.data.template import TEMPLATES
-from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
 
 out = Path(sys.argv[1])
-images_dir = Path(tempfile.mkdtemp())
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+QWEN = QWEN_GOLDEN
 SIZES = QWEN["sizes"]
 
-def make(name, size):
-    w, h = size
-    img = Image.new("RGB", tuple(size), (200, 40, 40))
-    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
-    p = images_dir / f"{name}.png"; img.save(p); return str(p)
 
-paths = {n: make(n, s) for n, s in SIZES.items()}
+paths = drawn_images(SIZES)
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/llama2")
 tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
 SETTINGS = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
@@ -47,14 +37,7 @@ for row in QWEN["rows"]:
                    "pairs": [[list(a), list(b)] for a, b in pairs], "pixel_values_shape": list(mm["pixel_values"].shape)})
 supervised = {}
 for cutoff_len in (2048, 700):
-    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-    processor_lf = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-    rows = QWEN["rows"]
-    batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
-             "_system": [""] * len(rows), "_tools": [""] * len(rows),
-             "_images": [[paths[n] for n in r["images"]] for r in rows], "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
-    encoded = processor_lf.preprocess_dataset(batch)
-    supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+    supervised[str(cutoff_len)] = supervised_examples(template, tokenizer, processor, QWEN["rows"], paths, cutoff_len)
 
 json.dump({"llamafactory_version": "0.9.5", "template": "llava", "tokenizer": "llama2 with <image> added",
            "processor": {"class": "LlavaProcessor", **SETTINGS}, "image_processor": "CLIPImageProcessor(size 336, crop 336)",

@@ -10,26 +10,17 @@ stands in for it. Run with LLaMA-Factory's Python from the repository root:
 """
 import json
 import sys
-import tempfile
 import types
 from pathlib import Path
-from PIL import Image, ImageDraw
 from transformers import AutoTokenizer, Qwen2VLImageProcessor
 from llamafactory.data.template import TEMPLATES
-from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
 
 out = Path(sys.argv[1])
-images_dir = Path(tempfile.mkdtemp())
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-QWEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+QWEN = QWEN_GOLDEN
 
-def make(name, size):
-    w, h = size
-    img = Image.new("RGB", tuple(size), (200, 40, 40))
-    ImageDraw.Draw(img).rectangle([w // 4, h // 4, 3 * w // 4, 3 * h // 4], fill=(30, 90, 220))
-    p = images_dir / f"{name}.png"; img.save(p); return str(p)
 
-paths = {n: make(n, s) for n, s in QWEN["sizes"].items()}
+paths = drawn_images(QWEN["sizes"])
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
 PROCESSOR = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 image_processor = Qwen2VLImageProcessor(**PROCESSOR)
@@ -48,14 +39,7 @@ for row in QWEN["rows"]:
                    "image_grid_thw": mm["image_grid_thw"].tolist(), "pixel_values_shape": list(mm["pixel_values"].shape)})
 supervised = {}
 for cutoff_len in (1024, 96):
-    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-    processor_lf = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-    rows = QWEN["rows"]
-    batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
-             "_system": [""] * len(rows), "_tools": [""] * len(rows),
-             "_images": [[paths[n] for n in r["images"]] for r in rows], "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
-    encoded = processor_lf.preprocess_dataset(batch)
-    supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+    supervised[str(cutoff_len)] = supervised_examples(template, tokenizer, processor, QWEN["rows"], paths, cutoff_len)
 
 json.dump({"llamafactory_version": "0.9.5", "template": "qwen3_vl", "tokenizer": "qwen2.5",
            "image_processor": {"class": "Qwen2VLImageProcessor", **PROCESSOR}, "image_max_pixels": 768 * 768,

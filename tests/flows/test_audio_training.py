@@ -76,14 +76,14 @@ def test_tuneline_train_fits_sounds(audio_model: Path, sound_data: Path, tmp_pat
     stage = {"model_name_or_path": str(audio_model), "stage": "sft", "do_train": True, "finetuning_type": "lora",
              "lora_target": "all", "lora_rank": 8, "dataset": "sound_questions", "dataset_dir": str(sound_data),
              "template": "qwen2_audio", "cutoff_len": 128, "per_device_train_batch_size": 4, "learning_rate": 5e-3,
-             "num_train_epochs": 3, "logging_steps": 1, "output_dir": str(tmp_path / "out"), "report_to": "none"}
+             "num_train_epochs": 2, "logging_steps": 1, "output_dir": str(tmp_path / "out"), "report_to": "none"}
     (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
     monkeypatch.setattr("tuneline.flows.single.launch_training", in_process_launch)  # the worker's run, without its start
     result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     out = tmp_path / "out"
     losses = [entry["loss"] for entry in map(json.loads, (out / "trainer_log.jsonl").read_text().splitlines()) if "loss" in entry]
-    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+    assert len(losses) == 8 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
     targets = json.loads((out / "adapter_config.json").read_text())["target_modules"]
     assert targets and not any("audio_tower" in name or "multi_modal_projector" in name for name in targets)
     assert json.loads((out / "preprocessor_config.json").read_text())["feature_size"] == 128

@@ -3,14 +3,29 @@ by tests/data/make_media_golden.py): the same sizing, grids, expanded messages a
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tuneline.core.data.media_tokens import (expand_images, image_features, image_token_counts, patch_token_counts,
                                              placeholder_counts, sized_image)
 from tuneline.core.templates.catalog import TEMPLATES
+
+@functools.cache
+def fixed_tokenizer(folder: Path, template) -> Any:
+    """The tokenizer of `folder` as `template` fixes it (its eos, its stop words), loaded once for the
+    module: Qwen's 151k-token tokenizer takes most of a second to load, and the tests only read it."""
+    from transformers import AutoTokenizer
+
+    from tuneline.core.templates.conversation import fix_tokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    fix_tokenizer(template, tokenizer)
+    return tokenizer
+
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "data/media/qwen2_vl_images.json").read_text())
 
@@ -34,9 +49,7 @@ def image_processor():
 
 @pytest.mark.parametrize("row", GOLDEN["rows"], ids=[row["name"] for row in GOLDEN["rows"]])
 def test_images_expand_to_llamafactorys_tokens(row: dict, image_processor, shared_dir: Path):
-    from transformers import AutoTokenizer
-
-    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["qwen2_vl"]
     images = [sized_image(drawn(GOLDEN["sizes"][name]), max_pixels=GOLDEN["image_max_pixels"],
@@ -50,8 +63,7 @@ def test_images_expand_to_llamafactorys_tokens(row: dict, image_processor, share
     assert patch_token_counts(images, image_processor) == counts  # what tokenizing uses, without the pixels
     expanded = expand_images(row["messages"], counts, template.media)
     assert [message["content"] for message in expanded] == row["expanded"]
-    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
-    fix_tokenizer(template, tokenizer)
+    tokenizer = fixed_tokenizer(shared_dir / "tokenizers/qwen2.5", template)
     conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
     assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
 
@@ -152,11 +164,9 @@ def llava_folder(tmp_path_factory, shared_dir: Path) -> Path:
 
 @pytest.mark.parametrize("row", LLAVA["rows"], ids=[row["name"] for row in LLAVA["rows"]])
 def test_llava_images_expand_to_llamafactorys_tokens(row: dict, llava_folder: Path):
-    from transformers import AutoTokenizer
-
     from tuneline.core.config import MediaConfig
     from tuneline.core.data.media_rows import media_rows_for_model
-    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["llava"]
     rows = media_rows_for_model(llava_folder, template=template, settings=MediaConfig())
@@ -167,8 +177,7 @@ def test_llava_images_expand_to_llamafactorys_tokens(row: dict, llava_folder: Pa
     counts = patch_token_counts(images, rows.image_processor, plugin="llava", processor_settings=rows.processor_settings)
     expanded = expand_images(row["messages"], counts, template.media)
     assert [message["content"].count("<image>") for message in expanded] == row["image_tokens"]
-    tokenizer = AutoTokenizer.from_pretrained(llava_folder)
-    fix_tokenizer(template, tokenizer)
+    tokenizer = fixed_tokenizer(llava_folder, template)
     conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
     assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
 
@@ -218,9 +227,9 @@ QWEN3 = json.loads((Path(__file__).resolve().parents[2] / "data/media/qwen3_vl_i
 @pytest.mark.parametrize("row", QWEN3["rows"], ids=[row["name"] for row in QWEN3["rows"]])
 def test_qwen3_vl_images_expand_to_llamafactorys_tokens(row: dict, shared_dir: Path):
     """Qwen3-VL: Qwen2-VL's sizing and expansion in patches of 16, through the reasoning template `qwen3_vl`."""
-    from transformers import AutoTokenizer, Qwen2VLImageProcessor
+    from transformers import Qwen2VLImageProcessor
 
-    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["qwen3_vl"]
     processor = Qwen2VLImageProcessor(**{k: v for k, v in QWEN3["image_processor"].items() if k != "class"})
@@ -233,8 +242,7 @@ def test_qwen3_vl_images_expand_to_llamafactorys_tokens(row: dict, shared_dir: P
     assert counts == image_token_counts(features, processor)
     expanded = expand_images(row["messages"], counts, template.media)
     assert [message["content"] for message in expanded] == row["expanded"]
-    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
-    fix_tokenizer(template, tokenizer)
+    tokenizer = fixed_tokenizer(shared_dir / "tokenizers/qwen2.5", template)
     conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
     assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
 
@@ -297,11 +305,10 @@ def test_gemma3_images_expand_to_llamafactorys_tokens(setting: str, row: dict, g
     """Gemma 3: each image is Gemma3Processor's full image sequence of 16 soft tokens; under pan and scan a
     wide picture also shows its crops (the panorama: 3), and the token types mark every soft token."""
     import torch
-    from transformers import AutoTokenizer
 
     from tuneline.core.config import MediaConfig
     from tuneline.core.data.media_rows import media_rows_for_model
-    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_turns
 
     folder, data = gemma3_dataset
     template = TEMPLATES["gemma3"]
@@ -312,8 +319,7 @@ def test_gemma3_images_expand_to_llamafactorys_tokens(setting: str, row: dict, g
     assert rows.crops(paths) == (row["num_crops"] if setting == "pan_and_scan" else None)
     expanded = rows.expand_messages(row["messages"], paths)
     assert expanded == row["expanded"]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    fix_tokenizer(template, tokenizer)
+    tokenizer = fixed_tokenizer(folder, template)
     conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
     pairs = [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)]
     assert pairs == row["pairs"]
@@ -368,11 +374,10 @@ def llava_next_folder(tmp_path_factory, shared_dir: Path) -> Path:
 @pytest.mark.parametrize("row", LLAVA_NEXT["rows"], ids=[row["name"] for row in LLAVA_NEXT["rows"]])
 def test_llava_next_images_expand_to_llamafactorys_tokens(row: dict, llava_next_folder: Path):
     """Each image's tokens depend on its size (its best grid of tiles, the padding off, a newline a row)."""
-    from transformers import AutoTokenizer
 
     from tuneline.core.config import MediaConfig
     from tuneline.core.data.media_rows import media_rows_for_model
-    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["llava_next"]
     rows = media_rows_for_model(llava_next_folder, template=template, settings=MediaConfig())
@@ -385,8 +390,7 @@ def test_llava_next_images_expand_to_llamafactorys_tokens(row: dict, llava_next_
                                 multimodal_processor=rows.multimodal_processor)
     expanded = expand_images(row["messages"], counts, template.media)
     assert [message["content"].count("<image>") for message in expanded] == row["image_tokens"]
-    tokenizer = AutoTokenizer.from_pretrained(llava_next_folder)
-    fix_tokenizer(template, tokenizer)
+    tokenizer = fixed_tokenizer(llava_next_folder, template)
     conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
     assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
 
@@ -431,11 +435,10 @@ def glm4v_folder(tmp_path_factory, shared_dir: Path) -> Path:
 @pytest.mark.parametrize("row", GLM4V["rows"], ids=[row["name"] for row in GLM4V["rows"]])
 def test_glm4v_images_expand_to_llamafactorys_tokens(row: dict, glm4v_folder: Path):
     """GLM-4V: Qwen2-VL's sizing, its own image processor's grid, GLM's image markers, the reasoning template."""
-    from transformers import AutoTokenizer
 
     from tuneline.core.config import MediaConfig
     from tuneline.core.data.media_rows import media_rows_for_model
-    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["glm4v"]
     rows = media_rows_for_model(glm4v_folder, template=template, settings=MediaConfig())
@@ -448,8 +451,7 @@ def test_glm4v_images_expand_to_llamafactorys_tokens(row: dict, glm4v_folder: Pa
     assert counts == image_token_counts(features, rows.image_processor)
     expanded = expand_images(row["messages"], counts, template.media)
     assert [message["content"].count("<|image|>") for message in expanded] == row["image_tokens"]
-    tokenizer = AutoTokenizer.from_pretrained(glm4v_folder)
-    fix_tokenizer(template, tokenizer)
+    tokenizer = fixed_tokenizer(glm4v_folder, template)
     conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
     assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
 
@@ -510,11 +512,10 @@ def internvl_dataset(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
 def test_internvl_images_expand_to_llamafactorys_tokens(setting: str, row: dict, internvl_dataset):
     """InternVL: 256 `<IMG_CONTEXT>` a tile between `<img>` and `</img>`; with crop_to_patches an image is
     the tiles of its best grid and a thumbnail, as its image processor cuts it."""
-    from transformers import AutoTokenizer
 
     from tuneline.core.config import MediaConfig
     from tuneline.core.data.media_rows import media_rows_for_model
-    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_turns
 
     folder, data = internvl_dataset
     template = TEMPLATES["intern_vl"]
@@ -524,8 +525,7 @@ def test_internvl_images_expand_to_llamafactorys_tokens(setting: str, row: dict,
     expanded = rows.expand_messages(row["messages"], paths)
     assert [message["content"].count("<IMG_CONTEXT>") for message in expanded] == row["image_tokens"]
     if row["pairs"] is not None:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        fix_tokenizer(template, tokenizer)
+        tokenizer = fixed_tokenizer(folder, template)
         conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
         assert [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)] == row["pairs"]
 

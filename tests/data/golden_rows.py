@@ -1,0 +1,42 @@
+"""What the image golden scripts (tests/data/make_*_golden.py) share, run with LLaMA-Factory's Python:
+the pictures every golden draws, and LLaMA-Factory 0.9.5's own supervised examples of a list of rows.
+
+The pictures are the Qwen2-VL golden's: red, with a blue box from a quarter to three quarters of each
+side, as PNG files in a new temporary folder (tests/core/data/test_media_tokens.py draws them again).
+"""
+import json
+import tempfile
+import types
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+QWEN_GOLDEN = json.loads((Path(__file__).parent / "media/qwen2_vl_images.json").read_text())
+"""The Qwen2-VL golden, whose sizes and rows the other image goldens reuse."""
+
+
+def drawn_images(sizes: dict) -> dict:
+    """{name: path} of a picture of each (width, height) in `sizes`."""
+    folder = Path(tempfile.mkdtemp())
+    paths = {}
+    for name, (width, height) in sizes.items():
+        image = Image.new("RGB", (width, height), (200, 40, 40))
+        ImageDraw.Draw(image).rectangle([width // 4, height // 4, 3 * width // 4, 3 * height // 4], fill=(30, 90, 220))
+        image.save(folder / f"{name}.png")
+        paths[name] = str(folder / f"{name}.png")
+    return paths
+
+
+def supervised_examples(template, tokenizer, processor, rows: list, paths: dict, cutoff_len: int) -> list:
+    """LLaMA-Factory's supervised examples ({input_ids, labels}) of `rows` (each with `messages` and the
+    names of its `images`), its last message the reply."""
+    from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+
+    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
+    encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
+    batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
+             "_system": [""] * len(rows), "_tools": [""] * len(rows), "_images": [[paths[n] for n in r["images"]] for r in rows],
+             "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
+    encoded = encoder.preprocess_dataset(batch)
+    return [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
