@@ -15,13 +15,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from tuneline.core.errors import TunelineError
 from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX, WAIT_FOR_JOB, WITHOUT_BITSANDBYTES
-
-if TYPE_CHECKING:
-    from tuneline.core.training.job import TrainJob
 
 USAGE = f"usage: python -m tuneline.core.worker JOB.json | {WAIT_FOR_JOB} STAGE [{WITHOUT_BITSANDBYTES}]"
 
@@ -50,12 +46,11 @@ def _wait_for_job(stage: str, *, without_bitsandbytes: bool) -> str | None:
 def train(job_path: str) -> int:
     from tuneline.core.training.distributed import check_world_size
     from tuneline.core.training.job import TrainJob
-    from tuneline.core.worker.preload import keep_out_bitsandbytes, needs_bitsandbytes
+    from tuneline.core.worker.preload import job_needs_bitsandbytes, keep_out_bitsandbytes
 
     try:
         job = TrainJob.read(job_path)
-        if not needs_bitsandbytes(model=job.model, training=job.training, finetuning=job.finetuning,
-                                  model_paths=job_model_paths(job)):
+        if not job_needs_bitsandbytes(job):
             keep_out_bitsandbytes()
         check_world_size(job.world_size, seen=int(os.environ.get("WORLD_SIZE", "1")))  # before any model loads
         from tuneline.core.worker.run import run_training
@@ -67,11 +62,6 @@ def train(job_path: str) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         print(RESULT_PREFIX + json.dumps(metrics), flush=True)
     return 0
-
-
-def job_model_paths(job: TrainJob) -> list[str | None]:
-    """The models a job loads: the one it starts from, its reference and its reward model."""
-    return [job.model_path, job.finetuning.get("ref_model"), job.finetuning.get("reward_model")]
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 One process by default; several through torchrun when the environment asks for them as it does
 for LLaMA-Factory (`FORCE_TORCHRUN=1 NPROC_PER_NODE=N`, see `distributed.py`). A single worker
 may be started ahead of its job (`start_worker_ahead`), so that its imports overlap the
-tokenizing that comes before the job exists.
+tokenizing that comes before the job exists. Other single-process jobs are forked from the
+process's warm worker (`warm.py`), which has done those imports once for every stage.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from tuneline.core.config import OptimizerConfig
 from tuneline.core.errors import ConfigError, TunelineError
 from tuneline.core.training.optimizers.rules import parallel_problems
 from tuneline.core.training.job import TrainJob
+from tuneline.core.worker.preload import job_needs_bitsandbytes
 from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX, WAIT_FOR_JOB, WITHOUT_BITSANDBYTES
+from tuneline.core.worker.warm import WarmChild, warm_worker
 
 JOB_FILE = "job.json"
 # What an NVIDIA (CUDA) or AMD (ROCm) driver puts on a Linux machine; torch finds no GPU without one.
@@ -72,6 +75,7 @@ def launch_training(
         log(f"starting {plan.nproc_per_node} training process(es) on node {plan.node_rank} of {plan.nnodes} through torchrun")
     secrets = job.secret_env()
     # a worker started ahead has the environment of before the job, so a job with secrets gets its own
+    process: subprocess.Popen | WarmChild | None = None
     if started is not None and not plan.torchrun and not secrets:
         process = started
         assert process.stdin is not None
@@ -80,13 +84,16 @@ def launch_training(
             process.stdin.close()
         except BrokenPipeError:  # it ended while importing; its output says why
             pass
-    else:
+    elif not plan.torchrun and not secrets and not job_needs_bitsandbytes(job):
+        warm = warm_worker(worker_env(plan, env))
+        process = warm.start(str(job_path)) if warm is not None else None
+    if process is None:
         process = subprocess.Popen(worker_command(plan, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env={**worker_env(plan, env), **secrets})
     return _follow(process, log=log)
 
 
-def _follow(process: subprocess.Popen, *, log: Callable[[str], None]) -> dict[str, float]:
+def _follow(process: subprocess.Popen | WarmChild, *, log: Callable[[str], None]) -> dict[str, float]:
     """Stream the worker's output to `log` until it ends; its metrics, or its error raised."""
     metrics: dict[str, float] = {}
     errors: list[str] = []

@@ -16,7 +16,7 @@ import json
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneline.core.training.optimizers.rules import DEFAULT_OPTIM
 
@@ -27,6 +27,16 @@ TORCH_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused", "adafactor", "sgd"
                           "galore_adamw", "galore_adafactor", "galore_adamw_layerwise", "galore_adafactor_layerwise",
                           "apollo_adamw", "apollo_adamw_layerwise"})
 BITSANDBYTES = "bitsandbytes"
+
+if TYPE_CHECKING:
+    from tuneline.core.training.job import TrainJob
+
+
+def job_needs_bitsandbytes(job: TrainJob) -> bool:
+    """`needs_bitsandbytes` for a job, over the models it loads: the one it starts from, its reference
+    and its reward model."""
+    return needs_bitsandbytes(model=job.model, training=job.training, finetuning=job.finetuning,
+                              model_paths=[job.model_path, job.finetuning.get("ref_model"), job.finetuning.get("reward_model")])
 
 
 def needs_bitsandbytes(*, model: Mapping[str, Any], training: Mapping[str, Any], finetuning: Mapping[str, Any],
@@ -43,9 +53,16 @@ def needs_bitsandbytes(*, model: Mapping[str, Any], training: Mapping[str, Any],
     return any(not _unquantized_folder(path) for path in model_paths if path)
 
 
-def _unquantized_folder(path: str) -> bool:
+def _unquantized_folder(path: str, *, depth: int = 0) -> bool:
+    """A local model folder whose config.json has no quantization_config, or an adapter folder (a
+    LoRA reward model, say) whose base model is one."""
+    folder = Path(path)
     try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        if not (folder / "config.json").is_file() and (folder / "adapter_config.json").is_file() and depth < 4:
+            adapter = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+            base = adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
+            return isinstance(base, str) and _unquantized_folder(base, depth=depth + 1)
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False  # a hub name or an unreadable folder: let bitsandbytes load in case it is quantized
     return isinstance(config, dict) and "quantization_config" not in config

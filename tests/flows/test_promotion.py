@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_cli_here
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
@@ -185,7 +186,7 @@ def test_promote_and_rollback_move_the_champion_by_hand(story):
     project, registry = story["project"], client(story)
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        result = tuneline(*args, cwd=project, timeout=120)
+        result = run_cli_here(*args, cwd=project)  # in this process: eight commands, no interpreter start each
         print(f"$ tuneline {' '.join(args)} -> {result.returncode}: {(result.stdout + result.stderr).strip()}")
         return result
 

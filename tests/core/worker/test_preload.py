@@ -53,3 +53,14 @@ def test_a_worker_whose_job_never_comes_is_ended():
 def test_torchrun_launches_start_no_worker_ahead():
     with worker_started_ahead("sft", without_bitsandbytes=True, env={"FORCE_TORCHRUN": "1"}) as worker:
         assert worker is None
+
+
+def test_an_adapter_folder_is_judged_by_its_base_model(tmp_path):
+    plain = folder_with_config(tmp_path / "plain")
+    quantized = folder_with_config(tmp_path / "quantized", quantization_config={"quant_method": "bitsandbytes"})
+    for name, base in (("on_plain", plain), ("on_quantized", quantized), ("on_hub", "org/model-on-the-hub")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
+    judge = lambda name: needs_bitsandbytes(model={}, training={}, finetuning={}, model_paths=[plain, str(tmp_path / name)])  # noqa: E731
+    assert not judge("on_plain")  # a LoRA reward model trained on a plain base
+    assert judge("on_quantized") and judge("on_hub")
