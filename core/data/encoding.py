@@ -28,6 +28,7 @@ from tuneline.core.data.processors import (
     encode_pairwise_row,
     encode_pretrain_texts,
     encode_unsupervised_row,
+    image_prefix_ids,
     supervised_example,
 )
 from tuneline.core.errors import TunelineError
@@ -220,10 +221,11 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
             pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row), mask_history=encoding.mask_history)
         else:
             pairs = pair_turns(_pieces_ids(pieces, encoded, prepared.split))
-        example = supervised_example(pairs, encoding=encoding, eos_id=eos_id)
+        prefix_ids = image_prefix_ids(row, tokenizer=tokenizer, encoding=encoding)
+        example = supervised_example(pairs, encoding=encoding, eos_id=eos_id, prefix_ids=prefix_ids)
         # Truncation fills the budget, so only a full-length example can have been cut.
         if example is not None and len(example["input_ids"]) >= encoding.cutoff_len:
-            _count_truncation(pairs, example, encoding, counters)
+            _count_truncation(pairs, example, encoding, counters, prefix=len(prefix_ids))
         if example is not None and spec.media_token_ids:
             example = _with_media(example, row, spec.media_token_ids, counters)
         examples.append(example)
@@ -291,9 +293,9 @@ def _segmenter(template: Template, tokenizer) -> Callable[[str], list[str]]:
 
 
 def _count_truncation(pairs: list[tuple[list[int], list[int]]], example: dict[str, list[int]], encoding: RowEncoding,
-                      counters: Counter) -> None:
+                      counters: Counter, *, prefix: int = 0) -> None:
     """Count a row whose tokens were cut to fit cutoff_len, and one whose trained reply lost tokens."""
-    full = sum(len(source) + len(target) for source, target in pairs) + (1 if encoding.template.efficient_eos else 0)
+    full = prefix + sum(len(source) + len(target) for source, target in pairs) + (1 if encoding.template.efficient_eos else 0)
     if len(example["input_ids"]) >= full:
         return
     counters["rows_truncated"] += 1

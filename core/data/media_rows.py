@@ -33,7 +33,8 @@ from typing import Any
 from tuneline.core.config import MediaConfig
 from tuneline.core.data.audio_clips import samples
 from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, PAN_AND_SCAN, VideoPatching, audio_token_count,
-                                             expand_audios, expand_images, expand_videos, image_features, pan_and_scan_crops,
+                                             expand_audios, expand_images, expand_videos, image_features, image_prefix,
+                                             pan_and_scan_crops,
                                              patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
                                              video_features)
 from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
@@ -214,7 +215,8 @@ class MediaRows:
             expanded[part] = expand_audios(with_videos, audio_counts[start["audios"]:end["audios"]], self.media)
         image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
         return {**row, **expanded, "images": images, "videos": videos, "audios": audios,
-                "media_tokens": image_tokens + sum(video_counts) + sum(audio_counts)}
+                "media_tokens": image_tokens + sum(video_counts) + sum(audio_counts),
+                "image_prefix": image_prefix(image_counts, self.media)}
 
     def audio_samples(self, path: str) -> Any:
         """The clip at `path` as the model hears it: one channel at `audio_sampling_rate`."""
@@ -239,6 +241,11 @@ class MediaRows:
         """`messages` (a conversation to answer) with each `<image>` expanded for the image at `paths`
         in the same place; the counts must agree (the caller has placed the placeholders)."""
         return expand_images(messages, self.token_counts(paths), self.media, self.crops(paths))
+
+    def prefix_ids(self, paths: Sequence[str], tokenizer: Any) -> list[int]:
+        """The image tokens that go before a conversation showing the images at `paths` (PaliGemma's); else none."""
+        count = image_prefix(self.token_counts(paths), self.media) if paths else 0
+        return [tokenizer.convert_tokens_to_ids(self.media.image_token)] * count if count else []
 
     def crops(self, paths: Sequence[str]) -> list[int] | None:
         """How many crops each image at `paths` gains under Gemma 3's pan and scan; None without it."""
@@ -270,11 +277,12 @@ class MediaRows:
         return {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items() if token}
 
     def model_inputs(self, input_ids: Any, images: Sequence[str], videos: Sequence[str] = (), audios: Sequence[str] = (),
-                     *, token_ids: dict[str, int]) -> dict[str, Any]:
+                     *, token_ids: dict[str, int], attention_mask: Any = None) -> dict[str, Any]:
         """What the model takes beside `input_ids` (a [batch, n] tensor) for the images and videos at
         `images` and `videos`, each in the order of its tokens: the features, and for the Qwen-VL families
         `mm_token_type_ids` (1 on image tokens, 2 on video tokens), from which transformers computes its
-        3D rotary positions."""
+        3D rotary positions. `attention_mask` (0 on padding) keeps PaliGemma's token types 0 there, as
+        LLaMA-Factory pads them."""
         inputs = dict(self.features(images)) if images else {}
         if videos:
             inputs.update(self.video_features(videos))
@@ -287,6 +295,9 @@ class MediaRows:
             inputs["mm_token_type_ids"] = types
         elif self.media.plugin == "gemma3":  # Gemma 3 attends both ways within an image's soft tokens
             inputs["token_type_ids"] = (input_ids == token_ids["images"]).long()
+        elif self.media.plugin == "paligemma":  # 0: the image prefix, attended both ways; 1: the text after it
+            text = (input_ids != token_ids["images"]).long()
+            inputs["token_type_ids"] = text if attention_mask is None else text * attention_mask.long()
         return inputs
 
     def expand_all(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -18,6 +18,10 @@ With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as L
 - InternVL (`intern_vl` plugin): every image is one tile of the processor's size or, with
   `crop_to_patches`, the tiles of its best grid (at most 12) and a thumbnail; the placeholder becomes
   `<img>`, the processor's `image_seq_length` (256) `<IMG_CONTEXT>` a tile, and `</img>`.
+- PaliGemma (`paligemma` plugin): every image is resized to the processor's square, and its
+  `image_seq_length` `<image>` tokens (256) are written before the whole conversation, BOS included,
+  untrained; the placeholders are dropped from the text. Its token types are 0 on those tokens (which
+  attend both ways) and 1 after them.
 - Gemma 3 (`gemma3` plugin): every image is resized to the processor's square and pooled to the
   processor's `image_seq_length` soft tokens (256), written as Gemma3Processor writes its full image
   sequence, `\n\n<start_of_image>`, the soft tokens, `<end_of_image>\n\n`. With
@@ -137,6 +141,8 @@ def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin:
         return [llava_token_count(images[0], image_processor, processor_settings or {})] * len(images) if images else []
     if plugin == "gemma3":
         return [int((processor_settings or {})["image_seq_length"])] * len(images)
+    if plugin == "paligemma":
+        return [paligemma_image_tokens(image_processor)] * len(images)
     if plugin == "llava_next":
         return llava_next_token_counts(images, image_processor, processor_settings or {}, multimodal_processor)
     if plugin == "intern_vl":
@@ -145,6 +151,18 @@ def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin:
         return [int((processor_settings or {})["image_seq_length"]) * int(count) for count in tiles]
     merge = int(image_processor.merge_size) ** 2
     return [int(image_processor.get_number_of_image_patches(image.height, image.width, {})) // merge for image in images]
+
+
+def paligemma_image_tokens(image_processor: Any) -> int:
+    """PaliGemma's tokens an image: its image processor's `image_seq_length` (preprocessor_config.json),
+    as PaliGemmaProcessor reads it."""
+    from tuneline.core.errors import ConfigError
+
+    count = getattr(image_processor, "image_seq_length", None)
+    if not isinstance(count, int) or count < 1:
+        raise ConfigError("the model's preprocessor_config.json sets no image_seq_length; PaliGemma writes that many "
+                          "<image> tokens an image: use the model's own preprocessor_config.json.")
+    return count
 
 
 LLAVA_SETTINGS = ("patch_size", "vision_feature_select_strategy", "num_additional_image_tokens")
@@ -267,11 +285,18 @@ def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], med
     """`messages` with the n-th `<image>` (across the messages, in order) written as `counts[n]` image
     tokens between the template's vision markers, and (Gemma 3's pan and scan) once more for each of
     its `crops[n]` crops. The caller has checked that the counts match."""
+    if media.images_first:  # PaliGemma: the tokens go before the conversation (`image_prefix`), the text loses the placeholder
+        return _expanded(messages, [""] * len(counts), IMAGE_PLACEHOLDER)
     texts = [f"{media.vision_bos}{media.image_token * count}{media.vision_eos}" for count in counts]
     if crops is not None:
         texts = [f"Here is the original image {text} and here are some crops to help you see better " + " ".join([text] * n)
                  for text, n in zip(texts, crops, strict=True)]
     return _expanded(messages, texts, IMAGE_PLACEHOLDER)
+
+
+def image_prefix(counts: Sequence[int], media: MediaTokens) -> int:
+    """How many image tokens go before the conversation: all of them for PaliGemma (`images_first`), else none."""
+    return sum(counts) if media.images_first else 0
 
 
 def _expanded(messages: Sequence[dict[str, str]], texts: Sequence[str], placeholder: str) -> list[dict[str, str]]:

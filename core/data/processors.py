@@ -86,6 +86,15 @@ def _source_labels(source_ids: list[int], *, turn_idx: int, encoding: RowEncodin
     return [IGNORE_INDEX] * len(source_ids)
 
 
+def image_prefix_ids(row: dict[str, Any], *, tokenizer: PreTrainedTokenizerBase, encoding: RowEncoding) -> list[int]:
+    """The image tokens a PaliGemma row writes before its conversation (`image_prefix` of its expanded
+    media); none for every other row."""
+    count, media = row.get("image_prefix") or 0, encoding.template.media
+    if not count or media is None or media.image_token is None:
+        return []
+    return [tokenizer.convert_tokens_to_ids(media.image_token)] * count
+
+
 def encode_supervised_row(
     row: dict[str, Any], *, tokenizer: PreTrainedTokenizerBase, encoding: RowEncoding
 ) -> dict[str, list[int]] | None:
@@ -94,7 +103,8 @@ def encode_supervised_row(
     check_supervised_options(encoding)
     _check_row(row)
     pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row), mask_history=encoding.mask_history)
-    return supervised_example(pairs, encoding=encoding, eos_id=tokenizer.eos_token_id)
+    return supervised_example(pairs, encoding=encoding, eos_id=tokenizer.eos_token_id,
+                              prefix_ids=image_prefix_ids(row, tokenizer=tokenizer, encoding=encoding))
 
 
 def check_supervised_options(encoding: RowEncoding) -> None:
@@ -109,21 +119,23 @@ def check_supervised_row(row: dict[str, Any]) -> None:
 
 
 def supervised_example(
-    pairs: list[tuple[list[int], list[int]]], *, encoding: RowEncoding, eos_id: int
+    pairs: list[tuple[list[int], list[int]]], *, encoding: RowEncoding, eos_id: int, prefix_ids: Sequence[int] = ()
 ) -> dict[str, list[int]] | None:
     """The supervised example of a conversation's (source_ids, target_ids) turns, or None if
     nothing is trained.
 
     Turns are truncated one by one against the remaining budget (`infer_seqlen`); turns after the
     budget runs out are dropped. With `mask_history` turns are taken last-first and only the last
-    one is trained.
+    one is trained. `prefix_ids` (PaliGemma's image tokens) start the example untrained and count
+    against the budget first; with `mask_history` the turns are written in front of them, as
+    LLaMA-Factory writes them.
     """
     cutoff_len, mask_history, efficient_eos = encoding.cutoff_len, encoding.mask_history, encoding.template.efficient_eos
     if mask_history:
         pairs = pairs[::-1]  # the last turns have priority
-    total_length = 1 if efficient_eos else 0
-    input_ids: list[int] = []
-    labels: list[int] = []
+    total_length = len(prefix_ids) + (1 if efficient_eos else 0)
+    input_ids: list[int] = list(prefix_ids)
+    labels: list[int] = [IGNORE_INDEX] * len(prefix_ids)
     for turn_idx, (source_ids, target_ids) in enumerate(pairs):
         if total_length >= cutoff_len:
             break
@@ -186,6 +198,7 @@ def encode_pairwise_row(
     chosen, rejected = conversation.response
     prompt_ids, chosen_ids = _encode_reply(conversation, chosen, tokenizer=tokenizer, encoding=encoding)
     _, rejected_ids = _encode_reply(conversation, rejected, tokenizer=tokenizer, encoding=encoding)
+    prompt_ids = image_prefix_ids(row, tokenizer=tokenizer, encoding=encoding) + prompt_ids
     source_len, target_len = infer_seqlen(len(prompt_ids), max(len(chosen_ids), len(rejected_ids)), encoding.cutoff_len)
     prompt_ids, chosen_ids, rejected_ids = prompt_ids[:source_len], chosen_ids[:target_len], rejected_ids[:target_len]
     if not chosen_ids or not rejected_ids:
@@ -210,6 +223,7 @@ def encode_unsupervised_row(
     response = conversation.response
     reply = response[0] if len(response) == 1 else {"role": "assistant", "content": ""}
     prompt_ids, reply_ids = _encode_reply(conversation, reply, tokenizer=tokenizer, encoding=encoding)
+    prompt_ids = image_prefix_ids(row, tokenizer=tokenizer, encoding=encoding) + prompt_ids
     source_len, target_len = infer_seqlen(len(prompt_ids), len(reply_ids), encoding.cutoff_len)
     return {"input_ids": prompt_ids[:source_len], "attention_mask": [1] * source_len, "labels": reply_ids[:target_len]}
 
@@ -220,8 +234,10 @@ def _encode_feedback_row(
     conversation = Conversation.from_row(row)
     reply = conversation.response[0]
     example: dict[str, Any] = {}
+    images = image_prefix_ids(row, tokenizer=tokenizer, encoding=encoding)
     for prefix, message in (("", reply), ("kl_", kl_reply)):
         prompt_ids, reply_ids = _encode_reply(conversation, message, tokenizer=tokenizer, encoding=encoding)
+        prompt_ids = images + prompt_ids
         source_len, target_len = infer_seqlen(len(prompt_ids), len(reply_ids), encoding.cutoff_len)
         if prefix == "" and target_len == 0:
             return None

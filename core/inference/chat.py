@@ -168,6 +168,8 @@ class ChatSession:
             if paths:
                 messages = self.images.expand_messages(messages, paths)
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            if paths:
+                ids = self.images.prefix_ids(paths, self.tokenizer) + list(ids)
             if len(ids) <= limit or len(self.history) <= 1:
                 return list(ids), paths
             del self.history[:2]

@@ -1,5 +1,6 @@
 """The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL, LLaVA-1.5, LLaVA-NeXT and Gemma 3 shaped, from transformers' own config classes, randomly initialised.
+Qwen3-VL, GLM-4.1V, LLaVA-1.5, LLaVA-NeXT, Gemma 3, InternVL and PaliGemma shaped, from transformers' own
+config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
 family's media tokens and its template's control tokens where the tokenizer lacks them and the chat template of the family's template
@@ -31,15 +32,15 @@ GLM4V_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "
 """GLM-4V's control and media tokens (single tokens in GLM's own tokenizer)."""
 INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>")
 """InternVL's image markers and its one token a pooled feature."""
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "internvl", "qwen2_audio")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "internvl", "paligemma", "qwen2_audio")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
 
 @dataclass(frozen=True)
 class VisionModelConfig:
-    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3, internvl or "
-                                                                 "qwen2_audio (audio_base_model.py)."})
+    family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3, internvl, "
+                                                                 "paligemma or qwen2_audio (audio_base_model.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
@@ -50,8 +51,8 @@ class VisionModelConfig:
     max_position_embeddings: int = field(default=1024, metadata={"help": "Longest sequence the model supports."})
     image_min_pixels: int = field(default=28 * 28, metadata={"help": "The image processor's smallest image."})
     image_max_pixels: int = field(default=112 * 112, metadata={"help": "The image processor's largest image."})
-    image_size: int = field(default=56, metadata={"help": "LLaVA and Gemma 3: the side every image is resized (and "
-                                                          "cropped) to, in vision patches of 14x14."})
+    image_size: int = field(default=56, metadata={"help": "LLaVA, Gemma 3, InternVL and PaliGemma: the side every image is "
+                                                          "resized (and cropped) to, in vision patches of 14x14."})
     image_tokens: int = field(default=16, metadata={"help": "Gemma 3: soft tokens an image's patches are pooled to "
                                                             "(a square, dividing the patches per side)."})
     seed: int = field(default=0, metadata={"help": "Seed of the weight initialisation."})
@@ -67,7 +68,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     named = GEMMA3_TOKENS if config.family == "gemma3" else {}
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path), **named)
     template = TEMPLATES[MODEL_TEMPLATES[config.family]]
-    family_tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "gemma3": tuple(GEMMA3_TOKENS.values()),
+    family_tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "paligemma": (LLAVA_IMAGE_TOKEN,),
+                     "gemma3": tuple(GEMMA3_TOKENS.values()),
                      "qwen2_audio": AUDIO_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS}.get(config.family, VISION_TOKENS)
     # the template's control tokens too (chatml's <|im_start|>, Gemma's turns), whatever tokenizer the model starts from
     tokens = tuple(dict.fromkeys((*family_tokens, *template_markers(template))))
@@ -87,6 +89,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
                                   audio_token_id=ids["<|AUDIO|>"])
     elif config.family == "glm4v":
         model = _glm4v_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
+    elif config.family == "paligemma":
+        model = _paligemma_model(config, vocab_size=len(tokenizer), image_token_id=ids[LLAVA_IMAGE_TOKEN], tokenizer=tokenizer)
     elif config.family == "internvl":
         model = _internvl_model(config, vocab_size=len(tokenizer), image_token_id=ids["<IMG_CONTEXT>"], tokenizer=tokenizer)
     else:
@@ -101,6 +105,11 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         save_qwen2_audio_processor(tokenizer, output_dir)
     elif config.family == "internvl":
         _save_internvl_processor(config, output_dir)
+    elif config.family == "paligemma":
+        from transformers import SiglipImageProcessor
+
+        SiglipImageProcessor(size={"height": config.image_size, "width": config.image_size},
+                             image_seq_length=_paligemma_image_tokens(config)).save_pretrained(output_dir)
     elif config.family == "glm4v":
         from transformers import Glm4vImageProcessor
 
@@ -265,6 +274,26 @@ def _save_gemma3_processor(config: VisionModelConfig, tokenizer, output_dir: str
     Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
                     image_seq_length=config.image_tokens).save_pretrained(output_dir)
     image_processor.save_pretrained(output_dir)
+
+
+def _paligemma_image_tokens(config: VisionModelConfig) -> int:
+    return (config.image_size // PATCH_SIZE) ** 2  # one token a SigLIP patch
+
+
+def _paligemma_model(config: VisionModelConfig, *, vocab_size: int, image_token_id: int, tokenizer):
+    from transformers import GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, SiglipVisionConfig
+
+    text = GemmaConfig(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                       num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                       num_key_value_heads=config.num_key_value_heads, head_dim=config.hidden_size // config.num_attention_heads,
+                       max_position_embeddings=config.max_position_embeddings, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    vision = SiglipVisionConfig(hidden_size=config.vision_width, intermediate_size=2 * config.vision_width,
+                                num_hidden_layers=config.vision_depth, num_attention_heads=2, image_size=config.image_size,
+                                patch_size=PATCH_SIZE, projection_dim=config.hidden_size)
+    paligemma = PaliGemmaConfig(text_config=text, vision_config=vision, image_token_index=image_token_id,
+                                projection_dim=config.hidden_size, hidden_size=config.hidden_size, tie_word_embeddings=True)
+    return PaliGemmaForConditionalGeneration(paligemma)
 
 
 INTERNVL_DOWNSAMPLE = 0.5  # InternVL's pixel shuffle: each 2 x 2 patches become one feature

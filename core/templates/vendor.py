@@ -3,6 +3,8 @@ Mistral, Phi, Gemma, DeepSeek V3/R1, GLM, Baichuan 2, Cohere, Granite, Seed-OSS,
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tuneline.core.templates.chatml import INTERN_SYSTEM
 from tuneline.core.templates.spec import BOS, CONTENT, EOS, MediaTokens, Template, Token, headed_template
 
@@ -12,6 +14,8 @@ _GEMMA_OBSERVATION = "<start_of_turn>tool\n{content}<end_of_turn>\n" + _GEMMA_RE
 GEMMA3_MEDIA = MediaTokens(plugin="gemma3", image_token="<image_soft_token>", vision_bos="\n\n<start_of_image>",
                            vision_eos="<end_of_image>\n\n")
 """Gemma 3's image: its processor's full image sequence, one soft token per pooled vision feature."""
+PALIGEMMA_MEDIA = MediaTokens(plugin="paligemma", image_token="<image>", images_first=True)
+"""PaliGemma's images: the image processor's `image_seq_length` `<image>` tokens an image, all before the text."""
 GLM4V_MEDIA = MediaTokens(plugin="glm4v", image_token="<|image|>", video_token="<|video|>", vision_bos="<|begin_of_image|>",
                           vision_eos="<|end_of_image|>")
 """GLM-4V's image (GLM-4.1V-Thinking): Qwen2-VL's sizing and merged patches between GLM's image markers."""
@@ -106,6 +110,11 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
     _gemma("gemma", stop_words=("<end_of_turn>",), replace_eos=True, efficient_eos=False),
     _gemma("gemma2", stop_words=("<eos>", "<end_of_turn>"), replace_eos=False, efficient_eos=True),
     _gemma("gemma3", stop_words=("<end_of_turn>",), replace_eos=True, efficient_eos=False, media=GEMMA3_MEDIA),
+    # PaliGemma's plain format (a caption or answer after one line of prompt) and its Gemma-style chat;
+    # LLaMA-Factory writes the system prompt straight before the first message in both
+    Template(name="paligemma", format_user=("{content}\n",), format_prefix=(BOS,), system_in_user=True, media=PALIGEMMA_MEDIA),
+    replace(_gemma("paligemma_chat", stop_words=("<end_of_turn>",), replace_eos=True, efficient_eos=False,
+                   media=PALIGEMMA_MEDIA), format_system=(CONTENT,)),
     Template(name="deepseek3", format_user=(_DEEPSEEK3_USER,), format_prefix=(BOS,),
              generation_prefix="<\uff5cAssistant\uff5c>"),
     Template(name="deepseekr1", format_user=(_DEEPSEEK3_USER,), format_prefix=(BOS,), reasoning=True,

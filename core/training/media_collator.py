@@ -32,7 +32,8 @@ class MediaCollator:
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         batch = dict(self.text_collator([{key: feature[key] for key in TEXT_COLUMNS if key in feature} for feature in features]))
         inputs = self.media.model_inputs(batch["input_ids"], _files(features, "images"), _files(features, "videos"),
-                                         _files(features, "audios"), token_ids=self.token_ids)
+                                         _files(features, "audios"), token_ids=self.token_ids,
+                                         attention_mask=batch.get("attention_mask"))
         return {**batch, **inputs}
 
 
@@ -54,5 +55,5 @@ class PairedMediaCollator:
                                          for feature in features]))
         images, videos, audios = (_files(features, column) for column in files)
         pixels = self.media.model_inputs(batch["input_ids"], images + images, videos + videos, audios + audios,
-                                         token_ids=self.token_ids)
+                                         token_ids=self.token_ids, attention_mask=batch.get("attention_mask"))
         return {**batch, **pixels}  # the chosen half's media, then the rejected half's

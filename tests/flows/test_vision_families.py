@@ -1,8 +1,9 @@
 """Training the vision-language families beyond Qwen2-VL on image rows: a tiny LLaVA-1.5 (a CLIP vision tower,
 its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA-NeXT (the same in tiles of
 56 pixels on LLaVA-v1.6's five grids), a tiny Qwen3-VL (its deepstack tower in patches of 16 and Qwen3's
-decoder), a tiny GLM-4.1V, a tiny InternVL (an InternViT tower, pixel shuffle, Qwen2's decoder) and a tiny Gemma 3 (a SigLIP tower, its
-pooling projector and Gemma 3's decoder), all from core/models/vision_base_model.py, all with llama2's
+decoder), a tiny GLM-4.1V, a tiny InternVL (an InternViT tower, pixel shuffle, Qwen2's decoder), a tiny Gemma 3 (a SigLIP tower, its
+pooling projector and Gemma 3's decoder) and a tiny PaliGemma (a SigLIP tower, a linear projector and Gemma's
+decoder, its image tokens before the text), all from core/models/vision_base_model.py, all with llama2's
 tokenizer (a vocabulary a fifth of Qwen's, for speed) and their family's media and control tokens added. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
 transformers' own generate() answers."""
@@ -45,6 +46,8 @@ FAMILIES = {
                        "model.multi_modal_projector.", "InternVLForConditionalGeneration"),
     "gemma3": Family("gemma3", "llama2", "gemma3", "<image_soft_token>", "model.vision_tower.encoder.",
                      "model.multi_modal_projector.", "Gemma3ForConditionalGeneration"),
+    "paligemma": Family("paligemma", "llama2", "paligemma", "<image>", "model.vision_tower.encoder.",
+                        "model.multi_modal_projector.", "PaliGemmaForConditionalGeneration"),
 }
 
 
@@ -52,7 +55,7 @@ def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
     """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
     class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; InternVL's 4 a tile; Qwen3-VL's grid of 16-pixel patches
     and GLM-4V's of 14-pixel ones, merged 2 x 2."""
-    if family.name in ("llava", "gemma3"):
+    if family.name in ("llava", "gemma3", "paligemma"):  # PaliGemma: a SigLIP patch each, 4 x 4
         return [16] * len(features["pixel_values"])
     if family.name == "internvl":  # one 56-pixel tile each: 4 x 4 patches, pixel-shuffled 2 x 2
         return [4] * len(features["pixel_values"])
@@ -175,6 +178,8 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     ids = torch.tensor([prompt])
     types = {"qwen3_vl": "mm_token_type_ids", "glm4v": "mm_token_type_ids", "gemma3": "token_type_ids"}
     extra = {types[family.name]: (ids == image_token).long()} if family.name in types else {}
+    if family.name == "paligemma":  # 0 on the image prefix, 1 on the text after it
+        extra = {"token_type_ids": (ids != image_token).long()}
     output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **features, **extra,
                             **generation_kwargs(GeneratingConfig(max_new_tokens=4, do_sample=False), tokenizer, model))
     assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer

@@ -552,3 +552,115 @@ def test_internvl_rows_tokenize_to_llamafactorys_supervised_examples(internvl_da
     assert counters.get("rows_dropped_media_tokens_cut", 0) == 5 - len(kept)
     assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
     assert train["labels"] == [expected[i]["labels"] for i in kept]
+
+
+PALIGEMMA = json.loads((Path(__file__).resolve().parents[2] / "data/media/paligemma_images.json").read_text())
+PALIGEMMA_CASES = [(name, row) for name, golden in PALIGEMMA["templates"].items() for row in golden["rows"]]
+
+
+@pytest.fixture(scope="module")
+def paligemma_folders(tmp_path_factory, shared_dir: Path) -> dict[str, Path]:
+    """A PaliGemma processor folder per template as the golden's (llama2's tokenizer, Gemma's turn markers
+    first for `paligemma_chat`, then PaliGemmaProcessor's `<image>` and location tokens; SigLIP's image
+    processor at 64 pixels, 16 tokens an image), and `data`: the golden rows and pairs as datasets."""
+    from transformers import AutoTokenizer, PaliGemmaProcessor, SiglipImageProcessor
+
+    root = tmp_path_factory.mktemp("paligemma")
+    folders = {}
+    for name, golden in PALIGEMMA["templates"].items():
+        tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/llama2")
+        if name == "paligemma_chat":
+            tokenizer.add_special_tokens({"additional_special_tokens": PALIGEMMA["turn_tokens"]})
+        image_processor = SiglipImageProcessor(size={"height": 64, "width": 64},
+                                               image_seq_length=PALIGEMMA["image_processor"]["image_seq_length"])
+        PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(root / name)
+        assert len(tokenizer) == golden["vocabulary"] and tokenizer.convert_tokens_to_ids("<image>") == golden["image_token_id"]
+        folders[name] = root / name
+    data = root / "data"
+    (data / "pictures").mkdir(parents=True)
+    for name, size in PALIGEMMA["sizes"].items():
+        drawn(size).save(data / "pictures" / f"{name}.png")
+    rows = [{"messages": row["messages"], "images": [f"pictures/{n}.png" for n in row["images"]]}
+            for row in PALIGEMMA["templates"]["paligemma"]["rows"]]
+    pairs = [{"conversations": pair["messages"], "chosen": pair["replies"][0], "rejected": pair["replies"][1],
+              "images": [f"pictures/{n}.png" for n in pair["images"]]} for pair in PALIGEMMA["pairs"]]
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "pairs.json").write_text(json.dumps(pairs))
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    (data / "dataset_info.json").write_text(json.dumps({
+        "pictures": {"file_name": "rows.json", "formatting": "sharegpt", "tags": tags,
+                     "columns": {"messages": "messages", "images": "images"}},
+        "picture_pairs": {"file_name": "pairs.json", "formatting": "sharegpt", "ranking": True, "tags": tags,
+                          "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected", "images": "images"}}}))
+    return {**folders, "data": data}
+
+
+@pytest.mark.parametrize(("name", "row"), PALIGEMMA_CASES, ids=[f"{name}: {row['name']}" for name, row in PALIGEMMA_CASES])
+def test_paligemma_images_go_before_the_conversation_as_llamafactory_writes_them(name: str, row: dict, paligemma_folders):
+    """PaliGemma: the `<image>` placeholders leave the text, 16 image tokens an image go before everything
+    (BOS included), and the token types are 0 on them and 1 after."""
+    import torch
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.templates.conversation import Conversation, encode_turns
+
+    template = TEMPLATES[name]
+    settings = MediaConfig(image_max_pixels=PALIGEMMA["image_max_pixels"], image_min_pixels=PALIGEMMA["image_min_pixels"])
+    rows = media_rows_for_model(paligemma_folders[name], template=template, settings=settings)
+    paths = [str(paligemma_folders["data"] / "pictures" / f"{n}.png") for n in row["images"]]
+    expanded = rows.expand_messages(row["messages"], paths)
+    assert expanded == row["expanded"]
+    tokenizer = fixed_tokenizer(paligemma_folders[name], template)
+    prefix = rows.prefix_ids(paths, tokenizer)
+    assert prefix == row["prefix"]
+    conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
+    pairs = [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)]
+    assert pairs == row["pairs"]
+    input_ids = torch.tensor([prefix + [token for source, target in pairs for token in source + target]])
+    inputs = rows.model_inputs(input_ids, paths, token_ids=rows.token_ids(tokenizer))
+    assert list(inputs["pixel_values"].shape) == row["pixel_values_shape"]
+    # the same pixels up to float32 rounding (LLaMA-Factory's processor returns torch tensors, ours numpy arrays)
+    assert float(inputs["pixel_values"].double().sum()) == pytest.approx(row["pixel_values_sum"], rel=1e-4)
+    assert inputs["token_type_ids"][0].tolist() == row["token_type_ids"]
+    padded = torch.cat([input_ids, torch.zeros(1, 3, dtype=torch.long)], dim=1)  # right padding: type 0, as LLaMA-Factory pads
+    mask = torch.cat([torch.ones_like(input_ids), torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    types = rows.model_inputs(padded, paths, token_ids=rows.token_ids(tokenizer), attention_mask=mask)["token_type_ids"]
+    assert types[0].tolist() == row["token_type_ids"] + [0, 0, 0]
+
+
+@pytest.mark.parametrize("name", list(PALIGEMMA["templates"]))
+@pytest.mark.parametrize("cutoff_len", [2048, 40])
+def test_paligemma_rows_tokenize_to_llamafactorys_supervised_examples(paligemma_folders, tmp_path: Path, cutoff_len: int,
+                                                                      name: str):
+    """The image prefix counts against cutoff_len first and is never cut: at 40 tokens a two-image row keeps
+    its 32 image tokens and 8 of its text."""
+    from datasets import load_from_disk
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    config = build_stage_config({"model_name_or_path": str(paligemma_folders[name]), "dataset": "pictures",
+                                 "dataset_dir": str(paligemma_folders["data"]), "template": name, "cutoff_len": cutoff_len})
+    tokenize_stage_data(config, tokenizer_path=paligemma_folders[name], output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    golden = PALIGEMMA["templates"][name]["supervised_by_cutoff_len"][str(cutoff_len)]
+    trained = [example for example in golden if set(example["labels"]) != {-100}]  # tuneline drops a row with nothing to train
+    assert train["input_ids"] == [example["input_ids"] for example in trained]
+    assert train["labels"] == [example["labels"] for example in trained]
+    assert all(ids[:16] == [PALIGEMMA["templates"][name]["image_token_id"]] * 16 for ids in train["input_ids"])
+
+
+@pytest.mark.parametrize("name", list(PALIGEMMA["templates"]))
+def test_paligemma_pairs_tokenize_to_llamafactorys_pairwise_examples(paligemma_folders, tmp_path: Path, name: str):
+    """Chosen and rejected share the prompt with the image prefix in front of it, cut as one prompt."""
+    from datasets import load_from_disk
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    config = build_stage_config({"model_name_or_path": str(paligemma_folders[name]), "stage": "dpo", "dataset": "picture_pairs",
+                                 "dataset_dir": str(paligemma_folders["data"]), "template": name, "cutoff_len": 60})
+    tokenize_stage_data(config, tokenizer_path=paligemma_folders[name], output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    golden = PALIGEMMA["templates"][name]["pairwise_cutoff_len_60"]
+    for key in ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"):
+        assert train[key] == [example[key] for example in golden], key
