@@ -33,7 +33,7 @@ from typing import Any
 from tuneline.core.config import MediaConfig
 from tuneline.core.data.audio_clips import samples
 from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, PAN_AND_SCAN, VideoPatching, audio_token_count,
-                                             expand_audios, expand_images, expand_videos, image_features, image_prefix,
+                                             cross_attention_inputs, expand_audios, expand_images, expand_videos, image_features, image_prefix,
                                              pan_and_scan_crops,
                                              patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
                                              video_features)
@@ -283,7 +283,11 @@ class MediaRows:
         `mm_token_type_ids` (1 on image tokens, 2 on video tokens), from which transformers computes its
         3D rotary positions. `attention_mask` (0 on padding) keeps PaliGemma's token types 0 there, as
         LLaMA-Factory pads them."""
-        inputs = dict(self.features(images)) if images else {}
+        if self.media.plugin == "mllama":
+            inputs = cross_attention_inputs(input_ids, self.sized(images), self.image_processor, image_token_id=token_ids["images"],
+                                            attention_mask=attention_mask) if images else {}
+        else:
+            inputs = dict(self.features(images)) if images else {}
         if videos:
             inputs.update(self.video_features(videos))
         if audios:

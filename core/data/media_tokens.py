@@ -22,6 +22,9 @@ With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as L
   `image_seq_length` `<image>` tokens (256) are written before the whole conversation, BOS included,
   untrained; the placeholders are dropped from the text. Its token types are 0 on those tokens (which
   attend both ways) and 1 after them.
+- Llama 3.2 Vision (`mllama` plugin): each placeholder becomes one `<|image|>`; the image processor cuts
+  every image into tiles (at most its `max_image_tiles`), which the decoder reads by cross-attention from
+  the tokens after the image (`cross_attention_inputs`).
 - Gemma 3 (`gemma3` plugin): every image is resized to the processor's square and pooled to the
   processor's `image_seq_length` soft tokens (256), written as Gemma3Processor writes its full image
   sequence, `\n\n<start_of_image>`, the soft tokens, `<end_of_image>\n\n`. With
@@ -143,6 +146,8 @@ def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin:
         return [int((processor_settings or {})["image_seq_length"])] * len(images)
     if plugin == "paligemma":
         return [paligemma_image_tokens(image_processor)] * len(images)
+    if plugin == "mllama":  # the pixels reach the decoder through cross-attention, not through tokens
+        return [1] * len(images)
     if plugin == "llava_next":
         return llava_next_token_counts(images, image_processor, processor_settings or {}, multimodal_processor)
     if plugin == "intern_vl":
@@ -151,6 +156,32 @@ def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin:
         return [int((processor_settings or {})["image_seq_length"]) * int(count) for count in tiles]
     merge = int(image_processor.merge_size) ** 2
     return [int(image_processor.get_number_of_image_patches(image.height, image.width, {})) // merge for image in images]
+
+
+def cross_attention_inputs(input_ids: Any, images: Sequence[Image], image_processor: Any, *, image_token_id: int,
+                           attention_mask: Any = None) -> dict[str, Any]:
+    """Llama 3.2 Vision's inputs for a batch (`input_ids` [batch, n], right-padded; `images` sized, in the
+    order of their tokens): each example's images cut into tiles by the image processor (`pixel_values`
+    [batch, image, tile, ...], `aspect_ratio_ids`, `aspect_ratio_mask`), and `cross_attention_mask` [batch,
+    token, image, tile], which lets each text token see the tiles of the images before it (MllamaProcessor's
+    own functions, on each example's ids without its padding, as LLaMA-Factory passes them)."""
+    import torch
+    from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
+                                                              get_cross_attention_token_mask)
+
+    rows = input_ids.tolist()
+    if attention_mask is not None:
+        rows = [row[:int(length)] for row, length in zip(rows, attention_mask.sum(dim=1).tolist())]
+    batched, start = [], 0
+    for row in rows:
+        count = row.count(image_token_id)
+        batched.append(list(images[start:start + count]))
+        start += count
+    features = dict(image_processor(batched, return_tensors="np"))
+    mask = convert_sparse_cross_attention_mask_to_dense([get_cross_attention_token_mask(row, image_token_id) for row in rows],
+                                                        num_tiles=features.pop("num_tiles"),
+                                                        max_num_tiles=int(image_processor.max_image_tiles), length=input_ids.shape[1])
+    return {**{name: torch.from_numpy(value) for name, value in features.items()}, "cross_attention_mask": torch.from_numpy(mask)}
 
 
 def paligemma_image_tokens(image_processor: Any) -> int:

@@ -127,6 +127,8 @@ def generating_class(config: PretrainedConfig) -> type:
     audio-language family (Qwen2-Audio) the multimodal LM class, whose model reads sound."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForMultimodalLM
 
+    if getattr(config, "vision_config", None) is not None and type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText  # Mllama's config maps to a text-only causal LM too, which drops its tower
     if type(config) in AutoModelForCausalLM._model_mapping:
         return AutoModelForCausalLM
     for auto_class in (AutoModelForImageTextToText, AutoModelForMultimodalLM):

@@ -1,6 +1,6 @@
 """The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL, GLM-4.1V, LLaVA-1.5, LLaVA-NeXT, Gemma 3, InternVL and PaliGemma shaped, from transformers' own
-config classes, randomly initialised.
+Qwen3-VL, GLM-4.1V, LLaVA-1.5, LLaVA-NeXT, Gemma 3, InternVL, PaliGemma and Llama 3.2 Vision (Mllama) shaped,
+from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
 family's media tokens and its template's control tokens where the tokenizer lacks them and the chat template of the family's template
@@ -25,6 +25,8 @@ from tuneline.core.templates.jinja import chat_template_jinja
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 """Qwen2-VL's special tokens for media, in the order its tokenizer numbers them."""
 LLAVA_IMAGE_TOKEN = "<image>"
+MLLAMA_IMAGE_TOKEN = "<|image|>"
+MLLAMA_TILES = 2  # at most two tiles an image: wide and tall pictures take two, a square one
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 """Gemma 3's image tokens, by the names its tokenizer gives them (Gemma3Processor reads them so)."""
 GLM4V_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<|begin_of_image|>",
@@ -32,7 +34,8 @@ GLM4V_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "
 """GLM-4V's control and media tokens (single tokens in GLM's own tokenizer)."""
 INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>")
 """InternVL's image markers and its one token a pooled feature."""
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "internvl", "paligemma", "qwen2_audio")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "internvl", "paligemma", "mllama",
+            "qwen2_audio")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
@@ -40,7 +43,7 @@ QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 @dataclass(frozen=True)
 class VisionModelConfig:
     family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3, internvl, "
-                                                                 "paligemma or qwen2_audio (audio_base_model.py)."})
+                                                                 "paligemma, mllama or qwen2_audio (audio_base_model.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
@@ -69,7 +72,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path), **named)
     template = TEMPLATES[MODEL_TEMPLATES[config.family]]
     family_tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "paligemma": (LLAVA_IMAGE_TOKEN,),
-                     "gemma3": tuple(GEMMA3_TOKENS.values()),
+                     "mllama": (MLLAMA_IMAGE_TOKEN,), "gemma3": tuple(GEMMA3_TOKENS.values()),
                      "qwen2_audio": AUDIO_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS}.get(config.family, VISION_TOKENS)
     # the template's control tokens too (chatml's <|im_start|>, Gemma's turns), whatever tokenizer the model starts from
     tokens = tuple(dict.fromkeys((*family_tokens, *template_markers(template))))
@@ -89,6 +92,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
                                   audio_token_id=ids["<|AUDIO|>"])
     elif config.family == "glm4v":
         model = _glm4v_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
+    elif config.family == "mllama":
+        model = _mllama_model(config, vocab_size=len(tokenizer), image_token_id=ids[MLLAMA_IMAGE_TOKEN], tokenizer=tokenizer)
     elif config.family == "paligemma":
         model = _paligemma_model(config, vocab_size=len(tokenizer), image_token_id=ids[LLAVA_IMAGE_TOKEN], tokenizer=tokenizer)
     elif config.family == "internvl":
@@ -105,6 +110,11 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         save_qwen2_audio_processor(tokenizer, output_dir)
     elif config.family == "internvl":
         _save_internvl_processor(config, output_dir)
+    elif config.family == "mllama":
+        from transformers import MllamaImageProcessor
+
+        MllamaImageProcessor(size={"height": config.image_size, "width": config.image_size},
+                             max_image_tiles=MLLAMA_TILES).save_pretrained(output_dir)
     elif config.family == "paligemma":
         from transformers import SiglipImageProcessor
 
@@ -274,6 +284,30 @@ def _save_gemma3_processor(config: VisionModelConfig, tokenizer, output_dir: str
     Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
                     image_seq_length=config.image_tokens).save_pretrained(output_dir)
     image_processor.save_pretrained(output_dir)
+
+
+def _mllama_model(config: VisionModelConfig, *, vocab_size: int, image_token_id: int, tokenizer):
+    from transformers import MllamaConfig, MllamaForConditionalGeneration
+
+    taps = [0]  # the vision layers whose outputs the projector also reads, beside the last
+    vision = dict(hidden_size=config.vision_width, intermediate_size=2 * config.vision_width, num_hidden_layers=config.vision_depth,
+                  num_global_layers=1, attention_heads=2, image_size=config.image_size, patch_size=PATCH_SIZE,
+                  max_num_tiles=MLLAMA_TILES, intermediate_layers_indices=taps,
+                  vision_output_dim=config.vision_width * (len(taps) + 1),
+                  supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])  # the image processor's for two tiles, in its order
+    # one cross-attention layer after the first self-attention layers, where the text reads the tiles
+    text = dict(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.num_hidden_layers + 1, cross_attention_layers=[1],
+                num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+                max_position_embeddings=config.max_position_embeddings, bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = MllamaForConditionalGeneration(MllamaConfig(vision_config=vision, text_config=text, image_token_index=image_token_id))
+    # transformers opens the cross-attention gates at zero (a checkpoint sets them); opened, the text reads the pixels
+    # from the start, as in a trained Llama 3.2 Vision, and LoRA (which leaves the gates alone) can use them
+    for name, parameter in model.named_parameters():
+        if name.endswith(("cross_attn_attn_gate", "cross_attn_mlp_gate")):
+            parameter.data.fill_(1.0)
+    return model
 
 
 def _paligemma_image_tokens(config: VisionModelConfig) -> int:

@@ -76,18 +76,20 @@ def grow_vocabulary(model: PreTrainedModel, *, vocab_size: int, new_tokens: NewT
                     init: Init = "noise_init") -> tuple[int, ...]:
     """Grow `model`'s embeddings to hold `vocab_size` tokens (to the next multiple of 64) and start
     the new rows as `init` says; the rows that are new (grown, or of `new_tokens`), in order."""
-    old_size = model.get_input_embeddings().num_embeddings
+    # Mllama's input embeddings have rows beyond its output head (its image token's among them): the head's
+    # rows count, and each matrix starts only the rows that are new to it
+    before = [weight.shape[0] for weight in _embedding_weights(model)]
+    old_size = min(before)
     if vocab_size > old_size:
         # a quantized model's embeddings and head stay in full precision, so they grow like any other
         model.resize_token_embeddings(vocab_size, pad_to_multiple_of=PAD_TO_MULTIPLE_OF, mean_resizing=False)
-    new_size = model.get_input_embeddings().num_embeddings
-    added = [i for i in (new_tokens.ids if new_tokens else ()) if i < old_size]
-    rows = (*added, *range(old_size, new_size))
-    if rows:
-        first_new = min(rows)
-        for weight in _embedding_weights(model):
-            _start_rows(weight, rows=rows, old_rows=first_new, new_tokens=new_tokens, init=init)
-    return rows
+    ids = new_tokens.ids if new_tokens else ()
+    for weight, rows_before in zip(_embedding_weights(model), before):
+        rows = (*[i for i in ids if i < rows_before], *range(rows_before, weight.shape[0]))
+        if rows:
+            _start_rows(weight, rows=rows, old_rows=min(rows), new_tokens=new_tokens, init=init)
+    new_size = min(weight.shape[0] for weight in _embedding_weights(model))
+    return (*[i for i in ids if i < old_size], *range(old_size, new_size))
 
 
 def _embedding_weights(model: PreTrainedModel) -> list[torch.Tensor]:

@@ -42,7 +42,8 @@ ToolFormat = Literal["default", "gemma4", "glm4", "glm4_moe", "lfm2", "ling", "l
 TOOL_FORMATS: tuple[str, ...] = get_args(ToolFormat)
 """LLaMA-Factory 0.9.5's tool formats, the values `tool_format` takes."""
 DEFAULT_THOUGHT_WORDS = ("<think>\n", "\n</think>\n\n")
-MediaPlugin = Literal["qwen2_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "intern_vl", "paligemma", "qwen2_audio"]
+MediaPlugin = Literal["qwen2_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "intern_vl", "paligemma", "mllama",
+                      "qwen2_audio"]
 QWEN_PLUGINS = ("qwen2_vl", "qwen3_vl", "glm4v")  # images sized and cut alike (Qwen3-VL in patches of 16; GLM-4V)
 """The families whose media placeholders tuneline expands (LLaMA-Factory's `mm_plugin` names)."""
 

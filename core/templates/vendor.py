@@ -14,6 +14,8 @@ _GEMMA_OBSERVATION = "<start_of_turn>tool\n{content}<end_of_turn>\n" + _GEMMA_RE
 GEMMA3_MEDIA = MediaTokens(plugin="gemma3", image_token="<image_soft_token>", vision_bos="\n\n<start_of_image>",
                            vision_eos="<end_of_image>\n\n")
 """Gemma 3's image: its processor's full image sequence, one soft token per pooled vision feature."""
+MLLAMA_MEDIA = MediaTokens(plugin="mllama", image_token="<|image|>")
+"""Llama 3.2 Vision's images: one `<|image|>` each, read by the decoder's cross-attention layers."""
 PALIGEMMA_MEDIA = MediaTokens(plugin="paligemma", image_token="<image>", images_first=True)
 """PaliGemma's images: the image processor's `image_seq_length` `<image>` tokens an image, all before the text."""
 GLM4V_MEDIA = MediaTokens(plugin="glm4v", image_token="<|image|>", video_token="<|video|>", vision_bos="<|begin_of_image|>",
@@ -101,6 +103,9 @@ VENDOR_TEMPLATES: tuple[Template, ...] = (
     headed_template("llama3", header="<|start_header_id|>{role}<|end_header_id|>\n\n", end="<|eot_id|>",
                     tool="ipython", format_prefix=(BOS,), stop_words=("<|eot_id|>", "<|eom_id|>"), replace_eos=True,
                     tool_format="llama3", pretrain_eos="<|end_of_text|>"),
+    headed_template("mllama", header="<|start_header_id|>{role}<|end_header_id|>\n\n", end="<|eot_id|>",
+                    tool="ipython", format_prefix=(BOS,), stop_words=("<|eot_id|>", "<|eom_id|>"), replace_eos=True,
+                    tool_format="llama3", media=MLLAMA_MEDIA),
     headed_template("llama4", header="<|header_start|>{role}<|header_end|>\n\n", end="<|eot|>", tool="ipython",
                     format_prefix=(BOS,), stop_words=("<|eot|>", "<|eom|>"), replace_eos=True, tool_format="llama3"),
     _mistral("mistral", space=" ", system="{content}\n\n", system_in_user=True),

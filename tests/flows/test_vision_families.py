@@ -3,7 +3,8 @@ its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA
 56 pixels on LLaVA-v1.6's five grids), a tiny Qwen3-VL (its deepstack tower in patches of 16 and Qwen3's
 decoder), a tiny GLM-4.1V, a tiny InternVL (an InternViT tower, pixel shuffle, Qwen2's decoder), a tiny Gemma 3 (a SigLIP tower, its
 pooling projector and Gemma 3's decoder) and a tiny PaliGemma (a SigLIP tower, a linear projector and Gemma's
-decoder, its image tokens before the text), all from core/models/vision_base_model.py, all with llama2's
+decoder, its image tokens before the text) and a tiny Llama 3.2 Vision (its tiled vision encoder read by a
+cross-attention layer of the decoder), all from core/models/vision_base_model.py, all with llama2's
 tokenizer (a vocabulary a fifth of Qwen's, for speed) and their family's media and control tokens added. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
 transformers' own generate() answers."""
@@ -46,6 +47,8 @@ FAMILIES = {
                        "model.multi_modal_projector.", "InternVLForConditionalGeneration"),
     "gemma3": Family("gemma3", "llama2", "gemma3", "<image_soft_token>", "model.vision_tower.encoder.",
                      "model.multi_modal_projector.", "Gemma3ForConditionalGeneration"),
+    "mllama": Family("mllama", "llama2", "mllama", "<|image|>", "model.vision_model.transformer.", "model.multi_modal_projector.",
+                     "MllamaForConditionalGeneration"),
     "paligemma": Family("paligemma", "llama2", "paligemma", "<image>", "model.vision_tower.encoder.",
                         "model.multi_modal_projector.", "PaliGemmaForConditionalGeneration"),
 }
@@ -55,6 +58,8 @@ def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
     """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
     class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; InternVL's 4 a tile; Qwen3-VL's grid of 16-pixel patches
     and GLM-4V's of 14-pixel ones, merged 2 x 2."""
+    if family.name == "mllama":  # one token an image (aspect ratio id 0 pads the image slots of an example)
+        return [1] * int((features["aspect_ratio_ids"] > 0).sum())
     if family.name in ("llava", "gemma3", "paligemma"):  # PaliGemma: a SigLIP patch each, 4 x 4
         return [16] * len(features["pixel_values"])
     if family.name == "internvl":  # one 56-pixel tile each: 4 x 4 patches, pixel-shuffled 2 x 2
@@ -169,7 +174,10 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     answer = session.reply("What colour is this?", write=lambda _: None)
     session.history.pop()  # the prompt the answer was generated from
     prompt, paths = session._prompt()
-    features = session.images.features(paths)
+    if family.name == "mllama":  # tiles per example, and the cross-attention mask over the prompt
+        features = session.images.model_inputs(torch.tensor([prompt]), paths, token_ids=session.images.token_ids(tokenizer))
+    else:
+        features = session.images.features(paths)
     image_token = tokenizer.convert_tokens_to_ids(family.image_token)
     count, = image_tokens(family, features, model_dir)
     first = prompt.index(image_token)

@@ -664,3 +664,88 @@ def test_paligemma_pairs_tokenize_to_llamafactorys_pairwise_examples(paligemma_f
     golden = PALIGEMMA["templates"][name]["pairwise_cutoff_len_60"]
     for key in ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"):
         assert train[key] == [example[key] for example in golden], key
+
+
+MLLAMA = json.loads((Path(__file__).resolve().parents[2] / "data/media/mllama_images.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def mllama_folders(tmp_path_factory, shared_dir: Path) -> dict[str, Path]:
+    """A Llama 3.2 Vision processor folder as the golden's (llama3's tokenizer with `<|image|>`, the image
+    processor in tiles of 28 pixels, at most 2 an image), and `data`: the golden rows as a dataset."""
+    from transformers import AutoTokenizer, MllamaImageProcessor
+
+    root = tmp_path_factory.mktemp("mllama")
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/llama3")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|image|>"]})
+    assert tokenizer.convert_tokens_to_ids("<|image|>") == MLLAMA["image_token_id"]
+    tokenizer.save_pretrained(root / "model")
+    tile = MLLAMA["image_processor"]["tile"]
+    MllamaImageProcessor(size={"height": tile, "width": tile},
+                         max_image_tiles=MLLAMA["image_processor"]["max_image_tiles"]).save_pretrained(root / "model")
+    data = root / "data"
+    (data / "pictures").mkdir(parents=True)
+    for name, size in MLLAMA["sizes"].items():
+        drawn(size).save(data / "pictures" / f"{name}.png")
+    rows = [{"messages": row["messages"], "images": [f"pictures/{n}.png" for n in row["images"]]} for row in MLLAMA["rows"]]
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    return {"model": root / "model", "data": data}
+
+
+def test_mllama_images_become_one_token_and_cross_attention_inputs_as_llamafactory_makes_them(mllama_folders):
+    """Llama 3.2 Vision: each `<image>` is one `<|image|>`; the four rows as one right-padded batch get the
+    golden's tiles, aspect ratio ids and masks, and the cross-attention mask by which each text token sees the
+    tiles of the images before it (per image, up to the next image or the example's end)."""
+    import torch
+
+    from tuneline.core.config import MediaConfig
+    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.templates.conversation import Conversation, encode_turns
+
+    template = TEMPLATES["mllama"]
+    settings = MediaConfig(image_max_pixels=MLLAMA["image_max_pixels"], image_min_pixels=MLLAMA["image_min_pixels"])
+    rows = media_rows_for_model(mllama_folders["model"], template=template, settings=settings)
+    tokenizer = fixed_tokenizer(mllama_folders["model"], template)
+    batch_ids, paths = [], []
+    for row in MLLAMA["rows"]:
+        row_paths = [str(mllama_folders["data"] / "pictures" / f"{n}.png") for n in row["images"]]
+        expanded = rows.expand_messages(row["messages"], row_paths)
+        assert expanded == row["expanded"]
+        conversation = Conversation(prompt=expanded[:-1], response=expanded[-1:])
+        pairs = [[list(source), list(target)] for source, target in encode_turns(template, tokenizer, conversation)]
+        assert pairs == row["pairs"]
+        batch_ids.append([token for source, target in pairs for token in source + target])
+        paths += row_paths
+    assert batch_ids == MLLAMA["batch"]["input_ids"]
+    length = max(len(ids) for ids in batch_ids)
+    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (length - len(ids)) for ids in batch_ids])
+    mask = torch.tensor([[1] * len(ids) + [0] * (length - len(ids)) for ids in batch_ids])
+    inputs = rows.model_inputs(input_ids, paths, token_ids=rows.token_ids(tokenizer), attention_mask=mask)
+    golden = MLLAMA["batch"]
+    assert list(inputs["pixel_values"].shape) == golden["pixel_values_shape"]
+    assert float(inputs["pixel_values"].double().sum()) == pytest.approx(golden["pixel_values_sum"], rel=1e-4)
+    assert inputs["aspect_ratio_ids"].tolist() == golden["aspect_ratio_ids"]
+    assert inputs["aspect_ratio_mask"].tolist() == golden["aspect_ratio_mask"]
+    assert inputs["cross_attention_mask"].tolist() == golden["cross_attention_mask"]
+
+
+@pytest.mark.parametrize("cutoff_len", [2048, 30])
+def test_mllama_rows_tokenize_to_llamafactorys_supervised_examples(mllama_folders, tmp_path: Path, cutoff_len: int):
+    from datasets import load_from_disk
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    config = build_stage_config({"model_name_or_path": str(mllama_folders["model"]), "dataset": "pictures",
+                                 "dataset_dir": str(mllama_folders["data"]), "template": "mllama", "cutoff_len": cutoff_len})
+    counters = tokenize_stage_data(config, tokenizer_path=mllama_folders["model"], output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    golden, whole = MLLAMA["supervised_by_cutoff_len"][str(cutoff_len)], MLLAMA["supervised_by_cutoff_len"]["2048"]
+    image = MLLAMA["image_token_id"]
+    # kept: the examples whose cutoff left every <|image|> (LLaMA-Factory keeps the others too)
+    kept = [i for i, (cut, full) in enumerate(zip(golden, whole)) if cut["input_ids"].count(image) == full["input_ids"].count(image)]
+    assert counters.get("rows_dropped_media_tokens_cut", 0) == len(golden) - len(kept)
+    assert train["input_ids"] == [golden[i]["input_ids"] for i in kept]
+    assert train["labels"] == [golden[i]["labels"] for i in kept]
