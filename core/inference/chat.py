@@ -225,6 +225,7 @@ def chat_images(source: ModelSource, paths: list[str], *, template: str | None) 
 
     from tuneline.core.config import MediaConfig
     from tuneline.core.templates.catalog import TEMPLATES
+    from tuneline.core.templates.unwritten import unwritten_template_message
 
     for path in paths:
         try:
@@ -236,7 +237,7 @@ def chat_images(source: ModelSource, paths: list[str], *, template: str | None) 
     named = None
     if template is not None:
         if template not in TEMPLATES:
-            raise ConfigError(unknown_name_message("template", template, TEMPLATES))
+            raise ConfigError(unwritten_template_message(template) or unknown_name_message("template", template, TEMPLATES))
         named = TEMPLATES[template]
     adapter = source.adapter
     processor = adapter if adapter is not None and (adapter / "preprocessor_config.json").is_file() else source.model

@@ -22,6 +22,7 @@ from tuneline.core.templates.encode import encode_pieces, message_pieces
 from tuneline.core.templates.format import Message, check_roles, ends_with_prompt, format_messages
 from tuneline.core.templates.jinja import chat_template_jinja
 from tuneline.core.templates.catalog import AUTO, TEMPLATES
+from tuneline.core.templates.unwritten import unwritten_template_message
 from tuneline.core.templates.spec import BOS, EOS, Special, Template, Token
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def get_template(name: str, *, tokenizer: PreTrainedTokenizerBase | None = None)
             )
         return template_from_tokenizer(tokenizer)
     if name not in TEMPLATES:
-        raise ConfigError(unknown_name_message("template", name, [*TEMPLATES, AUTO]))
+        raise ConfigError(unwritten_template_message(name) or unknown_name_message("template", name, [*TEMPLATES, AUTO]))
     return TEMPLATES[name]
 
 

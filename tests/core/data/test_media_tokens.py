@@ -749,3 +749,44 @@ def test_mllama_rows_tokenize_to_llamafactorys_supervised_examples(mllama_folder
     assert counters.get("rows_dropped_media_tokens_cut", 0) == len(golden) - len(kept)
     assert train["input_ids"] == [golden[i]["input_ids"] for i in kept]
     assert train["labels"] == [golden[i]["labels"] for i in kept]
+
+
+LLAVA_VARIANTS = json.loads((Path(__file__).resolve().parents[2] / "data/media/llava_variants.json").read_text())
+
+
+@pytest.mark.parametrize("name", list(LLAVA_VARIANTS["variants"]))
+def test_llava_format_copies_tokenize_to_llamafactorys_supervised_examples(name: str, tmp_path: Path, shared_dir: Path):
+    """LLaVA-NeXT's images in Llama 3's, Mistral's, Qwen's and Yi's formats, and LLaVA's in Yi-VL's, each on its
+    family's tokenizer: the whole tokenize path writes LLaMA-Factory's ids and labels."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer, CLIPImageProcessor, LlavaNextImageProcessor, LlavaNextProcessor, LlavaProcessor
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    golden = LLAVA_VARIANTS["variants"][name]
+    tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers" / golden["tokenizer"])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    if name == "yi_vl":
+        processor = LlavaProcessor(image_processor=CLIPImageProcessor(**LLAVA_VARIANTS["plain_image_processor"]),
+                                   tokenizer=tokenizer, **LLAVA_VARIANTS["processor"])
+    else:
+        processor = LlavaNextProcessor(image_processor=LlavaNextImageProcessor(**LLAVA_VARIANTS["next_image_processor"]),
+                                       tokenizer=tokenizer, **LLAVA_VARIANTS["processor"])
+    processor.save_pretrained(tmp_path / "model")
+    data = tmp_path / "data"
+    (data / "pictures").mkdir(parents=True)
+    for picture, size in GOLDEN["sizes"].items():
+        drawn(size).save(data / "pictures" / f"{picture}.png")
+    rows = [{"messages": row["messages"], "images": [f"pictures/{n}.png" for n in row["images"]]} for row in GOLDEN["rows"]]
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    config = build_stage_config({"model_name_or_path": str(tmp_path / "model"), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": name, "cutoff_len": 4096,
+                                 # Yi-VL's stop word `###` is new to llama2's vocabulary, as LLaMA-Factory adds it
+                                 "resize_vocab": name == "yi_vl"})
+    tokenize_stage_data(config, tokenizer_path=tmp_path / "model", output_dir=tmp_path / "out")
+    train = load_from_disk(str(tmp_path / "out"))["train"]
+    assert train["input_ids"] == [example["input_ids"] for example in golden["supervised"]]
+    assert train["labels"] == [example["labels"] for example in golden["supervised"]]

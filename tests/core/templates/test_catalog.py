@@ -65,6 +65,7 @@ def gpt2(shared_dir):
         tokens.update(template.stop_words)
         for slot in (template.format_user, template.format_system, template.observation_slot, template.format_prefix):
             tokens.update(piece.text for piece in slot if isinstance(piece, Token))
+    tokens.discard("###")  # Yi-VL stops on plain text that alpaca's format writes: as a token it would change alpaca's encoding
     tokenizer.add_special_tokens({"additional_special_tokens": sorted(tokens)}, replace_extra_special_tokens=False)
     return tokenizer
 
