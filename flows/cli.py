@@ -174,6 +174,10 @@ def add_chat_parser(commands: argparse._SubParsersAction) -> None:
                       help=f"(default {defaults.repetition_penalty})")
     chat.add_argument("--image", action="append", default=[], metavar="FILE",
                       help="show a vision-language model this image with the first message (repeat for more)")
+    chat.add_argument("--video", action="append", default=[], metavar="FILE",
+                      help="show a model that takes videos (Qwen2-VL, Qwen2.5-VL) this video with the first message")
+    chat.add_argument("--audio", action="append", default=[], metavar="FILE",
+                      help="let a model that takes sound (Qwen2-Audio) hear this file with the first message")
     chat.set_defaults(handler=run_chat)
 
 
@@ -290,17 +294,18 @@ def _registry_uri(args: argparse.Namespace) -> str:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from tuneline.core.inference.chat import ChatSession, chat_images, chat_loop, load_chat_model, resolve_source
+    from tuneline.core.inference.chat import ChatSession, chat_loop, chat_media, load_chat_model, resolve_source
     from tuneline.core.config import GeneratingConfig
 
     generating = GeneratingConfig(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
     _check_generating(generating)
     source = resolve_source(args.path)
-    images = chat_images(source, args.image, template=args.template)
+    media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=args.template)
     model, tokenizer = load_chat_model(source, template=args.template)
-    session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system,
-                          images=images, image_paths=[str(Path(path).resolve()) for path in args.image])
+    shown = {column: [str(Path(path).resolve()) for path in paths]
+             for column, paths in (("images", args.image), ("videos", args.video), ("audios", args.audio)) if paths}
+    session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system, media=media, shown=shown)
     interactive = sys.stdin.isatty()
     try:
         return chat_loop(session, _typed_lines() if interactive else sys.stdin, write=_write, echo=not interactive)

@@ -6,13 +6,15 @@ holding either, such as a stage's `artifacts/trained/<key>` or its export. Conve
 rendered with the saved tokenizer's own chat template (`apply_chat_template` with the generation
 prompt), or with a tuneline template named by `template`. Answers stream as they are generated;
 the history is kept across turns until `clear`; `exit` (or the end of input) ends the session.
-Input is read line by line, so a conversation can be piped in. Images (`--image`, a vision-language
-model) are shown with the first message: its `<image>` placeholders, or ones put in front of it, are
-expanded into the model's image tokens as training expands them, and the pixels go to generate().
+Input is read line by line, so a conversation can be piped in. Images, videos and sounds (`--image`,
+`--video`, `--audio`, for a model of a family that takes them) are shown with the first message: its
+`<image>`, `<video>` and `<audio>` placeholders, or ones put in front of it, are expanded into the
+model's media tokens as training expands them, and the pixels and features go to generate().
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TextStreamer
 
-from tuneline.core.data.media_rows import MediaRows, media_rows_for_model
-from tuneline.core.data.media_tokens import IMAGE_PLACEHOLDER
+from tuneline.core.data.media_rows import SECONDS_SPACED, MediaRows, media_rows_for_model
+from tuneline.core.data.media_tokens import PLACEHOLDERS, placeholder_counts
 from tuneline.core.store.artifacts import read_manifest
 from tuneline.core.config import GeneratingConfig
 from tuneline.core.errors import ConfigError, unknown_name_message
@@ -124,10 +126,11 @@ class ChatSession:
     name: str
     system: str | None = None
     history: list[dict[str, str]] = field(default_factory=list)
-    images: MediaRows | None = None
-    """How the model reads images, when `image_paths` are given."""
-    image_paths: list[str] = field(default_factory=list)
-    """Images shown with the conversation's first message (again after `clear`), as LLaMA-Factory's chat shows them."""
+    media: MediaRows | None = None
+    """How the model reads images, videos and sound, when `shown` holds any."""
+    shown: dict[str, list[str]] = field(default_factory=dict)
+    """The files shown with the conversation's first message (again after `clear`), by media column
+    (images, videos, audios), as LLaMA-Factory's chat shows them."""
 
     def clear(self) -> None:
         self.history.clear()
@@ -138,15 +141,16 @@ class ChatSession:
 
         from tuneline.core.evaluation.predict import generation_kwargs
 
-        if not self.history and self.image_paths:
-            message = with_image_placeholders(message, len(self.image_paths))
+        if not self.history and any(self.shown.values()):
+            message = with_placeholders(message, {column: len(paths) for column, paths in self.shown.items()})
         self.history.append({"role": "user", "content": message})
-        prompt, paths = self._prompt()
+        prompt, shown = self._prompt()
         input_ids = torch.tensor([prompt], device=self.model.device)
         extra = {}
-        if self.images is not None:
-            extra = {key: value.to(self.model.device) for key, value in
-                     self.images.model_inputs(input_ids, paths, token_ids=self.images.token_ids(self.tokenizer)).items()}
+        if self.media is not None and any(shown.values()):
+            inputs = self.media.model_inputs(input_ids, shown.get("images", []), shown.get("videos", []), shown.get("audios", []),
+                                             token_ids=self.media.token_ids(self.tokenizer))
+            extra = {key: value.to(self.model.device) for key, value in inputs.items()}
         streamer = WriterStreamer(self.tokenizer, write, skip_special_tokens=self.generating.skip_special_tokens)
         with torch.no_grad():
             output = self.model.generate(input_ids=input_ids,
@@ -156,32 +160,38 @@ class ChatSession:
         self.history.append({"role": "assistant", "content": answer})
         return answer
 
-    def _prompt(self) -> tuple[list[int], list[str]]:
-        """The rendered conversation and the images it shows; the oldest turns are dropped while it
-        does not fit the model (the images with the first)."""
+    def _prompt(self) -> tuple[list[int], dict[str, list[str]]]:
+        """The rendered conversation and the files it shows, by media column; the oldest turns are dropped
+        while it does not fit the model (the media with the first)."""
         limit = self.model.config.get_text_config().max_position_embeddings - self.generating.max_new_tokens
         while True:
             system = [{"role": "system", "content": self.system}] if self.system else []
             messages = system + self.history
-            shown = self.history[0]["content"].count(IMAGE_PLACEHOLDER) if self.images is not None else 0
-            paths = self.image_paths if shown else []
-            if paths:
-                messages = self.images.expand_messages(messages, paths)
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-            if paths:
-                ids = self.images.prefix_ids(paths, self.tokenizer) + list(ids)
+            held = placeholder_counts(self.history[:1]) if self.media is not None else {}
+            shown = {column: paths for column, paths in self.shown.items() if held.get(column)}
+            prefix: list[int] = []
+            if shown:
+                row = self.media.expand({"prompt": messages, "response": [], **shown})
+                messages, prefix = row["prompt"], self.media.prefix_ids(shown.get("images", []), self.tokenizer)
+            ids = prefix + list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                                   return_dict=False))
             if len(ids) <= limit or len(self.history) <= 1:
-                return list(ids), paths
+                return ids, shown
             del self.history[:2]
 
 
-def with_image_placeholders(message: str, count: int) -> str:
-    """`message` holding `count` `<image>` placeholders: those it lacks go in front, as LLaMA-Factory puts them."""
-    written = message.count(IMAGE_PLACEHOLDER)
-    if written > count:
-        raise ConfigError(f"the message holds {written} {IMAGE_PLACEHOLDER} placeholders and {count} image(s) were "
-                          "given with --image; give one --image per placeholder.")
-    return IMAGE_PLACEHOLDER * (count - written) + message
+def with_placeholders(message: str, counts: dict[str, int]) -> str:
+    """`message` holding as many `<image>`, `<video>` and `<audio>` placeholders as `counts` (by media column)
+    says: those it lacks go in front, sounds first, then videos, then images, as LLaMA-Factory puts them."""
+    for column in ("images", "videos", "audios"):  # each goes in front of the ones before
+        placeholder, count = PLACEHOLDERS[column], counts.get(column, 0)
+        written = message.count(placeholder)
+        if written > count:
+            flag = {"images": "--image", "videos": "--video", "audios": "--audio"}[column]
+            raise ConfigError(f"the message holds {written} {placeholder} placeholders and {count} file(s) were given "
+                              f"with {flag}; give one {flag} per placeholder.")
+        message = placeholder * (count - written) + message
+    return message
 
 
 class WriterStreamer(TextStreamer):
@@ -216,16 +226,52 @@ def chat_loop(session: ChatSession, lines: Iterable[str], *, write: Callable[[st
     return 0
 
 
-def chat_images(source: ModelSource, paths: list[str], *, template: str | None) -> MediaRows | None:
-    """How the model of `source` reads the images at `paths` (None without images); a ConfigError names
-    an image that cannot be read, or a model that reads none."""
-    if not paths:
+def chat_media(source: ModelSource, *, images: list[str] = (), videos: list[str] = (), audios: list[str] = (),
+               template: str | None) -> MediaRows | None:
+    """How the model of `source` reads the files of `--image`, `--video` and `--audio` (None without any);
+    a ConfigError names a file that cannot be read, or a model that reads no such media."""
+    if not (images or videos or audios):
         return None
-    from PIL import Image, UnidentifiedImageError
-
     from tuneline.core.config import MediaConfig
+    from tuneline.core.data.audio_clips import AudioError, check as check_audio
+    from tuneline.core.data.video_frames import VideoError, check as check_video
+    from tuneline.core.models.composite import MODEL_TEMPLATES
     from tuneline.core.templates.catalog import TEMPLATES
     from tuneline.core.templates.unwritten import unwritten_template_message
+
+    settings = MediaConfig()
+    _check_images(images)
+    for path in videos:  # the checks of a dataset's media rows: a stream whose first frame or sound decodes
+        try:
+            check_video(path)
+        except VideoError as e:
+            raise ConfigError(f"--video {path}: {e}; pass a video file PyAV opens (MP4, WebM, ...).") from None
+    for path in audios:
+        try:
+            check_audio(path)
+        except AudioError as e:
+            raise ConfigError(f"--audio {path}: {e}; pass a sound file PyAV opens (WAV, FLAC, MP3, ...).") from None
+    if template is not None and template not in TEMPLATES:
+        raise ConfigError(unwritten_template_message(template) or unknown_name_message("template", template, TEMPLATES))
+    adapter = source.adapter
+    processor = adapter if adapter is not None and (adapter / "preprocessor_config.json").is_file() else source.model
+    if videos or audios:
+        model_type = _config_value(Path(source.model), "model_type")
+        name = template or MODEL_TEMPLATES.get(model_type or "")
+        if name is None:
+            raise ConfigError(f"'{source.model}' is a {model_type or 'text'} model, which hears and sees no media; pass a "
+                              "model of a family that takes videos (Qwen2-VL) or sound (Qwen2-Audio), or leave them out.")
+        flags = {"images": ["--image"] if images else [], "videos": ["--video"] if videos else [],
+                 "audios": ["--audio"] if audios else []}
+        rows = MediaRows.load(TEMPLATES[name], processor, settings, datasets=flags)
+        # the model's own type spaces video positions (Qwen2.5-VL's seconds), whichever folder holds the processor
+        return dataclasses.replace(rows, video_seconds=model_type in SECONDS_SPACED)
+    return media_rows_for_model(source.model, template=TEMPLATES[template] if template else None, settings=settings,
+                                processor_path=processor)
+
+
+def _check_images(paths: Iterable[str]) -> None:
+    from PIL import Image, UnidentifiedImageError
 
     for path in paths:
         try:
@@ -234,11 +280,10 @@ def chat_images(source: ModelSource, paths: list[str], *, template: str | None) 
         except (OSError, UnidentifiedImageError) as e:
             raise ConfigError(f"--image {path}: not a readable image ({type(e).__name__}: {e}); pass a PNG, JPEG or "
                               "other file Pillow opens.") from e
-    named = None
-    if template is not None:
-        if template not in TEMPLATES:
-            raise ConfigError(unwritten_template_message(template) or unknown_name_message("template", template, TEMPLATES))
-        named = TEMPLATES[template]
-    adapter = source.adapter
-    processor = adapter if adapter is not None and (adapter / "preprocessor_config.json").is_file() else source.model
-    return media_rows_for_model(source.model, template=named, settings=MediaConfig(), processor_path=processor)
+
+
+def _config_value(folder: Path, key: str) -> Any:
+    try:
+        return json.loads((folder / MODEL_CONFIG).read_text(encoding="utf-8")).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -88,6 +88,29 @@ def test_tuneline_train_fits_sounds(audio_model: Path, sound_data: Path, tmp_pat
     assert targets and not any("audio_tower" in name or "multi_modal_projector" in name for name in targets)
     assert json.loads((out / "preprocessor_config.json").read_text())["feature_size"] == 128
 
+    # `tuneline chat --audio`: the sound's 37 tokens in the first message, and the answer transformers' own generate() gives
+    import torch
+
+    from tuneline.core.config import GeneratingConfig
+    from tuneline.core.evaluation.predict import generation_kwargs
+    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
+
+    sound = str(sound_data / json.loads((sound_data / "sound_questions.json").read_text())[0]["audios"][0])
+    source = resolve_source(out)
+    model, tokenizer = load_chat_model(source)
+    media = chat_media(source, audios=[sound], template="qwen2_audio")
+    greedy = GeneratingConfig(max_new_tokens=4, do_sample=False)
+    session = ChatSession(model, tokenizer, greedy, name="t", media=media, shown={"audios": [sound]})
+    answer = session.reply("Is this tone high or low?", write=lambda _: None)
+    assert session.history[0]["content"] == "<audio>Is this tone high or low?"
+    session.history.pop()  # the prompt the answer was generated from
+    prompt, shown = session._prompt()
+    assert prompt.count(tokenizer.convert_tokens_to_ids("<|AUDIO|>")) == 37
+    ids = torch.tensor([prompt])
+    output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **media.audio_features(shown["audios"]),
+                            **generation_kwargs(greedy, tokenizer, model))
+    assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer
+
 
 def test_dpo_trains_on_sound_pairs(audio_model: Path, sound_data: Path, tmp_path: Path, monkeypatch):
     """A ranking dataset with `audios` (the right answer chosen, the other rejected): each pair's sound

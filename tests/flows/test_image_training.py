@@ -112,25 +112,26 @@ def test_chat_shows_the_image_as_training_expands_it(pictures, tmp_path: Path):
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.data.media_tokens import sized_image
     from tuneline.core.evaluation.predict import generation_kwargs
-    from tuneline.core.inference.chat import ChatSession, chat_images, load_chat_model, resolve_source
+    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
 
     model_dir, data = pictures
     picture = data / "pictures" / "blue.png"
     source = resolve_source(model_dir)
-    images = chat_images(source, [str(picture)], template=None)
+    media = chat_media(source, images=[str(picture)], template=None)
     model, tokenizer = load_chat_model(source)
-    session = ChatSession(model, tokenizer, GeneratingConfig(max_new_tokens=4, do_sample=False), name="t", images=images,
-                          image_paths=[str(picture)])
+    session = ChatSession(model, tokenizer, GeneratingConfig(max_new_tokens=4, do_sample=False), name="t", media=media,
+                          shown={"images": [str(picture)]})
     answer = session.reply("What colour is this?", write=lambda _: None)
     assert session.history[0]["content"] == "<image>What colour is this?"
     session.history.pop()  # the prompt the answer was generated from
-    prompt, paths = session._prompt()
+    prompt, shown = session._prompt()
+    paths = shown["images"]
     assert paths == [str(picture)]
     # blue.png is 84 x 56: a 6 x 4 patch grid, 6 image tokens after the 2 x 2 merge
     assert "<|vision_start|>" + "<|image_pad|>" * 6 + "<|vision_end|>What colour is this?" in tokenizer.decode(prompt)
 
     # the same answer from the model's own generate() on pixels cut here by its processor
-    processor = images.image_processor
+    processor = media.image_processor
     features = processor([sized_image(Image.open(picture), max_pixels=768 * 768, min_pixels=32 * 32, plugin="qwen2_vl")],
                          return_tensors="pt")
     session.clear()
@@ -148,7 +149,10 @@ def test_chat_shows_the_image_as_training_expands_it(pictures, tmp_path: Path):
 
 
 def test_chat_refuses_an_image_for_a_text_model_and_an_unreadable_one(pictures, tiny_base: Path, tmp_path: Path):
-    from conftest import assert_refused, run_cli_here
+    import importlib.util
+
+    from conftest import REPO_ROOT as REPO, assert_refused, run_cli_here
+    from PIL import Image
 
     model_dir, data = pictures
     picture = str(data / "pictures" / "red.png")
@@ -156,6 +160,17 @@ def test_chat_refuses_an_image_for_a_text_model_and_an_unreadable_one(pictures, 
     (tmp_path / "notes.png").write_text("not an image")
     assert_refused(run_cli_here("chat", str(model_dir), "--image", str(tmp_path / "notes.png"), cwd=tmp_path),
                    "notes.png: not a readable image")
+    # videos and sound: a file PyAV cannot read, a model of another family, a text model
+    assert_refused(run_cli_here("chat", str(model_dir), "--video", str(tmp_path / "notes.png"), cwd=tmp_path),
+                   "--video", "notes.png", "cannot be")
+    assert_refused(run_cli_here("chat", str(model_dir), "--audio", str(tmp_path / "notes.png"), cwd=tmp_path),
+                   "--audio", "notes.png")
+    clip = tmp_path / "clip.mp4"
+    spec = importlib.util.spec_from_file_location("generate_video_data", REPO / "data/generate_video_data.py")
+    clips = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(clips)
+    clips.write_clip(clip, [Image.new("RGB", (32, 32), (200, 30, 30))] * 4)
+    assert_refused(run_cli_here("chat", str(tiny_base), "--video", str(clip), cwd=tmp_path), "is a llama model, which hears and sees no media")
 
 
 def test_image_pairs_carry_their_pixels_into_both_halves_of_a_batch(pictures, tmp_path: Path):

@@ -44,7 +44,7 @@ def plain_transformers_answers(folder: Path, rows: list[dict]) -> list[str]:
 
 def chat_answers(folder: Path, rows: list[dict]) -> list[str]:
     from tuneline.core.config import GeneratingConfig
-    from tuneline.core.inference.chat import ChatSession, chat_images, load_chat_model, resolve_source
+    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
 
     source = resolve_source(folder)
     model, tokenizer = load_chat_model(source)
@@ -52,7 +52,7 @@ def chat_answers(folder: Path, rows: list[dict]) -> list[str]:
     for row in rows:
         picture = str(PICTURES / row["images"][0])
         session = ChatSession(model, tokenizer, GeneratingConfig(max_new_tokens=4, do_sample=False), name="t",
-                              images=chat_images(source, [picture], template=None), image_paths=[picture])
+                              media=chat_media(source, images=[picture], template=None), shown={"images": [picture]})
         answers.append(session.reply(row["messages"][0]["content"].replace("<image>", ""), write=lambda _: None))
     return answers
 

@@ -122,3 +122,28 @@ def test_tuneline_train_fits_clips(shared_dir: Path, clip_data: Path, tmp_path: 
     # a random model of a 32k-token vocabulary starts near ln(32k) = 10.4
     assert len(losses) == 9 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
     assert (tmp_path / "out" / "preprocessor_config.json").is_file()
+
+    # `tuneline chat --video`: the clip's tokens in the first message, and the answer transformers' own generate() gives
+    import torch
+
+    from tuneline.core.config import GeneratingConfig
+    from tuneline.core.evaluation.predict import generation_kwargs
+    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
+
+    clip = str(clip_data / json.loads((clip_data / "clip_questions.json").read_text())[0]["videos"][0])
+    source = resolve_source(tmp_path / "out")
+    model, tokenizer = load_chat_model(source)
+    media = chat_media(source, videos=[clip], template="qwen2_vl")
+    greedy = GeneratingConfig(max_new_tokens=4, do_sample=False)
+    session = ChatSession(model, tokenizer, greedy, name="t", media=media, shown={"videos": [clip]})
+    answer = session.reply("Which way does the square move?", write=lambda _: None)
+    assert session.history[0]["content"] == "<video>Which way does the square move?"
+    session.history.pop()  # the prompt the answer was generated from
+    prompt, shown = session._prompt()
+    features = media.video_features(shown["videos"])
+    ids = torch.tensor([prompt])
+    video_token = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert prompt.count(video_token) == int(features["video_grid_thw"].prod()) // 4 > 0
+    output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **features,
+                            mm_token_type_ids=2 * (ids == video_token).long(), **generation_kwargs(greedy, tokenizer, model))
+    assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer

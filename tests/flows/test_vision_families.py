@@ -144,7 +144,7 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
 
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.evaluation.predict import generation_kwargs
-    from tuneline.core.inference.chat import ChatSession, chat_images, load_chat_model, resolve_source
+    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
 
     family, model_dir, data = family
     (tmp_path / "train.yaml").write_text(yaml.safe_dump({
@@ -170,14 +170,15 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     source = resolve_source(out)
     model, tokenizer = load_chat_model(source)
     session = ChatSession(model, tokenizer, GeneratingConfig(max_new_tokens=4, do_sample=False), name="t",
-                          images=chat_images(source, [picture], template=family.template), image_paths=[picture])
+                          media=chat_media(source, images=[picture], template=family.template), shown={"images": [picture]})
     answer = session.reply("What colour is this?", write=lambda _: None)
     session.history.pop()  # the prompt the answer was generated from
-    prompt, paths = session._prompt()
+    prompt, shown = session._prompt()
+    paths = shown["images"]
     if family.name == "mllama":  # tiles per example, and the cross-attention mask over the prompt
-        features = session.images.model_inputs(torch.tensor([prompt]), paths, token_ids=session.images.token_ids(tokenizer))
+        features = session.media.model_inputs(torch.tensor([prompt]), paths, token_ids=session.media.token_ids(tokenizer))
     else:
-        features = session.images.features(paths)
+        features = session.media.features(paths)
     image_token = tokenizer.convert_tokens_to_ids(family.image_token)
     count, = image_tokens(family, features, model_dir)
     first = prompt.index(image_token)
