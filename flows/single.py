@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from tuneline.core.store.artifacts import Artifact
@@ -27,7 +27,7 @@ from tuneline.core.training.distributed import check_parallel_settings, plan_fro
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
-from tuneline.core.worker.launch import JOB_FILE, launch_training, worker_started_ahead
+from tuneline.core.worker.launch import JOB_FILE, launch_training, warm_up, worker_started_ahead
 from tuneline.core.worker.preload import needs_bitsandbytes
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.models.gptq import gptq_machine_problems
@@ -61,7 +61,10 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     without_bitsandbytes = not needs_bitsandbytes(model=dataclasses.asdict(config.model), training=config.training,
                                                   finetuning=dataclasses.asdict(ft),
                                                   model_paths=[config.model.model_name_or_path, ft.ref_model, ft.reward_model])
-    with worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker:  # imports while we tokenize
+    # the worker imports while we tokenize: the process's warm worker (a later train in this process, as in a
+    # notebook, starts at once), or for a job that needs bitsandbytes a worker started ahead for it alone
+    warm = without_bitsandbytes and warm_up()
+    with nullcontext() if warm else worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker:
         # every dataset entry and file checked before any model loads (a saved tokenized dataset reads none)
         fingerprints = None if saved else dataset_fingerprints(config)
         with _torch_left_to_the_worker(config):

@@ -336,6 +336,13 @@ def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
+def train_in_this_process(patch) -> None:
+    """Have `tuneline train` run here train in this process (`in_process_launch`), starting no worker
+    process to warm up or to wait for its job; `patch`: a pytest MonkeyPatch."""
+    patch.setattr("tuneline.flows.single.launch_training", in_process_launch)
+    patch.setattr("tuneline.flows.single.warm_up", lambda: True)  # as if warm: no worker started ahead either
+
+
 def in_process_launch(job, **_) -> dict[str, float]:
     """The worker's run of a single-process job, in this process (patched over
     `tuneline.flows.single.launch_training`): a worker process per run would spend seconds importing

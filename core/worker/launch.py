@@ -59,6 +59,14 @@ def worker_started_ahead(stage: str, *, without_bitsandbytes: bool, env: Mapping
             process.wait()
 
 
+def warm_up(env: Mapping[str, str] | None = None) -> bool:
+    """Start this process's warm worker now, so that its imports run while the caller prepares the job;
+    False where the launch needs torchrun or the warm worker is off (start a worker ahead instead)."""
+    env = os.environ if env is None else env
+    plan = plan_from_env(env, visible_gpus=visible_gpus(env))
+    return not plan.torchrun and warm_worker(worker_env(plan, env)) is not None
+
+
 def launch_training(
     job: TrainJob, *, log: Callable[[str], None] = print, env: Mapping[str, str] | None = None,
     started: subprocess.Popen | None = None,

@@ -71,14 +71,14 @@ def test_tuneline_train_fits_sounds(audio_model: Path, sound_data: Path, tmp_pat
     """`tuneline train` (LoRA sft) on the sound questions: the loss falls, LoRA leaves the audio tower alone,
     and the trained folder keeps the feature extractor beside the adapter."""
     import yaml
-    from conftest import in_process_launch, run_cli_here
+    from conftest import run_cli_here, train_in_this_process
 
     stage = {"model_name_or_path": str(audio_model), "stage": "sft", "do_train": True, "finetuning_type": "lora",
              "lora_target": "all", "lora_rank": 8, "dataset": "sound_questions", "dataset_dir": str(sound_data),
              "template": "qwen2_audio", "cutoff_len": 128, "per_device_train_batch_size": 4, "learning_rate": 5e-3,
              "num_train_epochs": 2, "logging_steps": 1, "output_dir": str(tmp_path / "out"), "report_to": "none"}
     (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
-    monkeypatch.setattr("tuneline.flows.single.launch_training", in_process_launch)  # the worker's run, without its start
+    train_in_this_process(monkeypatch)  # the worker's run, without its start
     result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     out = tmp_path / "out"
@@ -116,7 +116,7 @@ def test_dpo_trains_on_sound_pairs(audio_model: Path, sound_data: Path, tmp_path
     """A ranking dataset with `audios` (the right answer chosen, the other rejected): each pair's sound
     is fed for its chosen and its rejected sequence, and `tuneline train` runs dpo on it."""
     import yaml
-    from conftest import in_process_launch, run_cli_here
+    from conftest import run_cli_here, train_in_this_process
 
     rows = json.loads((sound_data / "sound_questions.json").read_text())
     other = {"high": "low", "low": "high", "one": "two", "two": "three", "three": "one"}
@@ -133,7 +133,7 @@ def test_dpo_trains_on_sound_pairs(audio_model: Path, sound_data: Path, tmp_path
              "cutoff_len": 128, "per_device_train_batch_size": 4, "max_steps": 2, "logging_steps": 1,
              "output_dir": str(tmp_path / "out"), "report_to": "none"}
     (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
-    monkeypatch.setattr("tuneline.flows.single.launch_training", in_process_launch)
+    train_in_this_process(monkeypatch)  # the worker's run, without its start
     result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]

@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import assert_output_layout, in_process_launch
+from conftest import assert_output_layout, train_in_this_process
 
 FOLDERS = ("train_lora", "train_full", "train_qlora", "extras", "merge_lora")
 NO_CHAIN: Mapping[str, str] = {}
@@ -342,7 +342,7 @@ def runs(shared_dir: Path, tmp_path_factory, one_torch_thread):
     started = time.process_time()
     gc.freeze()  # the trainers' gc.collect() calls would otherwise walk every object the imports made, each time
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tuneline.flows.single.launch_training", in_process_launch)
+        train_in_this_process(patch)
         patch.setenv("TUNELINE_CACHE", str(root / "cache"))
         patch.chdir(lf_root)
         yield runs

@@ -103,7 +103,7 @@ def test_tuneline_train_fits_clips(shared_dir: Path, clip_data: Path, tmp_path: 
     """`tuneline train` (LoRA sft) on the clip questions: the loss falls, and the trained folder keeps
     the processor beside the adapter."""
     import yaml
-    from conftest import in_process_launch, run_cli_here
+    from conftest import run_cli_here, train_in_this_process
 
     from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
 
@@ -114,7 +114,7 @@ def test_tuneline_train_fits_clips(shared_dir: Path, clip_data: Path, tmp_path: 
              "template": "qwen2_vl", "cutoff_len": 256, "per_device_train_batch_size": 4, "learning_rate": 5e-3,
              "num_train_epochs": 3, "logging_steps": 1, "output_dir": str(tmp_path / "out"), "report_to": "none"}
     (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
-    monkeypatch.setattr("tuneline.flows.single.launch_training", in_process_launch)  # the worker's run, without its start
+    train_in_this_process(monkeypatch)  # the worker's run, without its start
     result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     losses = [entry["loss"] for entry in map(json.loads, (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines())

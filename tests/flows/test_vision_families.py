@@ -140,7 +140,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
 
 def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp_path: Path, monkeypatch):
     import torch
-    from conftest import in_process_launch, run_cli_here
+    from conftest import run_cli_here, train_in_this_process
 
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.evaluation.predict import generation_kwargs
@@ -152,7 +152,7 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
         "lora_target": "all", "dataset": "pictures", "dataset_dir": str(data), "template": family.template, "cutoff_len": 256,
         "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3,
         "report_to": "none"}))
-    monkeypatch.setattr("tuneline.flows.single.launch_training", in_process_launch)  # the worker's run, without its start
+    train_in_this_process(monkeypatch)  # the worker's run, without its start
     result = run_cli_here("train", str(tmp_path / "train.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
