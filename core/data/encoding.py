@@ -328,8 +328,17 @@ def _encode_unsupervised(rows, spec: EncodingSpec, tokenizer) -> Encoded:
 
 def _encode_feedback(rows, spec: EncodingSpec, tokenizer) -> Encoded:
     encoded = encode_feedback_rows(rows, tokenizer=tokenizer, encoding=spec.encoding, batch_size=len(rows) or 1)
-    examples = [e for e in encoded if e is not None]
-    return examples, Counter({"rows_dropped_no_trained_token": len(encoded) - len(examples)})
+    counters = Counter({"rows_dropped_no_trained_token": encoded.count(None)})
+    examples = []
+    for row, example in zip(rows, encoded):
+        if example is not None and spec.media_token_ids:  # the KL sequence shares the prompt: both must keep its media
+            kept = _with_media(example, row, spec.media_token_ids, counters)
+            example = kept and _with_media(kept, row, spec.media_token_ids, Counter(), ids="kl_input_ids")
+            if kept and example is None:
+                counters["rows_dropped_media_tokens_cut"] += 1
+        if example is not None:
+            examples.append(example)
+    return examples, counters
 
 
 def _trailing_padding(example: dict[str, list[int]], pad_token_id: int) -> int:

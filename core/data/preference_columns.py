@@ -97,14 +97,7 @@ def _split_pairs(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         prompts.append(chosen_ids[:length])
         chosen.append(chosen_ids[length:])
         rejected.append(rejected_ids[length:])
-    pairs = {"prompt_ids": prompts, "chosen_ids": chosen, "rejected_ids": rejected}
-    if "images" in batch:  # under other names: TRL takes `images` (and `videos`) columns for rows it tokenizes itself
-        pairs[IMAGE_FILES] = batch["images"]
-    if "videos" in batch:
-        pairs[VIDEO_FILES] = batch["videos"]
-    if "audios" in batch:
-        pairs[AUDIO_FILES] = batch["audios"]
-    return pairs
+    return {"prompt_ids": prompts, "chosen_ids": chosen, "rejected_ids": rejected, **_media_files(batch)}
 
 
 def _split_feedback(batch: dict[str, list]) -> dict[str, list]:
@@ -117,7 +110,14 @@ def _split_feedback(batch: dict[str, list]) -> dict[str, list]:
         kl_prompts.append(kl_ids[:kl_length])
         kl_completions.append(kl_ids[kl_length:])
     return {"prompt_ids": prompts, "completion_ids": completions, "KL_prompt_ids": kl_prompts,
-            "KL_completion_ids": kl_completions, "label": [bool(tag) for tag in batch["kto_tags"]]}
+            "KL_completion_ids": kl_completions, "label": [bool(tag) for tag in batch["kto_tags"]], **_media_files(batch)}
+
+
+def _media_files(batch: dict[str, list]) -> dict[str, list]:
+    """A batch's media files under other names: TRL takes `images` (and `videos`) columns for rows it
+    tokenizes itself."""
+    names = {"images": IMAGE_FILES, "videos": VIDEO_FILES, "audios": AUDIO_FILES}
+    return {names[column]: batch[column] for column in names if column in batch}
 
 
 def _map(dataset: Dataset, function: Any, *, with_indices: bool = False) -> Dataset:

@@ -266,9 +266,9 @@ def _media_rows(config: StageConfig, template: Template, model_path: str | Path,
     if not with_media:
         return None
     problems = []
-    if examples not in ("supervised", "pairwise"):
+    if examples not in ("supervised", "pairwise", "feedback"):
         problems.append(f"dataset {', '.join(repr(n) for n in with_media)} maps images, videos or audio, and tuneline "
-                        f"encodes media rows as supervised or pairwise examples so far, not as {examples} examples.")
+                        f"encodes media rows as supervised, pairwise or feedback examples so far, not as {examples} examples.")
     if config.data.packing or config.data.neat_packing:
         problems.append("'packing' with image, video or audio rows is not offered yet (a pack must keep each one's tokens "
                         "whole); remove packing and neat_packing.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneline.core.config import FinetuningConfig, StageConfig
+from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
@@ -44,7 +45,13 @@ def build_kto_trainer(request: TrainerRequest) -> Trainer:
     config = trl_config(KTOConfig, args, beta=finetuning.pref_beta, desirable_weight=finetuning.kto_chosen_weight,
                         undesirable_weight=finetuning.kto_rejected_weight, max_length=None,
                         train_sampling_strategy="sequential")  # TRL insists; the trainer shuffles (see its sampler)
-    trainer = with_reference(TokenizedKTOTrainer, request, config=config, convert=kto_examples)
+    media = request.media_rows
+    if media is not None and media.media.plugin == "mllama":
+        raise ConfigError("stage kto cannot train Llama 3.2 Vision on image rows yet: its cross-attention mask follows "
+                          "each sequence's image tokens, and TRL's KTO trainer feeds the KL sequence the main one's; "
+                          "train it with sft or dpo.")
+    extra = {"media_rows": media} if media is not None else {}
+    trainer = with_reference(TokenizedKTOTrainer, request, config=config, convert=kto_examples, **extra)
     trainer.shuffle = not finetuning.disable_shuffling
     return trainer
 
@@ -68,4 +75,5 @@ KTO = StageKind(
     build_trainer=build_kto_trainer,
     held_out_metrics=_trainer_metrics,
     trainer_modules=("trl", "tuneline.core.stages.preference_trainers"),
+    trains_images=True,
 )

@@ -51,7 +51,7 @@ class TokenizedKTOTrainer(KTOTrainer):
 
     shuffle: bool = True  # False for `disable_shuffling`, set by `kto.build_kto_trainer`
 
-    def __init__(self, *, args: Any, **trainer_arguments: Any) -> None:
+    def __init__(self, *, args: Any, media_rows: Any = None, **trainer_arguments: Any) -> None:
         # TRL refuses a batch of one row because it builds the KL completions from the batch's other
         # rows; here they come with the rows, so its check is passed two rows and then given the real batch.
         rows = args.per_device_train_batch_size
@@ -65,6 +65,11 @@ class TokenizedKTOTrainer(KTOTrainer):
         collator = self.data_collator
         self.data_collator = OwnKLPromptCollator(pad_token_id=collator.pad_token_id, max_length=collator.max_length,
                                                  pad_to_multiple_of=collator.pad_to_multiple_of)
+        if media_rows is not None:  # media rows: their pixels are cut per batch, for both sequences of each example
+            from tuneline.core.training.media_collator import FeedbackMediaCollator
+
+            self.data_collator = FeedbackMediaCollator(self.data_collator, media_rows,
+                                                       token_ids=media_rows.token_ids(self.processing_class))
 
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
         return dataset

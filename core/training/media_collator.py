@@ -5,7 +5,8 @@ each in the order of its tokens) beside its ids. The collator pads the ids with 
 sizes the batch's images and decodes its videos' sampled frames, and runs the processor the tokenized
 data was counted with (`MediaRows.read`), so the model gets `pixel_values` and `image_grid_thw` (and
 `pixel_values_videos`, `video_grid_thw`; for audio `input_features`, `feature_attention_mask`) that fill exactly the media tokens the batch holds, in order
-(and Qwen2-VL's `mm_token_type_ids`); `PairedMediaCollator` does the same for DPO's pairs.
+(and Qwen2-VL's `mm_token_type_ids`); `PairedMediaCollator` does the same for DPO's pairs, and
+`FeedbackMediaCollator` for KTO's examples and their KL sequences.
 """
 
 from __future__ import annotations
@@ -57,3 +58,29 @@ class PairedMediaCollator:
         pixels = self.media.model_inputs(batch["input_ids"], images + images, videos + videos, audios + audios,
                                          token_ids=self.token_ids, attention_mask=batch.get("attention_mask"))
         return {**batch, **pixels}  # the chosen half's media, then the rejected half's
+
+
+@dataclass(frozen=True)
+class FeedbackMediaCollator:
+    """TRL's KTO collator with each example's images, videos and sounds: fed for its sequence and, the
+    same pixels, for its KL sequence (its prompt, which holds the media, with another row's reply), with
+    each sequence's own token types (`KL_mm_token_type_ids`, `KL_token_type_ids`, which TRL passes for
+    the KL pass)."""
+
+    text_collator: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    media: MediaRows
+    token_ids: dict[str, int]
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        from tuneline.core.data.preference_columns import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
+
+        files = (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES)
+        batch = dict(self.text_collator([{key: value for key, value in feature.items() if key not in files}
+                                         for feature in features]))
+        images, videos, audios = (_files(features, column) for column in files)
+        inputs = self.media.model_inputs(batch["input_ids"], images, videos, audios, token_ids=self.token_ids,
+                                         attention_mask=batch.get("attention_mask"))
+        types = self.media.model_inputs(batch["KL_input_ids"], (), token_ids=self.token_ids,
+                                        attention_mask=batch.get("KL_attention_mask"))  # no media: the token types alone
+        return {**batch, **inputs, **{f"KL_{key}": value for key, value in types.items()
+                                      if key in ("mm_token_type_ids", "token_type_ids")}}

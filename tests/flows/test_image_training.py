@@ -36,12 +36,18 @@ def pictures(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
               "chosen": {"role": "assistant", "content": name}, "rejected": {"role": "assistant", "content": names[i - 1]},
               "images": [f"pictures/{name}.png"]} for i, name in enumerate(names)]
     (data / "pairs.json").write_text(json.dumps(pairs))
+    feedback = [{"messages": [{"role": "user", "content": "<image>What colour is this?"},
+                              {"role": "assistant", "content": name if right else names[i - 1]}],
+                 "right": right, "images": [f"pictures/{name}.png"]} for i, name in enumerate(names) for right in (True, False)]
+    (data / "feedback.json").write_text(json.dumps(feedback))
     tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
     (data / "dataset_info.json").write_text(json.dumps({
         "pictures": {"file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
                      "tags": tags},
         "picture_pairs": {"file_name": "pairs.json", "formatting": "sharegpt", "ranking": True, "tags": tags,
-                          "columns": {"messages": "messages", "chosen": "chosen", "rejected": "rejected", "images": "images"}}}))
+                          "columns": {"messages": "messages", "chosen": "chosen", "rejected": "rejected", "images": "images"}},
+        "picture_feedback": {"file_name": "feedback.json", "formatting": "sharegpt", "tags": tags,
+                             "columns": {"messages": "messages", "kto_tag": "right", "images": "images"}}}))
     return root / "model", data
 
 
@@ -203,6 +209,50 @@ def test_image_pairs_carry_their_pixels_into_both_halves_of_a_batch(pictures, tm
     assert grids.shape[0] == 6  # three pairs' images, for the chosen half and again for the rejected half
     assert (batch["input_ids"] == image_token).sum(dim=1).tolist() == (grids.prod(dim=1) // 4).tolist()
     # trained end to end by the picture pipeline (tests/flows/test_multimodal_pipeline.py)
+
+
+def test_kto_feeds_each_examples_pixels_to_its_sequence_and_its_kl_sequence(pictures, tmp_path: Path, monkeypatch):
+    """KTO on picture rows tagged right or wrong: a batch holds every example's pixels once, its KL sequence
+    (its prompt, with the picture, and another row's reply) gets its own token types, and `tuneline train`
+    runs kto on them."""
+    import yaml
+    from conftest import run_cli_here, train_in_this_process
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.preference_columns import kto_examples
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.stages.preference_trainers import OwnKLPromptCollator
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.media_collator import FeedbackMediaCollator
+
+    model, data = pictures
+    keys = {"model_name_or_path": str(model), "stage": "kto", "dataset": "picture_feedback", "dataset_dir": str(data),
+            "template": "qwen2_vl", "cutoff_len": 256}
+    tokenize_stage_data(build_stage_config(keys), tokenizer_path=model, output_dir=tmp_path / "tokenized")
+    train = load_from_disk(str(tmp_path / "tokenized"))["train"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    media = MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
+    collator = FeedbackMediaCollator(OwnKLPromptCollator(pad_token_id=tokenizer.pad_token_id), media,
+                                     token_ids=media.token_ids(tokenizer))
+    examples = kto_examples(train)
+    batch = collator([examples[i] for i in range(len(examples))])
+    image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    tokens = (batch["input_ids"] == image_token).sum(dim=1)
+    assert batch["image_grid_thw"].shape[0] == len(examples) == 6 and tokens.tolist() == [4, 4, 6, 6, 8, 8]
+    assert (batch["KL_input_ids"] == image_token).sum(dim=1).tolist() == tokens.tolist()  # the same picture, in the same prompt
+    assert batch["KL_mm_token_type_ids"].tolist() == (batch["KL_input_ids"] == image_token).long().tolist()
+    assert batch["label"].tolist() == [True, False] * 3
+
+    (tmp_path / "kto.yaml").write_text(yaml.safe_dump({
+        **keys, "do_train": True, "finetuning_type": "lora", "lora_target": "all", "output_dir": str(tmp_path / "out"),
+        "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3, "logging_steps": 1, "report_to": "none"}))
+    train_in_this_process(monkeypatch)  # the worker's run, without its start
+    result = run_cli_here("train", str(tmp_path / "kto.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
+    assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]
 
 
 def test_data_preview_names_each_examples_images_and_counts_their_tokens(pictures, tmp_path: Path):
