@@ -79,19 +79,23 @@ class MediaRows:
                               f"{template.name}' writes text only; use a multimodal template of the model's family "
                               f"({FAMILY_TEMPLATES}).")
         media = template.media
+        if settings.use_audio_in_video:
+            raise ConfigError("'use_audio_in_video: true' (Qwen2.5-Omni hearing each video's own sound track, its tokens "
+                              "interleaved with the frames') is not offered yet; give the sound as the row's own <audio> "
+                              "(an `audios` file beside the video), or leave the key out.")
         if datasets.get("images") and media.image_token is None:
             raise ConfigError(f"dataset {named('images')} holds images, and 'template: {template.name}' is for a model "
                               "that reads no images; use a vision-language model and its template or leave out the images.")
         if datasets.get("audios") and media.audio_token is None:
-            raise ConfigError(f"dataset {named('audios')} holds audio, and tuneline feeds audio to Qwen2-Audio so far "
-                              f"('template: qwen2_audio'), not through 'template: {template.name}'; use a Qwen2-Audio "
-                              "model or leave out the audio.")
+            raise ConfigError(f"dataset {named('audios')} holds audio, and tuneline feeds audio to Qwen2-Audio and "
+                              f"Qwen2.5-Omni so far ('template: qwen2_audio' or 'qwen2_omni'), not through 'template: "
+                              f"{template.name}'; use one of those models or leave out the audio.")
         image_processor = load_image_processor(model_path) if media.image_token else None
         video = _video_patching(media, model_path, image_processor)
         if datasets.get("videos") and video is None:
             raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds videos to the Qwen2-VL family "
-                              f"so far ('template: qwen2_vl'), not through 'template: {template.name}'; use a Qwen2-VL or "
-                              "Qwen2.5-VL model or leave out the videos.")
+                              f"so far ('template: qwen2_vl', or 'qwen2_omni' for Qwen2.5-Omni), not through 'template: "
+                              f"{template.name}'; use one of those models or leave out the videos.")
         processor_settings = load_processor_settings(model_path, media)
         return cls(media=media, image_processor=image_processor, settings=settings,
                    processor_settings=processor_settings, video=video,
@@ -195,6 +199,8 @@ class MediaRows:
             inputs = video_features(videos, self.image_processor, self.video)
         if self.video_seconds:
             inputs["second_per_grid_ts"] = np.array(seconds, dtype=np.float32)
+        if self.media.plugin == "qwen2_omni":  # Qwen2.5-Omni's name for the same seconds per temporal patch
+            inputs["video_second_per_grid"] = np.array(seconds, dtype=np.float32)
         return {name: torch.from_numpy(np.asarray(value)) for name, value in inputs.items()}
 
     def expand(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -292,7 +298,7 @@ class MediaRows:
             inputs.update(self.video_features(videos))
         if audios:
             inputs.update(self.audio_features(audios))
-        if self.media.plugin in QWEN_PLUGINS:
+        if self.media.plugin in QWEN_PLUGINS and self.media.plugin != "qwen2_omni":  # Omni finds its media tokens by id
             types = (input_ids == token_ids["images"]).long()
             if "videos" in token_ids:
                 types += 2 * (input_ids == token_ids["videos"]).long()
@@ -316,7 +322,7 @@ VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"
 def _video_patching(media: MediaTokens, model_path: str | Path, image_processor: Any) -> VideoPatching | None:
     """The folder's video numbers (its video processor's, else its image processor's), for the families
     whose videos tuneline feeds (Qwen2-VL, Qwen2.5-VL); None for the others."""
-    if media.plugin != "qwen2_vl" or not media.video_token:
+    if media.plugin not in ("qwen2_vl", "qwen2_omni") or not media.video_token:
         return None
     path = Path(model_path) / VIDEO_PROCESSOR_FILE
     if path.is_file():

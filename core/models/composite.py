@@ -41,6 +41,10 @@ PARTS: dict[str, ModelParts] = {
     "internvl": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_tower",)),
     "paligemma": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_tower",)),
     "mllama": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_model",)),
+    # the thinker's vision tower (its last block merges patches, as Qwen2.5-VL's merger) and its audio encoder
+    "qwen2_5_omni_thinker": ModelParts(projector=("visual.merger", "audio_tower.proj"),
+                                       vision_tower=("visual.patch_embed", "visual.blocks", "audio_tower"),
+                                       lora_conflicts=("patch_embed",)),
     # LLaMA-Factory's vision keys name Qwen2-Audio's audio tower: freeze_vision_tower keeps it frozen
     "qwen2_audio": ModelParts(projector=("multi_modal_projector",), vision_tower=("audio_tower",)),
     "qwen3_vl": ModelParts(projector=("visual.merger",), lora_conflicts=("patch_embed",),
@@ -50,11 +54,13 @@ PARTS: dict[str, ModelParts] = {
 
 MODEL_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl", "glm4v": "glm4v",
                    "llava": "llava", "llava_next": "llava_next", "gemma3": "gemma3", "internvl": "intern_vl",
-                   "paligemma": "paligemma", "mllama": "mllama", "qwen2_audio": "qwen2_audio"}
+                   "paligemma": "paligemma", "mllama": "mllama", "qwen2_audio": "qwen2_audio",
+                   "qwen2_5_omni_thinker": "qwen2_omni"}
 """The template whose media tokens each vision-language model type (that tuneline encodes images for) reads."""
 FAMILY_TEMPLATES = ("qwen2_vl for Qwen2-VL and Qwen2.5-VL, qwen3_vl for Qwen3-VL, glm4v for GLM-4.1V, llava for LLaVA-1.5, "
                     "llava_next for LLaVA-NeXT, gemma3 for Gemma 3, intern_vl for InternVL, "
-                    "paligemma or paligemma_chat for PaliGemma, mllama for Llama 3.2 Vision, qwen2_audio for Qwen2-Audio")
+                    "paligemma or paligemma_chat for PaliGemma, mllama for Llama 3.2 Vision, qwen2_audio for Qwen2-Audio, qwen2_omni "
+                    "for Qwen2.5-Omni")
 
 
 def model_parts(config: PretrainedConfig) -> ModelParts | None:

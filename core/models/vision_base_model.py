@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tuneline.core.models.audio_base_model import AUDIO_TOKENS, qwen2_audio_model, save_qwen2_audio_processor
 from tuneline.core.models.composite import MODEL_TEMPLATES
+from tuneline.core.models.omni_base_model import OMNI_TOKENS, qwen2_omni_thinker, save_qwen2_omni_processors
 from tuneline.core.templates.catalog import TEMPLATES
 from tuneline.core.templates.check import template_markers
 from tuneline.core.templates.jinja import chat_template_jinja
@@ -35,7 +36,7 @@ GLM4V_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "
 INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>")
 """InternVL's image markers and its one token a pooled feature."""
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "internvl", "paligemma", "mllama",
-            "qwen2_audio")
+            "qwen2_audio", "qwen2_5_omni_thinker")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
@@ -43,7 +44,8 @@ QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 @dataclass(frozen=True)
 class VisionModelConfig:
     family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3, internvl, "
-                                                                 "paligemma, mllama or qwen2_audio (audio_base_model.py)."})
+                                                                 "paligemma, mllama, qwen2_audio (audio_base_model.py) or qwen2_5_omni_thinker "
+                                                                 "(omni_base_model.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
@@ -73,7 +75,7 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     template = TEMPLATES[MODEL_TEMPLATES[config.family]]
     family_tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "paligemma": (LLAVA_IMAGE_TOKEN,),
                      "mllama": (MLLAMA_IMAGE_TOKEN,), "gemma3": tuple(GEMMA3_TOKENS.values()),
-                     "qwen2_audio": AUDIO_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS}.get(config.family, VISION_TOKENS)
+                     "qwen2_audio": AUDIO_TOKENS, "qwen2_5_omni_thinker": OMNI_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS}.get(config.family, VISION_TOKENS)
     # the template's control tokens too (chatml's <|im_start|>, Gemma's turns), whatever tokenizer the model starts from
     tokens = tuple(dict.fromkeys((*family_tokens, *template_markers(template))))
     missing = [token for token in tokens if token not in tokenizer.get_vocab()]
@@ -90,6 +92,11 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         model = qwen2_audio_model(_qwen2_text(config, vocab_size=len(tokenizer), tokenizer=tokenizer),
                                   encoder_width=config.vision_width, encoder_depth=config.vision_depth,
                                   audio_token_id=ids["<|AUDIO|>"])
+    elif config.family == "qwen2_5_omni_thinker":
+        text = dict(_qwen2_text(config, vocab_size=len(tokenizer), tokenizer=tokenizer),
+                    rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": _mrope_sections(config)})
+        model = qwen2_omni_thinker(text, vision_width=config.vision_width, depth=config.vision_depth, patch_size=PATCH_SIZE,
+                                   merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE, ids=ids)
     elif config.family == "glm4v":
         model = _glm4v_model(config, vocab_size=len(tokenizer), ids=ids, tokenizer=tokenizer)
     elif config.family == "mllama":
@@ -108,6 +115,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         _save_gemma3_processor(config, tokenizer, output_dir)
     elif config.family == "qwen2_audio":
         save_qwen2_audio_processor(tokenizer, output_dir)
+    elif config.family == "qwen2_5_omni_thinker":
+        save_qwen2_omni_processors(_qwen_image_processor(config), output_dir)
     elif config.family == "internvl":
         _save_internvl_processor(config, output_dir)
     elif config.family == "mllama":

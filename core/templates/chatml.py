@@ -50,6 +50,10 @@ def _qwen(name: str, **fields: Any) -> Template:
 INTERN_VL_SYSTEM = "你是书生·万象，英文名是InternVL，是由上海人工智能实验室、清华大学及多家合作单位联合开发的多模态大语言模型。"
 """InternVL's default system prompt."""
 _INTERN_VL_MEDIA = MediaTokens(plugin="intern_vl", image_token="<IMG_CONTEXT>", vision_bos="<img>", vision_eos="</img>")
+_QWEN2_OMNI_MEDIA = MediaTokens(plugin="qwen2_omni", image_token="<|IMAGE|>", video_token="<|VIDEO|>",
+                                vision_bos="<|vision_bos|>", vision_eos="<|vision_eos|>", audio_token="<|AUDIO|>",
+                                audio_bos="<|audio_bos|>", audio_eos="<|audio_eos|>")
+"""Qwen2.5-Omni's thinker: Qwen2-VL's images and videos and Qwen2-Audio's sounds, under its own token names."""
 _QWEN3_VL_MEDIA = MediaTokens(plugin="qwen3_vl", image_token="<|image_pad|>", video_token="<|video_pad|>",
                               vision_bos="<|vision_start|>", vision_eos="<|vision_end|>")
 
@@ -61,6 +65,7 @@ CHATML_TEMPLATES: tuple[Template, ...] = (
     _qwen("qwen2_vl", default_system="You are a helpful assistant.",
           media=MediaTokens(plugin="qwen2_vl", image_token="<|image_pad|>", video_token="<|video_pad|>",
                             vision_bos="<|vision_start|>", vision_eos="<|vision_end|>")),
+    _qwen("qwen2_omni", default_system="You are a helpful assistant.", media=_QWEN2_OMNI_MEDIA),
     _chatml("qwen2_audio", default_system="You are a helpful assistant.", stop_words=("<|im_end|>",), replace_eos=True,
             media=MediaTokens(plugin="qwen2_audio", image_token=None, audio_token="<|AUDIO|>", audio_bos="<|audio_bos|>",
                               audio_eos="<|audio_eos|>")),

@@ -30,7 +30,6 @@ MEDIA_FORMATS: dict[str, str] = {
     "minicpm_v_4_6": "MiniCPM-V 4.6 (its own image and video plugin)",
     "ministral3": "Ministral 3 (Pixtral's images)",
     "pixtral": "Pixtral (its own image plugin)",
-    "qwen2_omni": "Qwen2.5-Omni (images, video and audio, audio in video)",
     "qwen3_5": "Qwen3.5 (Qwen3-VL's media in Qwen3.5's format)",
     "qwen3_5_nothink": "Qwen3.5 without thinking (Qwen3-VL's media)",
     "qwen3_6": "Qwen3.6 (Qwen3-VL's media)",

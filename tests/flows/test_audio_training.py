@@ -154,3 +154,45 @@ def test_data_preview_names_each_examples_sounds_and_counts_their_tokens(audio_m
     first = result.stdout.split("--- example 1")[0]
     assert f"audios: {sound_data / 'sounds' / 'train_000.wav'}\n" in first
     assert "<|audio_bos|><|AUDIO|> x 37<|audio_eos|>" in first  # 1.5 s: 150 mel frames
+
+
+def test_a_qwen2_5_omni_thinker_trains_and_answers_on_sounds(sound_data: Path, tmp_path: Path, monkeypatch, shared_dir: Path):
+    """A tiny Qwen2.5-Omni thinker (template qwen2_omni: Qwen2-Audio's sounds under Omni's tokens) trains on the
+    sound questions through `tuneline train`, and `tuneline chat --audio` answers as its own generate() does."""
+    import torch
+    import yaml
+    from conftest import run_cli_here, train_in_this_process
+
+    from tuneline.core.config import GeneratingConfig
+    from tuneline.core.evaluation.predict import generation_kwargs
+    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
+    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+
+    model_dir = tmp_path / "model"
+    build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family="qwen2_5_omni_thinker"))
+    stage = {"model_name_or_path": str(model_dir), "stage": "sft", "do_train": True, "finetuning_type": "lora",
+             "lora_target": "all", "dataset": "sound_questions", "dataset_dir": str(sound_data), "template": "qwen2_omni",
+             "cutoff_len": 128, "per_device_train_batch_size": 4, "max_steps": 2, "learning_rate": 1e-3,
+             "output_dir": str(tmp_path / "out"), "report_to": "none"}
+    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
+    train_in_this_process(monkeypatch)  # the worker's run, without its start
+    result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["global_step"] == 2
+    targets = json.loads((tmp_path / "out" / "adapter_config.json").read_text())["target_modules"]
+    assert targets and not any("audio_tower" in name or "visual" in name for name in targets)
+
+    sound = str(sound_data / json.loads((sound_data / "sound_questions.json").read_text())[0]["audios"][0])
+    source = resolve_source(tmp_path / "out")
+    model, tokenizer = load_chat_model(source)
+    media = chat_media(source, audios=[sound], template="qwen2_omni")
+    greedy = GeneratingConfig(max_new_tokens=4, do_sample=False)
+    session = ChatSession(model, tokenizer, greedy, name="t", media=media, shown={"audios": [sound]})
+    answer = session.reply("Is this tone high or low?", write=lambda _: None)
+    session.history.pop()  # the prompt the answer was generated from
+    prompt, shown = session._prompt()
+    assert prompt.count(tokenizer.convert_tokens_to_ids("<|AUDIO|>")) == 37
+    ids = torch.tensor([prompt])
+    output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **media.audio_features(shown["audios"]),
+                            **generation_kwargs(greedy, tokenizer, model))
+    assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer

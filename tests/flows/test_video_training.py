@@ -147,3 +147,32 @@ def test_tuneline_train_fits_clips(shared_dir: Path, clip_data: Path, tmp_path: 
     output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **features,
                             mm_token_type_ids=2 * (ids == video_token).long(), **generation_kwargs(greedy, tokenizer, model))
     assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer
+
+
+def test_a_qwen2_5_omni_thinker_reads_clips_with_its_seconds_per_grid(shared_dir: Path, clip_data: Path, tmp_path: Path):
+    """Qwen2.5-Omni's thinker (template qwen2_omni): Qwen2-VL's video tokens under Omni's names, the seconds per
+    temporal patch as `video_second_per_grid`, no token types (Omni finds its media tokens by id), and a loss."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.models.loading import load_model
+    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.collators import build_collator
+
+    model_dir = tmp_path / "model"
+    build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family="qwen2_5_omni_thinker"))
+    config = build_stage_config({"model_name_or_path": str(model_dir), "dataset": "clip_questions", "dataset_dir": str(clip_data),
+                                 "template": "qwen2_omni", "max_samples": 4})
+    tokenize_stage_data(config, tokenizer_path=model_dir, output_dir=tmp_path / "tokenized")
+    train = load_from_disk(str(tmp_path / "tokenized"))["train"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    model = load_model(model_dir)
+    batch = build_collator(train, tokenizer=tokenizer, model=model,
+                           media_rows=MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR))([train[i] for i in range(4)])
+    grids = batch["video_grid_thw"]
+    assert (batch["input_ids"] == tokenizer.convert_tokens_to_ids("<|VIDEO|>")).sum(dim=1).tolist() == (grids.prod(dim=1) // 4).tolist()
+    assert batch["video_second_per_grid"].tolist() == [1.0] * 4 and "mm_token_type_ids" not in batch
+    assert model(**batch).loss.isfinite()

@@ -4,7 +4,8 @@ its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA
 decoder), a tiny GLM-4.1V, a tiny InternVL (an InternViT tower, pixel shuffle, Qwen2's decoder), a tiny Gemma 3 (a SigLIP tower, its
 pooling projector and Gemma 3's decoder) and a tiny PaliGemma (a SigLIP tower, a linear projector and Gemma's
 decoder, its image tokens before the text) and a tiny Llama 3.2 Vision (its tiled vision encoder read by a
-cross-attention layer of the decoder), all from core/models/vision_base_model.py, all with llama2's
+cross-attention layer of the decoder) and a tiny Qwen2.5-Omni thinker (Qwen2.5-VL's tower, an audio encoder and Qwen2's
+decoder, which finds its media tokens by id), all from core/models/vision_base_model.py, all with llama2's
 tokenizer (a vocabulary a fifth of Qwen's, for speed) and their family's media and control tokens added. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
 transformers' own generate() answers."""
@@ -49,6 +50,8 @@ FAMILIES = {
                      "model.multi_modal_projector.", "Gemma3ForConditionalGeneration"),
     "mllama": Family("mllama", "llama2", "mllama", "<|image|>", "model.vision_model.transformer.", "model.multi_modal_projector.",
                      "MllamaForConditionalGeneration"),
+    "qwen2_5_omni_thinker": Family("qwen2_5_omni_thinker", "llama2", "qwen2_omni", "<|IMAGE|>", "model.visual.blocks.",
+                                   "model.visual.merger.", "Qwen2_5OmniThinkerForConditionalGeneration"),
     "paligemma": Family("paligemma", "llama2", "paligemma", "<image>", "model.vision_tower.encoder.",
                         "model.multi_modal_projector.", "PaliGemmaForConditionalGeneration"),
 }

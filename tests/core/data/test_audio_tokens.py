@@ -130,11 +130,14 @@ def test_audio_goes_to_qwen2_audio_only(audio_folder, tmp_path: Path, shared_dir
     model, _ = audio_folder
     vision = shutil.copytree(shared_dir / "tokenizers/qwen2.5", tmp_path / "vision")
     Qwen2VLImageProcessor().save_pretrained(vision)
-    with pytest.raises(ConfigError, match=r"dataset 'sounds' holds audio, and tuneline feeds audio to Qwen2-Audio so far "
-                                          r"\('template: qwen2_audio'\), not through 'template: qwen2_vl'"):
+    with pytest.raises(ConfigError, match=r"dataset 'sounds' holds audio, and tuneline feeds audio to Qwen2-Audio and "
+                                          r"Qwen2.5-Omni so far \('template: qwen2_audio' or 'qwen2_omni'\), not through "
+                                          r"'template: qwen2_vl'"):
         MediaRows.load(TEMPLATES["qwen2_vl"], vision, MediaConfig(), datasets={"audios": ["sounds"]})
     with pytest.raises(ConfigError, match="dataset 'pictures' holds images, and 'template: qwen2_audio' is for a model that "
                                           "reads no images"):
         MediaRows.load(TEMPLATES["qwen2_audio"], model, MediaConfig(), datasets={"images": ["pictures"]})
     with pytest.raises(ConfigError, match="'template: qwen' writes text only"):
         MediaRows.load(TEMPLATES["qwen"], model, MediaConfig(), datasets={"audios": ["sounds"]})
+    with pytest.raises(ConfigError, match="'use_audio_in_video: true' .* is not offered yet"):
+        MediaRows.load(TEMPLATES["qwen2_audio"], model, MediaConfig(use_audio_in_video=True), datasets={"audios": ["sounds"]})
