@@ -18,6 +18,7 @@ their own (`launch.py`). The warm worker ends when its standard input closes: wi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import signal
@@ -206,11 +207,12 @@ def _run_child(request: dict, output_fd: int) -> None:
         traceback.print_exc()
     finally:
         try:
+            logging.shutdown()  # what the job's logging handlers still hold (a new process's exit would flush it)
             sys.stdout.flush()
             sys.stderr.flush()
             os.write(1, f"{EXIT_PREFIX}{code}\n".encode())
         finally:
-            os._exit(code)
+            os._exit(code)  # not back into the warm worker's loop
 
 
 if __name__ == "__main__":
