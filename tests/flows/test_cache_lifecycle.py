@@ -45,6 +45,14 @@ def tuneline(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300, env=env)
 
 
+def here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`tuneline verify` and `gc` as `tuneline` runs them, in this process (they need no Prefect): no
+    interpreter start for each."""
+    from conftest import run_cli_here
+
+    return run_cli_here(*args, cwd=cwd)
+
+
 def stage_rows(stdout: str) -> dict[str, tuple[str, Path]]:
     rows = re.findall(r"^  (\S+)\s+(computed|served from cache)\s+(?:\S+ s)?\s+(\S+)$", stdout, flags=re.M)
     return {name: (status, Path(path)) for name, status, path in rows}
@@ -71,7 +79,7 @@ def copy_of(first_run: dict, tmp_path: Path) -> tuple[Path, dict[str, Path]]:
 
 def test_verify_finds_one_changed_byte_of_the_same_size_and_exits_1(first_run, tmp_path: Path):
     workspace, paths = copy_of(first_run, tmp_path)
-    clean = tuneline("verify", "--workspace", str(workspace), cwd=tmp_path)
+    clean = here("verify", "--workspace", str(workspace), cwd=tmp_path)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert f"{len(STAGES)} artifact(s) verified, 0 damaged" in clean.stdout
 
@@ -79,7 +87,7 @@ def test_verify_finds_one_changed_byte_of_the_same_size_and_exits_1(first_run, t
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
-    damaged = tuneline("verify", "--workspace", str(workspace), cwd=tmp_path)
+    damaged = here("verify", "--workspace", str(workspace), cwd=tmp_path)
     assert damaged.returncode == 1, damaged.stdout + damaged.stderr
     assert f"damaged: {paths['sft']}" in damaged.stdout
     assert "adapter_model.safetensors: content changed (same size" in damaged.stdout
@@ -104,18 +112,18 @@ def test_gc_lists_and_removes_exactly_the_unreferenced_artifacts_and_stale_draft
         (folder / "checkpoint-1").mkdir(parents=True)
     garbage = {artifact_path(workspace, "trained", "sft-unused"), stale, superseded}
 
-    listed = tuneline("gc", "--workspace", str(workspace), cwd=tmp_path)
+    listed = here("gc", "--workspace", str(workspace), cwd=tmp_path)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert gc_listing(listed.stdout) == garbage
     assert "3 unreferenced folder(s)" in listed.stdout and all(path.exists() for path in garbage)
 
-    removed = tuneline("gc", "--workspace", str(workspace), "--yes", cwd=tmp_path)
+    removed = here("gc", "--workspace", str(workspace), "--yes", cwd=tmp_path)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert "removed 3 folder(s)" in removed.stdout
     assert not any(path.exists() for path in garbage)
     assert all((path / "manifest.json").is_file() for path in paths.values())  # the run's artifacts stay
 
-    nothing_kept = tuneline("gc", "--workspace", str(workspace), "--keep-runs", "0", cwd=tmp_path)
+    nothing_kept = here("gc", "--workspace", str(workspace), "--keep-runs", "0", cwd=tmp_path)
     assert gc_listing(nothing_kept.stdout) == set(paths.values())  # no run kept, nothing registered
 
 

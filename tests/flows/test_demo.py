@@ -194,9 +194,9 @@ def test_second_run_trains_nothing_and_is_fast(first_run):
 
 
 def test_new_learning_rate_retrains_without_tokenizing(first_run):
-    """A changed DPO learning rate retrains dpo and what follows it (merge, export, a new model
-    version) from the cached tokenized pairs; no other stage reruns."""
-    stdout, _ = run_demo(first_run["workspace"], "dpo.learning_rate=5.0e-4")
+    """A changed DPO learning rate (and, to keep the test short, fewer steps) retrains dpo and what
+    follows it (merge, export, a new model version) from the cached tokenized pairs; no other stage reruns."""
+    stdout, _ = run_demo(first_run["workspace"], "dpo.learning_rate=5.0e-4", "dpo.max_steps=8")
     status = stage_status(stdout)
     retrained = {"dpo", "dpo/merge", "dpo/export", "register"}
     assert {name for name, state in status.items() if state == "computed"} == retrained
