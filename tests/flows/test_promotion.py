@@ -93,7 +93,8 @@ def story(tmp_path_factory) -> dict:
         if new_rows:
             append_rows(data_dir, new_rows)
         yaml_path.write_text(yaml.safe_dump(pipeline(data_dir, min_improvement=threshold)))
-        result = tuneline("run", str(yaml_path), "--workspace", "workspace", cwd=project)
+        # in this process, as `tuneline run` runs it: one interpreter and one warm worker for the four runs
+        result = run_cli_here("run", str(yaml_path), "--workspace", "workspace", cwd=project)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         status = stage_status(result.stdout)
         print(f"run {number} (min_improvement {threshold:g}, {len(new_rows)} rows appended): {status}")
