@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -334,6 +335,53 @@ def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         os.environ.clear()
         os.environ.update(old_environ)
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """What `tuneline chat` answered to one message with media, and what a test needs to ask the
+    model's own generate() the same: the prompt ids it generated from and the files it showed."""
+
+    answer: str
+    first_message: str
+    prompt: list[int]
+    shown: dict[str, list[str]]
+    model: Any
+    tokenizer: Any
+    media: Any
+
+    def generated(self, **inputs: Any) -> str:
+        """The model's own greedy generate() on the same prompt with `inputs`, decoded as chat decodes."""
+        import torch
+
+        from tuneline.core.evaluation.predict import generation_kwargs
+
+        ids = torch.tensor([self.prompt])
+        output = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **inputs,
+                                     **generation_kwargs(_greedy(), self.tokenizer, self.model))
+        return self.tokenizer.decode(output[0, len(self.prompt):], skip_special_tokens=True).strip()
+
+
+def _greedy():
+    """The generation settings both sides of a chat check use."""
+    from tuneline.core.config import GeneratingConfig
+
+    return GeneratingConfig(max_new_tokens=4, do_sample=False)
+
+
+def chat_turn(folder: Path, message: str, *, template: str, **files: list[str]) -> ChatTurn:
+    """`tuneline chat FOLDER --template T --image/--video/--audio ...` answering `message` (greedy, 4 tokens)."""
+    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
+
+    source = resolve_source(folder)
+    model, tokenizer = load_chat_model(source)
+    media = chat_media(source, template=template, **files)
+    session = ChatSession(model, tokenizer, _greedy(), name="t", media=media, shown=files)
+    answer = session.reply(message, write=lambda _: None)
+    first = session.history[0]["content"]
+    session.history.pop()  # the prompt the answer was generated from
+    prompt, shown = session._prompt()
+    return ChatTurn(answer, first, prompt, shown, model, tokenizer, media)
 
 
 def train_in_this_process(patch) -> None:

@@ -24,6 +24,17 @@ def _files(features: Sequence[Mapping[str, Any]], column: str) -> list[str]:
     return [path for feature in features for path in feature.get(column) or ()]
 
 
+def _text_and_files(text_collator: Callable[[list[dict[str, Any]]], dict[str, Any]], features: Sequence[Mapping[str, Any]]
+                    ) -> tuple[dict[str, Any], tuple[list[str], list[str], list[str]]]:
+    """A preference trainer's batch of `features` without their media file columns, and those files
+    (images, videos, sounds), each in the order of the examples."""
+    from tuneline.core.data.preference_columns import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
+
+    files = (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES)
+    batch = dict(text_collator([{key: value for key, value in feature.items() if key not in files} for feature in features]))
+    return batch, tuple(_files(features, column) for column in files)  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class MediaCollator:
     text_collator: Callable[[list[dict[str, Any]]], dict[str, Any]]
@@ -49,12 +60,7 @@ class PairedMediaCollator:
     token_ids: dict[str, int]
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        from tuneline.core.data.preference_columns import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
-
-        files = (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES)
-        batch = dict(self.text_collator([{key: value for key, value in feature.items() if key not in files}
-                                         for feature in features]))
-        images, videos, audios = (_files(features, column) for column in files)
+        batch, (images, videos, audios) = _text_and_files(self.text_collator, features)
         pixels = self.media.model_inputs(batch["input_ids"], images + images, videos + videos, audios + audios,
                                          token_ids=self.token_ids, attention_mask=batch.get("attention_mask"))
         return {**batch, **pixels}  # the chosen half's media, then the rejected half's
@@ -72,12 +78,7 @@ class FeedbackMediaCollator:
     token_ids: dict[str, int]
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        from tuneline.core.data.preference_columns import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
-
-        files = (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES)
-        batch = dict(self.text_collator([{key: value for key, value in feature.items() if key not in files}
-                                         for feature in features]))
-        images, videos, audios = (_files(features, column) for column in files)
+        batch, (images, videos, audios) = _text_and_files(self.text_collator, features)
         inputs = self.media.model_inputs(batch["input_ids"], images, videos, audios, token_ids=self.token_ids,
                                          attention_mask=batch.get("attention_mask"))
         types = self.media.model_inputs(batch["KL_input_ids"], (), token_ids=self.token_ids,

@@ -1,5 +1,6 @@
-"""What the image golden scripts (tests/data/make_*_golden.py) share, run with LLaMA-Factory's Python:
-the pictures every golden draws, and LLaMA-Factory 0.9.5's own supervised examples of a list of rows.
+"""What the golden scripts (tests/data/make_*_golden.py) share, run with LLaMA-Factory's Python: the
+pictures every image golden draws, LLaMA-Factory 0.9.5's own supervised examples of a list of rows, and
+the sound reader the sound goldens hand it.
 
 The pictures are the Qwen2-VL golden's: red, with a blue box from a quarter to three quarters of each
 side, as PNG files in a new temporary folder (tests/core/data/test_media_tokens.py draws them again).
@@ -40,3 +41,17 @@ def supervised_examples(template, tokenizer, processor, rows: list, paths: dict,
              "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
     encoded = encoder.preprocess_dataset(batch)
     return [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+
+
+def read_wave(path):
+    """A 16-bit PCM WAV file's samples as torchaudio.load gives them (each sample / 32768, one row a
+    channel) and its rate: LLaMA-Factory reads sounds with torchaudio.load, which needs torchcodec, not
+    installed beside the CPU torch; the sound goldens put this in its place."""
+    import wave
+
+    import numpy as np
+    import torch
+
+    with wave.open(str(path), "rb") as sound:
+        raw = np.frombuffer(sound.readframes(sound.getnframes()), dtype="<i2").astype(np.float32) / 32768
+        return torch.from_numpy(raw.reshape(-1, sound.getnchannels()).T.copy()), sound.getframerate()

@@ -15,25 +15,17 @@ import json
 import sys
 import tempfile
 import types
-import wave
 from pathlib import Path
 
-import numpy as np
-import torch
 import torchaudio
 from transformers import AutoTokenizer, Qwen2AudioProcessor, WhisperFeatureExtractor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
 from generate_audio_data import tone, write_wave  # noqa: E402
 
+from golden_rows import read_wave  # noqa: E402
 from llamafactory.data.processor.supervised import SupervisedDatasetProcessor  # noqa: E402
 from llamafactory.data.template import TEMPLATES  # noqa: E402
-
-
-def read_wave(path):
-    with wave.open(str(path), "rb") as sound:
-        raw = np.frombuffer(sound.readframes(sound.getnframes()), dtype="<i2").astype(np.float32) / 32768
-        return torch.from_numpy(raw.reshape(-1, sound.getnchannels()).T.copy()), sound.getframerate()
 
 
 torchaudio.load = read_wave

@@ -89,27 +89,13 @@ def test_tuneline_train_fits_sounds(audio_model: Path, sound_data: Path, tmp_pat
     assert json.loads((out / "preprocessor_config.json").read_text())["feature_size"] == 128
 
     # `tuneline chat --audio`: the sound's 37 tokens in the first message, and the answer transformers' own generate() gives
-    import torch
-
-    from tuneline.core.config import GeneratingConfig
-    from tuneline.core.evaluation.predict import generation_kwargs
-    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
+    from conftest import chat_turn
 
     sound = str(sound_data / json.loads((sound_data / "sound_questions.json").read_text())[0]["audios"][0])
-    source = resolve_source(out)
-    model, tokenizer = load_chat_model(source)
-    media = chat_media(source, audios=[sound], template="qwen2_audio")
-    greedy = GeneratingConfig(max_new_tokens=4, do_sample=False)
-    session = ChatSession(model, tokenizer, greedy, name="t", media=media, shown={"audios": [sound]})
-    answer = session.reply("Is this tone high or low?", write=lambda _: None)
-    assert session.history[0]["content"] == "<audio>Is this tone high or low?"
-    session.history.pop()  # the prompt the answer was generated from
-    prompt, shown = session._prompt()
-    assert prompt.count(tokenizer.convert_tokens_to_ids("<|AUDIO|>")) == 37
-    ids = torch.tensor([prompt])
-    output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **media.audio_features(shown["audios"]),
-                            **generation_kwargs(greedy, tokenizer, model))
-    assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer
+    turn = chat_turn(out, "Is this tone high or low?", template="qwen2_audio", audios=[sound])
+    assert turn.first_message == "<audio>Is this tone high or low?"
+    assert turn.prompt.count(turn.tokenizer.convert_tokens_to_ids("<|AUDIO|>")) == 37
+    assert turn.generated(**turn.media.audio_features(turn.shown["audios"])) == turn.answer
 
 
 def test_dpo_trains_on_sound_pairs(audio_model: Path, sound_data: Path, tmp_path: Path, monkeypatch):
@@ -159,13 +145,9 @@ def test_data_preview_names_each_examples_sounds_and_counts_their_tokens(audio_m
 def test_a_qwen2_5_omni_thinker_trains_and_answers_on_sounds(sound_data: Path, tmp_path: Path, monkeypatch, shared_dir: Path):
     """A tiny Qwen2.5-Omni thinker (template qwen2_omni: Qwen2-Audio's sounds under Omni's tokens) trains on the
     sound questions through `tuneline train`, and `tuneline chat --audio` answers as its own generate() does."""
-    import torch
     import yaml
-    from conftest import run_cli_here, train_in_this_process
+    from conftest import chat_turn, run_cli_here, train_in_this_process
 
-    from tuneline.core.config import GeneratingConfig
-    from tuneline.core.evaluation.predict import generation_kwargs
-    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
     from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
 
     model_dir = tmp_path / "model"
@@ -183,16 +165,6 @@ def test_a_qwen2_5_omni_thinker_trains_and_answers_on_sounds(sound_data: Path, t
     assert targets and not any("audio_tower" in name or "visual" in name for name in targets)
 
     sound = str(sound_data / json.loads((sound_data / "sound_questions.json").read_text())[0]["audios"][0])
-    source = resolve_source(tmp_path / "out")
-    model, tokenizer = load_chat_model(source)
-    media = chat_media(source, audios=[sound], template="qwen2_omni")
-    greedy = GeneratingConfig(max_new_tokens=4, do_sample=False)
-    session = ChatSession(model, tokenizer, greedy, name="t", media=media, shown={"audios": [sound]})
-    answer = session.reply("Is this tone high or low?", write=lambda _: None)
-    session.history.pop()  # the prompt the answer was generated from
-    prompt, shown = session._prompt()
-    assert prompt.count(tokenizer.convert_tokens_to_ids("<|AUDIO|>")) == 37
-    ids = torch.tensor([prompt])
-    output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **media.audio_features(shown["audios"]),
-                            **generation_kwargs(greedy, tokenizer, model))
-    assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer
+    turn = chat_turn(tmp_path / "out", "Is this tone high or low?", template="qwen2_omni", audios=[sound])
+    assert turn.prompt.count(turn.tokenizer.convert_tokens_to_ids("<|AUDIO|>")) == 37
+    assert turn.generated(**turn.media.audio_features(turn.shown["audios"])) == turn.answer

@@ -125,28 +125,16 @@ def test_tuneline_train_fits_clips(shared_dir: Path, clip_data: Path, tmp_path: 
 
     # `tuneline chat --video`: the clip's tokens in the first message, and the answer transformers' own generate() gives
     import torch
-
-    from tuneline.core.config import GeneratingConfig
-    from tuneline.core.evaluation.predict import generation_kwargs
-    from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
+    from conftest import chat_turn
 
     clip = str(clip_data / json.loads((clip_data / "clip_questions.json").read_text())[0]["videos"][0])
-    source = resolve_source(tmp_path / "out")
-    model, tokenizer = load_chat_model(source)
-    media = chat_media(source, videos=[clip], template="qwen2_vl")
-    greedy = GeneratingConfig(max_new_tokens=4, do_sample=False)
-    session = ChatSession(model, tokenizer, greedy, name="t", media=media, shown={"videos": [clip]})
-    answer = session.reply("Which way does the square move?", write=lambda _: None)
-    assert session.history[0]["content"] == "<video>Which way does the square move?"
-    session.history.pop()  # the prompt the answer was generated from
-    prompt, shown = session._prompt()
-    features = media.video_features(shown["videos"])
-    ids = torch.tensor([prompt])
-    video_token = tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    assert prompt.count(video_token) == int(features["video_grid_thw"].prod()) // 4 > 0
-    output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **features,
-                            mm_token_type_ids=2 * (ids == video_token).long(), **generation_kwargs(greedy, tokenizer, model))
-    assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer
+    turn = chat_turn(tmp_path / "out", "Which way does the square move?", template="qwen2_vl", videos=[clip])
+    assert turn.first_message == "<video>Which way does the square move?"
+    features = turn.media.video_features(turn.shown["videos"])
+    video_token = turn.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert turn.prompt.count(video_token) == int(features["video_grid_thw"].prod()) // 4 > 0
+    types = 2 * (torch.tensor([turn.prompt]) == video_token).long()
+    assert turn.generated(**features, mm_token_type_ids=types) == turn.answer
 
 
 def test_a_qwen2_5_omni_thinker_reads_clips_with_its_seconds_per_grid(shared_dir: Path, clip_data: Path, tmp_path: Path):
