@@ -40,6 +40,20 @@ def drawn(size: list[int]):
     return image
 
 
+def picture_dataset(data: Path, sizes: dict, rows: list[dict]) -> Path:
+    """`data` holding the golden's pictures of `sizes` (drawn again) and `rows` (messages and picture names)
+    as dataset `pictures`."""
+    (data / "pictures").mkdir(parents=True)
+    for name, size in sizes.items():
+        drawn(size).save(data / "pictures" / f"{name}.png")
+    rows = [{"messages": row["messages"], "images": [f"pictures/{name}.png" for name in row["images"]]} for row in rows]
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    return data
+
+
 @pytest.fixture(scope="module")
 def image_processor():
     from transformers import Qwen2VLImageProcessor
@@ -86,15 +100,7 @@ def image_dataset(tmp_path_factory, shared_dir: Path, image_processor) -> tuple[
     model = root / "model"
     shutil.copytree(shared_dir / "tokenizers/qwen2.5", model)
     image_processor.save_pretrained(model)
-    data = root / "data"
-    (data / "pictures").mkdir(parents=True)
-    for name, size in GOLDEN["sizes"].items():
-        drawn(size).save(data / "pictures" / f"{name}.png")
-    rows = [{"messages": row["messages"], "images": [f"pictures/{name}.png" for name in row["images"]]} for row in GOLDEN["rows"]]
-    (data / "rows.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
-        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    data = picture_dataset(root / "data", GOLDEN["sizes"], GOLDEN["rows"])
     return model, data
 
 
@@ -287,16 +293,7 @@ def gemma3_dataset(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     tokenizer.add_special_tokens({"additional_special_tokens": list(GEMMA3["tokens"].values()) + GEMMA3["turn_tokens"]})
     Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=tokenizer,
                     image_seq_length=GEMMA3["processor"]["image_seq_length"]).save_pretrained(root / "model")
-    data = root / "data"
-    (data / "pictures").mkdir(parents=True)
-    for name, size in GEMMA3["sizes"].items():
-        drawn(size).save(data / "pictures" / f"{name}.png")
-    rows = [{"messages": row["messages"], "images": [f"pictures/{name}.png" for name in row["images"]]}
-            for row in GEMMA3["by_setting"]["plain"]["rows"]]
-    (data / "rows.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
-        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    data = picture_dataset(root / "data", GEMMA3["sizes"], GEMMA3["by_setting"]["plain"]["rows"])
     return root / "model", data
 
 
@@ -495,16 +492,7 @@ def internvl_dataset(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     GotOcr2ImageProcessor(**INTERNVL["image_processor"]).save_pretrained(root / "model")
     (root / "model" / "processor_config.json").write_text(json.dumps({
         "image_seq_length": INTERNVL["image_seq_length"], "processor_class": "InternVLProcessor"}))
-    data = root / "data"
-    (data / "pictures").mkdir(parents=True)
-    for name, size in INTERNVL["sizes"].items():
-        drawn(size).save(data / "pictures" / f"{name}.png")
-    rows = [{"messages": row["messages"], "images": [f"pictures/{name}.png" for name in row["images"]]}
-            for row in INTERNVL["by_setting"]["plain"]["rows"]]
-    (data / "rows.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
-        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    data = picture_dataset(root / "data", INTERNVL["sizes"], INTERNVL["by_setting"]["plain"]["rows"])
     return root / "model", data
 
 
@@ -683,15 +671,7 @@ def mllama_folders(tmp_path_factory, shared_dir: Path) -> dict[str, Path]:
     tile = MLLAMA["image_processor"]["tile"]
     MllamaImageProcessor(size={"height": tile, "width": tile},
                          max_image_tiles=MLLAMA["image_processor"]["max_image_tiles"]).save_pretrained(root / "model")
-    data = root / "data"
-    (data / "pictures").mkdir(parents=True)
-    for name, size in MLLAMA["sizes"].items():
-        drawn(size).save(data / "pictures" / f"{name}.png")
-    rows = [{"messages": row["messages"], "images": [f"pictures/{n}.png" for n in row["images"]]} for row in MLLAMA["rows"]]
-    (data / "rows.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
-        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    data = picture_dataset(root / "data", MLLAMA["sizes"], MLLAMA["rows"])
     return {"model": root / "model", "data": data}
 
 
@@ -773,15 +753,7 @@ def test_llava_format_copies_tokenize_to_llamafactorys_supervised_examples(name:
         processor = LlavaNextProcessor(image_processor=LlavaNextImageProcessor(**LLAVA_VARIANTS["next_image_processor"]),
                                        tokenizer=tokenizer, **LLAVA_VARIANTS["processor"])
     processor.save_pretrained(tmp_path / "model")
-    data = tmp_path / "data"
-    (data / "pictures").mkdir(parents=True)
-    for picture, size in GOLDEN["sizes"].items():
-        drawn(size).save(data / "pictures" / f"{picture}.png")
-    rows = [{"messages": row["messages"], "images": [f"pictures/{n}.png" for n in row["images"]]} for row in GOLDEN["rows"]]
-    (data / "rows.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"pictures": {
-        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    data = picture_dataset(tmp_path / "data", GOLDEN["sizes"], GOLDEN["rows"])
     config = build_stage_config({"model_name_or_path": str(tmp_path / "model"), "dataset": "pictures", "dataset_dir": str(data),
                                  "template": name, "cutoff_len": 4096,
                                  # Yi-VL's stop word `###` is new to llama2's vocabulary, as LLaMA-Factory adds it
