@@ -54,10 +54,11 @@ def prompt_length(labels: Sequence[int]) -> int:
 
 
 def reward_pairs(dataset: Dataset) -> Dataset:
-    """`chosen_ids` and `rejected_ids` (prompt and reply together), as TRL's RewardTrainer takes them."""
+    """`chosen_ids` and `rejected_ids` (prompt and reply together), as TRL's RewardTrainer takes them
+    (and a pair's media files as `image_files`, ...)."""
     check_columns(dataset, examples="pairwise")
     return _map(dataset, lambda batch: {"chosen_ids": batch["chosen_input_ids"],
-                                        "rejected_ids": batch["rejected_input_ids"]})
+                                        "rejected_ids": batch["rejected_input_ids"], **_media_files(batch)})
 
 
 def dpo_pairs(dataset: Dataset) -> Dataset:

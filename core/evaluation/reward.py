@@ -7,8 +7,8 @@ text, which PPO's rollouts use as their reward and `evaluate_reward_model` compa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -46,16 +46,46 @@ def score(
     return torch.cat(rewards) if rewards else torch.empty(0)
 
 
+def score_media_pairs(model: PreTrainedModel, pairs: Dataset, *, media_collator: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                      batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rewards of tokenized pairs of media rows, chosen and rejected, each pair's pixels cut by
+    `media_collator` (rm's `PairedMediaCollator`, whose batch is the chosen sequences, then the rejected)."""
+    import torch
+
+    from tuneline.core.data.preference_columns import reward_pairs
+
+    rows = reward_pairs(pairs)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    chosen, rejected = [], []
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = media_collator([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
+            inputs = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+            rewards = model(**inputs).logits[:, 0].float().cpu()
+            half = len(rewards) // 2
+            chosen.append(rewards[:half])
+            rejected.append(rewards[half:])
+    model.train(was_training)
+    return torch.cat(chosen), torch.cat(rejected)
+
+
 def evaluate_reward_model(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: Dataset, *, batch_size: int = 32
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: Dataset, *, batch_size: int = 32,
+    media_collator: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """On tokenized pairs: `accuracy` (share of pairs whose chosen reply scores strictly higher),
-    `margin` (mean r_chosen - r_rejected), the mean rewards of each side, and the pair count."""
+    `margin` (mean r_chosen - r_rejected), the mean rewards of each side, and the pair count. Pairs of
+    media rows are scored with their pixels, cut by `media_collator`."""
     from tuneline.core.data.preference_columns import check_columns
 
     check_columns(pairs, examples="pairwise")
-    chosen = score(model, tokenizer, pairs["chosen_input_ids"], batch_size=batch_size)
-    rejected = score(model, tokenizer, pairs["rejected_input_ids"], batch_size=batch_size)
+    if media_collator is not None:
+        chosen, rejected = score_media_pairs(model, pairs, media_collator=media_collator)
+    else:
+        chosen = score(model, tokenizer, pairs["chosen_input_ids"], batch_size=batch_size)
+        rejected = score(model, tokenizer, pairs["rejected_input_ids"], batch_size=batch_size)
     return {
         "accuracy": (chosen > rejected).float().mean().item(),
         "margin": (chosen - rejected).mean().item(),

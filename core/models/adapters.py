@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError, unknown_name_message
-from tuneline.core.models.composite import adapter_targets
+from tuneline.core.models.composite import adapter_targets, model_parts
 from tuneline.core.models.freeze import expanded_layer_modules
 
 if TYPE_CHECKING:
@@ -152,13 +152,17 @@ def _targets(
     unknown = [unknown_name_message("module", name, module_names) for name in extra if name not in module_names]
     if unknown:
         raise ConfigError([f"'additional_target': {message}" for message in unknown])
-    if head is not None:
-        targets = sorted(set(available if targets == "all-linear" else targets) - {head})
+    composite = model_parts(model.config) is not None
+    if head is not None:  # the scoring head trains in full, saved with the adapter
+        if targets != "all-linear" or not composite:  # a multimodal model's "all" is chosen by its parts below
+            targets = sorted(set(available if targets == "all-linear" else targets) - {head})
         extra = [*extra, head]
     if finetuning.use_llama_pro:
         targets = expanded_layer_modules(model, available if targets == "all-linear" else targets,
                                          expanded_blocks=finetuning.freeze_trainable_layers)
     qualified = adapter_targets(model, finetuning, None if targets == "all-linear" else list(targets))
+    if qualified is not None and head is not None:
+        qualified = [name for name in qualified if name.rsplit(".", 1)[-1] != head]
     if qualified is not None:  # a multimodal model: its frozen parts take no adapter
         if not qualified:
             raise ConfigError(f"'{key}: {value}' names no layer outside the parts kept frozen (freeze_vision_tower, "

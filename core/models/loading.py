@@ -20,6 +20,7 @@ from tuneline.core.models.folders import model_folder_problem, tokenizer_folder_
 from tuneline.core.models.config_patches import patch_config
 from tuneline.core.models.freeze import apply_freeze, apply_full
 from tuneline.core.models.preparation import prepare_for_training, print_parameter_status
+from tuneline.core.models.scoring_class import scoring_class
 from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
 from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config
 from tuneline.core.models.pretrained import (KEY, check_weights_format, first_line, from_pretrained_checked, load_config,
@@ -92,8 +93,6 @@ def load_model(
     (the model a stage trains) the router loss of `moe_aux_loss_coef` and no KV cache (otherwise
     the cache as `use_kv_cache` says); with `train_from_scratch` a trainable model starts from
     random weights of the same architecture. `pure_bf16` loads it in bfloat16 whatever the trainer keys say."""
-    from transformers import AutoModelForSequenceClassification
-
     model = model or ModelConfig()
     local = Path(path).is_dir()
     problem = model_folder_problem(Path(path), key=KEY, trust_remote_code=model.trust_remote_code) if local else None
@@ -105,7 +104,7 @@ def load_model(
     dtype = compute_dtype(training or {}, config=config, pure_bf16=pure_bf16)
     quantization = quantization_config(model, compute_dtype=dtype)
     check_weights_format(path, model)
-    model_class = AutoModelForSequenceClassification if head == "score" else generating_class(config)
+    model_class = scoring_class(config) if head == "score" else generating_class(config)
     if trainable and model.train_from_scratch:
         return _resized(model_class.from_config(config, dtype=dtype, attn_implementation=attention_implementation(
             model.flash_attn), trust_remote_code=model.trust_remote_code), vocab_size)
@@ -185,7 +184,7 @@ def load_reward_model(
             reward = reward.merge_and_unload()
     else:
         reward = load_model(folder, model=model, vocab_size=len(tokenizer), head="score")
-    reward.config.pad_token_id = tokenizer.pad_token_id
+    reward.config.get_text_config().pad_token_id = tokenizer.pad_token_id  # the head reads the last other token
     return reward.eval(), tokenizer
 
 

@@ -194,5 +194,5 @@ def tokenize_stage_data(config: StageConfig, *, tokenizer_path: str | Path, outp
         with_media = media_datasets(config)
         if with_media:
             raise ConfigError(f"dataset {', '.join(repr(n) for n in with_media)} maps images, videos or audio, and 'stage: "
-                              f"{kind.name}' does not train on media rows yet (sft, dpo and kto do); train it on a text dataset.")
+                              f"{kind.name}' does not train on media rows yet (sft, dpo, kto and rm do); train it on a text dataset.")
     return tokenize_dataset(config, examples=kind.examples, tokenizer_path=tokenizer_path, output_dir=output_dir)

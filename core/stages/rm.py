@@ -50,7 +50,25 @@ def build_reward_trainer(request: TrainerRequest) -> RewardTrainer:
     from tuneline.core.training.trl_args import trl_config
 
     config = trl_config(RewardConfig, request.args, max_length=None, disable_dropout=False)
-    return trl_trainer(RewardTrainer, request, config=config, convert=reward_pairs)
+    trainer = trl_trainer(RewardTrainer, request, config=config, convert=reward_pairs)
+    _head_in_hidden_dtype(trainer.model)
+    media = request.media_rows
+    if media is not None:  # pairs of media rows: each pair's pixels fed for its chosen and its rejected sequence
+        from tuneline.core.training.media_collator import PairedMediaCollator
+
+        trainer.data_collator = PairedMediaCollator(trainer.data_collator, media, token_ids=media.token_ids(request.tokenizer))
+    return trainer
+
+
+def _head_in_hidden_dtype(model: PreTrainedModel) -> None:
+    """The scoring head's weights in the dtype of the hidden states it reads. On a quantized model TRL's
+    RewardTrainer puts every trainable parameter in bfloat16 for QLoRA's adapters, which cast their
+    input themselves; the head is a plain linear layer, which would fail on float32 hidden states."""
+    hidden = model.get_input_embeddings().weight.dtype
+    name = head_name(model.get_base_model() if hasattr(model, "get_base_model") else model)
+    for parameter_name, parameter in model.named_parameters():
+        if parameter.requires_grad and f"{name}." in parameter_name and ".lora_" not in parameter_name:
+            parameter.data = parameter.data.to(hidden)
 
 
 def load_reward_base(request: ModelRequest) -> PreTrainedModel:
@@ -73,8 +91,12 @@ def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validat
     """The trainer's evaluation plus pair accuracy and margin on the validation pairs (`eval_rm_*`)."""
     from tuneline.core.evaluation.reward import evaluate_reward_model
 
+    from tuneline.core.training.media_collator import PairedMediaCollator
+
     metrics = dict(trainer.evaluate(metric_key_prefix=prefix))
-    metrics.update({f"{prefix}_rm_{k}": v for k, v in evaluate_reward_model(trainer.model, tokenizer, validation).items()})
+    collator = trainer.data_collator if isinstance(trainer.data_collator, PairedMediaCollator) else None
+    found = evaluate_reward_model(trainer.model, tokenizer, validation, media_collator=collator)
+    metrics.update({f"{prefix}_rm_{k}": v for k, v in found.items()})
     return metrics
 
 
@@ -86,5 +108,6 @@ RM = StageKind(
     load_model=load_reward_base,
     build_trainer=build_reward_trainer,
     held_out_metrics=reward_metrics,
+    trains_images=True,
     trainer_modules=("trl",),
 )

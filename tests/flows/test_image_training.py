@@ -268,3 +268,70 @@ def test_data_preview_names_each_examples_images_and_counts_their_tokens(picture
     first = result.stdout.split("--- example 1")[0]
     assert f"images: {data / 'pictures' / 'red.png'}\n" in first
     assert "<|vision_start|><|image_pad|> x 4<|vision_end|>What colour is this?" in first  # 56 x 56: a 4 x 4 grid
+
+
+@pytest.mark.parametrize("method", ["qlora", "full"])
+def test_rm_trains_a_scoring_head_on_image_pairs_that_reads_their_pixels(pictures, tmp_path: Path, monkeypatch, method: str):
+    """Stage rm on picture pairs: Qwen2-VL has no sequence-classification class in transformers, so the
+    reward model is its base model with tuneline's scoring head. With QLoRA `lora_target: all` leaves the
+    vision tower alone and the head trains in full inside the adapter (in the hidden states' dtype,
+    where TRL makes a quantized model's trainable weights bfloat16); full tuning saves the whole model.
+    The held-out pair accuracy is measured with the pixels, and the saved reward model, loaded back,
+    scores a pair differently when its picture changes."""
+    import torch
+    import yaml
+    from conftest import run_cli_here, train_in_this_process
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+
+    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.evaluation.reward import score_media_pairs
+    from tuneline.core.models.loading import load_reward_model
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.media_collator import PairedMediaCollator
+
+    model, data = pictures
+    keys = {"model_name_or_path": str(model), "stage": "rm", "dataset": "picture_pairs", "dataset_dir": str(data),
+            "template": "qwen2_vl", "cutoff_len": 256}
+    (tmp_path / "rm.yaml").write_text(yaml.safe_dump({
+        **keys, "do_train": True, "output_dir": str(tmp_path / "out"),
+        **({"finetuning_type": "lora", "lora_target": "all", "quantization_bit": 4} if method == "qlora" else {"finetuning_type": "full"}),
+        "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-2, "logging_steps": 1, "report_to": "none",
+        "eval_dataset": "picture_pairs", "do_eval": True}))
+    train_in_this_process(monkeypatch)
+    result = run_cli_here("train", str(tmp_path / "rm.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert metrics["eval_rm_pairs"] == 3.0 and 0.0 <= metrics["eval_rm_accuracy"] <= 1.0
+    if method == "qlora":
+        saved = load_file(tmp_path / "out" / "adapter_model.safetensors")
+        assert any(".score." in name for name in saved)  # the head, trained in full inside the adapter
+        assert not any(".visual." in name for name in saved)  # no adapter on the vision tower
+    else:
+        assert "score.weight" in load_file(tmp_path / "out" / "model.safetensors")
+
+    reward, tokenizer = load_reward_model(tmp_path / "out")
+    assert type(reward).__name__ == "Qwen2VLForSequenceClassification"
+    tokenize_stage_data(build_stage_config(keys), tokenizer_path=model, output_dir=tmp_path / "tokenized")
+    pairs = load_from_disk(str(tmp_path / "tokenized"))["train"]
+    media = MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
+    from trl.trainer.reward_trainer import DataCollatorForPreference
+
+    collator = PairedMediaCollator(DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id), media,
+                                   token_ids=media.token_ids(tokenizer))
+    chosen, rejected = score_media_pairs(reward, pairs, media_collator=collator)
+    # the same pairs with each picture whitened (its size, and so its tokens, kept)
+    recoloured = tmp_path / "recoloured"
+    recoloured.mkdir()
+    from PIL import Image
+
+    swapped = []
+    for files in pairs["images"]:
+        image = Image.open(files[0])
+        Image.new("RGB", image.size, (250, 250, 250)).save(recoloured / Path(files[0]).name)
+        swapped.append([str(recoloured / Path(files[0]).name)])
+    other_chosen, _ = score_media_pairs(reward, pairs.remove_columns("images").add_column("images", swapped),
+                                        media_collator=collator)
+    assert chosen.shape == rejected.shape == (3,)
+    assert not torch.allclose(chosen, other_chosen)  # the pixels reach the score

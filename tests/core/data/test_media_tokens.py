@@ -144,8 +144,8 @@ def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_data
     with pytest.raises(ConfigError, match="'packing' with image, video or audio rows is not offered yet"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "packing": True}),
                             tokenizer_path=model, output_dir=tmp_path / "c")
-    with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: rm' does not train on media rows yet"):
-        tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "stage": "rm"}),
+    with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: pt' does not train on media rows yet"):
+        tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "stage": "pt"}),
                             tokenizer_path=model, output_dir=tmp_path / "d")
     assert not any((tmp_path / name).exists() for name in "abcd")
 

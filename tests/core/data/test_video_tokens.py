@@ -140,7 +140,7 @@ def test_video_rows_need_a_family_that_takes_videos(video_folder, tmp_path: Path
     with pytest.raises(ConfigError, match="dataset 'clips' holds videos, and tuneline feeds videos to the Qwen2-VL family "
                                           "so far .* not through 'template: qwen3_vl'"):
         tokenize_stage_data(build_stage_config({**keys, "template": "qwen3_vl"}), tokenizer_path=model, output_dir=tmp_path / "a")
-    with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: rm' does not train on media rows yet"):
-        tokenize_stage_data(build_stage_config({**keys, "template": "qwen2_vl", "stage": "rm"}), tokenizer_path=model,
+    with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: pt' does not train on media rows yet"):
+        tokenize_stage_data(build_stage_config({**keys, "template": "qwen2_vl", "stage": "pt"}), tokenizer_path=model,
                             output_dir=tmp_path / "b")
     assert not any((tmp_path / name).exists() for name in "ab")
