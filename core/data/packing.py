@@ -7,6 +7,9 @@ token. `position_ids` restart at 0 for each packed example. With `neat_packing` 
 `attention_mask` numbers the packed examples 1, 2, ... (0 for padding) so that the collator
 (`tuneline.core.training.collators`) can keep them from attending to each other; without it the mask is
 all ones, padding included, and packed examples see each other.
+
+Examples of media rows pack whole (each was already dropped if cutoff_len cut into its media tokens),
+their image, video and audio files concatenated in the pack's order, as LLaMA-Factory packs them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Example = Mapping[str, Sequence[int]]
+MEDIA_COLUMNS = ("images", "videos", "audios")
 
 
 def pack_room(cutoff_len: int) -> int:
@@ -73,11 +77,15 @@ def _pack(
         attention_mask += [segment if neat_packing else 1] * length
         position_ids += range(length)
     pad = cutoff_len - len(input_ids)
+    # examples of media rows bring their files, which the pack holds in the order of its tokens
+    media = {column: [path for example in examples for path in example[column]] for column in MEDIA_COLUMNS
+             if column in examples[0]}
     return {
         "input_ids": input_ids + [pad_token_id] * pad,
         "attention_mask": attention_mask + [0 if neat_packing else 1] * pad,
         "position_ids": position_ids + [0] * pad,
         "labels": labels + [IGNORE_INDEX] * pad,
+        **media,
     }
 
 

@@ -269,13 +269,25 @@ def _media_rows(config: StageConfig, template: Template, model_path: str | Path,
     if examples not in ("supervised", "pairwise", "feedback"):
         problems.append(f"dataset {', '.join(repr(n) for n in with_media)} maps images, videos or audio, and tuneline "
                         f"encodes media rows as supervised, pairwise or feedback examples so far, not as {examples} examples.")
-    if config.data.packing or config.data.neat_packing:
-        problems.append("'packing' with image, video or audio rows is not offered yet (a pack must keep each one's tokens "
-                        "whole); remove packing and neat_packing.")
+    if config.data.neat_packing:
+        problems.append("'neat_packing' with image, video or audio rows is not offered yet (each packed example would need "
+                        "its own multimodal positions and attention); use 'packing: true', whose examples see each other.")
     if problems:
         raise ConfigError(problems)
-    return MediaRows.load(template, model_path, config.media,
-                          datasets={column: media_datasets(config, columns=(column,)) for column in MEDIA_READ})
+    media_rows = MediaRows.load(template, model_path, config.media,
+                                datasets={column: media_datasets(config, columns=(column,)) for column in MEDIA_READ})
+    if config.data.packing and media_rows.media.plugin in UNPACKED_PLUGINS:
+        raise ConfigError(f"'packing' with media rows through 'template: {template.name}' is not offered: "
+                          f"{UNPACKED_PLUGINS[media_rows.media.plugin]}; remove packing.")
+    return media_rows
+
+
+UNPACKED_PLUGINS = {
+    "paligemma": "its image tokens open the whole sequence, one prefix attended both ways, which a pack of several "
+                 "examples does not have",
+    "mllama": "its images are read by cross-attention, whose mask follows one example's images",
+}
+"""Families whose media rows cannot be packed, and why."""
 
 
 def media_datasets(config: StageConfig, *, columns: tuple[str, ...] = MEDIA_READ) -> list[str]:

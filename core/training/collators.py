@@ -128,8 +128,9 @@ def build_collator(train_dataset, *, tokenizer, model, ignore_pad_token_for_loss
     with `media_rows` (the tokenized data's `MediaRows`) the batch gains its images' and videos' pixels."""
     from transformers import DataCollatorForSeq2Seq
 
-    if "position_ids" in train_dataset.column_names:
+    if "position_ids" in train_dataset.column_names and media_rows is None:
         return PackedCollator(tokenizer.pad_token_id, attn_implementation=model.config._attn_implementation)
+    # packs of media rows are plain packs (mask all ones, all cutoff_len long): padded as they are
     label_pad = IGNORE_INDEX if ignore_pad_token_for_loss else tokenizer.pad_token_id
     text = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=label_pad)
     if media_rows is None:

@@ -5,7 +5,9 @@ each in the order of its tokens) beside its ids. The collator pads the ids with 
 sizes the batch's images and decodes its videos' sampled frames, and runs the processor the tokenized
 data was counted with (`MediaRows.read`), so the model gets `pixel_values` and `image_grid_thw` (and
 `pixel_values_videos`, `video_grid_thw`; for audio `input_features`, `feature_attention_mask`) that fill exactly the media tokens the batch holds, in order
-(and Qwen2-VL's `mm_token_type_ids`); `PairedMediaCollator` does the same for DPO's pairs, and
+(and Qwen2-VL's `mm_token_type_ids`). A pack of media rows (`packing`) keeps its position_ids, restarting at each
+example, except for the Qwen-VL families, whose 3D rotary positions the model computes over the whole pack
+from its media tokens, as LLaMA-Factory's collator does for plain packing; `PairedMediaCollator` does the same for DPO's pairs, and
 `FeedbackMediaCollator` for KTO's examples and their KL sequences.
 """
 
@@ -16,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneline.core.data.media_rows import MediaRows
+from tuneline.core.templates.spec import QWEN_PLUGINS
 
-TEXT_COLUMNS = ("input_ids", "attention_mask", "labels")
+TEXT_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids")  # position_ids: packs only
 
 
 def _files(features: Sequence[Mapping[str, Any]], column: str) -> list[str]:
@@ -43,6 +46,8 @@ class MediaCollator:
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         batch = dict(self.text_collator([{key: feature[key] for key in TEXT_COLUMNS if key in feature} for feature in features]))
+        if self.media.media.plugin in QWEN_PLUGINS:  # a pack's rotary positions are the model's own, over the whole pack
+            batch.pop("position_ids", None)
         inputs = self.media.model_inputs(batch["input_ids"], _files(features, "images"), _files(features, "videos"),
                                          _files(features, "audios"), token_ids=self.token_ids,
                                          attention_mask=batch.get("attention_mask"))

@@ -335,3 +335,46 @@ def test_rm_trains_a_scoring_head_on_image_pairs_that_reads_their_pixels(picture
                                         media_collator=collator)
     assert chosen.shape == rejected.shape == (3,)
     assert not torch.allclose(chosen, other_chosen)  # the pixels reach the score
+
+
+def test_packed_picture_rows_keep_each_examples_images_whole_and_in_order(pictures, tmp_path: Path, monkeypatch):
+    """`packing: true` on picture rows: each pack holds whole examples and their images in the order of
+    its image tokens; Qwen2-VL's rotary positions are the model's own over the pack (no packed
+    position_ids reach it), and `tuneline train` trains on the packs."""
+    import yaml
+    from conftest import run_cli_here, train_in_this_process
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.collators import build_collator
+
+    model, data = pictures
+    keys = {"model_name_or_path": str(model), "stage": "sft", "dataset": "pictures", "dataset_dir": str(data),
+            "template": "qwen2_vl", "cutoff_len": 96, "packing": True}
+    tokenize_stage_data(build_stage_config(keys), tokenizer_path=model, output_dir=tmp_path / "tokenized")
+    packs = load_from_disk(str(tmp_path / "tokenized"))["train"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    tokens_of = {"red.png": 4, "blue.png": 6, "green.png": 8}  # 56, 84 and 112 pixels wide: 2x2, 2x3 and 2x4 merged patches
+    assert len(packs) < 4 and sorted(Path(f).name for files in packs["images"] for f in files) == sorted(
+        ["red.png", "blue.png", "green.png", "red.png", "blue.png"])  # every example once, with all its images
+    for ids, files in zip(packs["input_ids"], packs["images"]):
+        assert len(ids) == 96 and ids.count(image_token) == sum(tokens_of[Path(f).name] for f in files)
+    collator = build_collator(packs, tokenizer=tokenizer, model=None, media_rows=MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR))
+    batch = collator([packs[i] for i in range(len(packs))])
+    assert "position_ids" not in batch and batch["attention_mask"].min() == 1
+    runs = [(row == image_token).nonzero().flatten().tolist() for row in batch["input_ids"]]
+    counts = (batch["image_grid_thw"].prod(dim=1) // 4).tolist()
+    assert sum(len(run) for run in runs) == sum(counts)  # the grids fill the packs' image tokens, pack by pack
+
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump({
+        **keys, "do_train": True, "finetuning_type": "lora", "lora_target": "all", "output_dir": str(tmp_path / "out"),
+        "per_device_train_batch_size": 1, "max_steps": 2, "learning_rate": 1e-3, "logging_steps": 1, "report_to": "none"}))
+    train_in_this_process(monkeypatch)
+    result = run_cli_here("train", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
+    assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]

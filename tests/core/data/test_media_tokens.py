@@ -141,8 +141,8 @@ def test_image_rows_need_a_multimodal_template_and_an_image_processor(image_data
     with pytest.raises(ConfigError, match=r"has no image processor \(no preprocessor_config.json\)"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(tokenizer_only), "template": "qwen2_vl"}),
                             tokenizer_path=tokenizer_only, output_dir=tmp_path / "b")
-    with pytest.raises(ConfigError, match="'packing' with image, video or audio rows is not offered yet"):
-        tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "packing": True}),
+    with pytest.raises(ConfigError, match="'neat_packing' with image, video or audio rows is not offered yet"):
+        tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "neat_packing": True}),
                             tokenizer_path=model, output_dir=tmp_path / "c")
     with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: pt' does not train on media rows yet"):
         tokenize_stage_data(build_stage_config({**keys, "model_name_or_path": str(model), "template": "qwen2_vl", "stage": "pt"}),
