@@ -32,11 +32,11 @@ from typing import Any
 
 from tuneline.core.config import MediaConfig
 from tuneline.core.data.audio_clips import samples
-from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, PAN_AND_SCAN, VideoPatching, audio_token_count,
-                                             cross_attention_inputs, expand_audios, expand_images, expand_videos, image_features, image_prefix,
-                                             pan_and_scan_crops,
+from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, MINICPM_V_4_6, PAN_AND_SCAN, SlicedImage,
+                                             VideoPatching, audio_token_count, cross_attention_inputs, expand_audios,
+                                             expand_images, expand_videos, image_features, image_prefix, pan_and_scan_crops,
                                              patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
-                                             video_features)
+                                             sliced_images, video_features)
 from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
@@ -90,6 +90,11 @@ class MediaRows:
             raise ConfigError(f"dataset {named('audios')} holds audio, and tuneline feeds audio to Qwen2-Audio and "
                               f"Qwen2.5-Omni so far ('template: qwen2_audio' or 'qwen2_omni'), not through 'template: "
                               f"{template.name}'; use one of those models or leave out the audio.")
+        if datasets.get("videos") and media.plugin == MINICPM_V_4_6:
+            raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds MiniCPM-V 4.6 ('template: "
+                              f"{template.name}') images only: its video frames are cut by transformers' "
+                              "MiniCPMV4_6VideoProcessor, which needs torchvision; leave out the videos, or give their frames "
+                              "as images.")
         image_processor = load_image_processor(model_path) if media.image_token else None
         video = _video_patching(media, model_path, image_processor)
         if datasets.get("videos") and video is None:
@@ -164,7 +169,9 @@ class MediaRows:
         return self.media.plugin == "gemma3" and self.settings.image_do_pan_and_scan
 
     def features(self, paths: Sequence[str]) -> dict[str, Any]:
-        """The model inputs of the images at `paths` (pixel_values, image_grid_thw), as torch tensors."""
+        """The model inputs of the images at `paths` (pixel_values, image_grid_thw), as torch tensors.
+        MiniCPM-V 4.6: pixel_values and target_sizes; LLaMA-Factory also passes the image processor's
+        downsample_mode, which the model otherwise reads from its own config (both 16x unless a folder says otherwise)."""
         import torch
 
         return {name: torch.from_numpy(value)
@@ -208,7 +215,7 @@ class MediaRows:
         empty lists)."""
         images, videos, audios = (list(row.get(key) or []) for key in ("images", "videos", "audios"))
         image_counts = self.token_counts(images) if images else []
-        crops = self.crops(images)
+        crops, slicings = self.crops(images), self.slicings(images)
         video_counts = self.video_token_counts(videos) if videos else []
         audio_counts = self.audio_token_counts(audios) if audios else []
         in_prompt = placeholder_counts(row["prompt"])  # the prompt's media come first, then the reply's
@@ -216,7 +223,8 @@ class MediaRows:
         for part, start, end in (("prompt", {"images": 0, "videos": 0, "audios": 0}, in_prompt),
                                  ("response", in_prompt, {"images": None, "videos": None, "audios": None})):
             with_images = expand_images(row[part], image_counts[start["images"]:end["images"]], self.media,
-                                        crops and crops[start["images"]:end["images"]])
+                                        crops and crops[start["images"]:end["images"]], first_index=start["images"],
+                                        slicings=None if slicings is None else slicings[start["images"]:end["images"]])
             with_videos = expand_videos(with_images, video_counts[start["videos"]:end["videos"]], self.media)
             expanded[part] = expand_audios(with_videos, audio_counts[start["audios"]:end["audios"]], self.media)
         image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
@@ -246,7 +254,7 @@ class MediaRows:
     def expand_messages(self, messages: Sequence[dict[str, str]], paths: Sequence[str]) -> list[dict[str, str]]:
         """`messages` (a conversation to answer) with each `<image>` expanded for the image at `paths`
         in the same place; the counts must agree (the caller has placed the placeholders)."""
-        return expand_images(messages, self.token_counts(paths), self.media, self.crops(paths))
+        return expand_images(messages, self.token_counts(paths), self.media, self.crops(paths), slicings=self.slicings(paths))
 
     def prefix_ids(self, paths: Sequence[str], tokenizer: Any) -> list[int]:
         """The image tokens that go before a conversation showing the images at `paths` (PaliGemma's); else none."""
@@ -258,6 +266,12 @@ class MediaRows:
         if not self.pans_and_scans:
             return None
         return pan_and_scan_crops(self.sized(paths), self.image_processor) if paths else []
+
+    def slicings(self, paths: Sequence[str]) -> list[SlicedImage] | None:
+        """How MiniCPM-V 4.6's image processor cuts each image at `paths`; None for the other families."""
+        if self.media.plugin != MINICPM_V_4_6:
+            return None
+        return sliced_images(self.sized(paths), self.image_processor) if paths else []
 
     def token_counts(self, paths: Sequence[str]) -> list[int]:
         """How many image tokens each image at `paths` takes."""

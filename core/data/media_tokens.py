@@ -25,6 +25,13 @@ With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as L
 - Llama 3.2 Vision (`mllama` plugin): each placeholder becomes one `<|image|>`; the image processor cuts
   every image into tiles (at most its `max_image_tiles`), which the decoder reads by cross-attention from
   the tokens after the image (`cross_attention_inputs`).
+- MiniCPM-V 4.6 (`minicpm_v_4_6` plugin): the image is not scaled to the pixel limits (LLaMA-Factory hands
+  the file to the image processor as it is); the processor resizes it whole to about `scale_resolution`
+  squared and, when larger, also cuts it into a grid of equal slices (at most `max_slice_nums`). The
+  placeholder becomes `<image_id>n</image_id>` (n: the image's place in the row, from 0; with the
+  processor's `use_image_id`), the whole image's tokens between `<image>` and `</image>`, and each row of
+  the grid, `<slice>`, a slice's tokens and `</slice>` a slice, rows joined by a newline; a part takes one
+  `<|image_pad|>` per 16 patches of 14 pixels (per 4 under `downsample_mode: 4x`).
 - Gemma 3 (`gemma3` plugin): every image is resized to the processor's square and pooled to the
   processor's `image_seq_length` soft tokens (256), written as Gemma3Processor writes its full image
   sequence, `\n\n<start_of_image>`, the soft tokens, `<end_of_image>\n\n`. With
@@ -60,10 +67,20 @@ PLACEHOLDERS = {"images": IMAGE_PLACEHOLDER, "videos": VIDEO_PLACEHOLDER, "audio
 """Each media column's placeholder in the messages."""
 QWEN_MIN_SIDE = 28  # Qwen2-VL's processor needs both sides of at least one merged patch
 QWEN_MAX_ASPECT = 200  # beyond this the processor refuses an image; LLaMA-Factory narrows it to 180:1
+MINICPM_V_4_6 = "minicpm_v_4_6"
+UNSCALED_PLUGINS = (MINICPM_V_4_6,)
+"""Families whose images LLaMA-Factory passes to the image processor unscaled (no image_max_pixels/min_pixels)."""
+SLICE_MARKERS = ("<slice>", "</slice>")
+IMAGE_ID_MARKERS = ("<image_id>", "</image_id>")
+"""MiniCPM-V 4.6's slice and image-number markers (its tokenizer's slice_start_token, image_id_start_token, ...)."""
 
 
 def sized_image(image: Image, *, max_pixels: int, min_pixels: int, plugin: str) -> Image:
     """`image` scaled into [min_pixels, max_pixels] keeping its aspect, then as `plugin` needs it, in RGB."""
+    if plugin in UNSCALED_PLUGINS:  # as transformers' load_image opens the file LLaMA-Factory hands over
+        from PIL import ImageOps
+
+        return ImageOps.exif_transpose(image).convert("RGB")
     for size in _pixel_scaled(image.width, image.height, max_pixels=max_pixels, min_pixels=min_pixels):
         image = image.resize(size)
     if image.mode != "RGB":
@@ -112,7 +129,8 @@ PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 256, "pan
 """Gemma 3's image processor settings under `image_do_pan_and_scan` (LLaMA-Factory fixes these numbers)."""
 CROP_TO_PATCHES = {"crop_to_patches": True, "max_patches": 12, "min_patches": 1}
 """InternVL's image processor settings under `crop_to_patches` (LLaMA-Factory fixes these numbers)."""
-COUNT_ONLY = ("num_crops", "num_patches")  # what an image processor returns that counts tokens rather than feeds the model
+# what an image processor returns that counts tokens rather than feeds the model
+COUNT_ONLY = ("num_crops", "num_patches", "grids", "num_patches_per_image")
 
 
 def image_features(images: Sequence[Image], image_processor: Any, **settings: Any) -> dict[str, Any]:
@@ -150,6 +168,8 @@ def patch_token_counts(images: Sequence[Image], image_processor: Any, *, plugin:
         return [1] * len(images)
     if plugin == "llava_next":
         return llava_next_token_counts(images, image_processor, processor_settings or {}, multimodal_processor)
+    if plugin == MINICPM_V_4_6:
+        return [image.tokens for image in sliced_images(images, image_processor)]
     if plugin == "intern_vl":
         tiles = (image_processor(list(images), return_tensors="np", **CROP_TO_PATCHES)["num_patches"] if crop_to_patches and images
                  else [1] * len(images))
@@ -182,6 +202,55 @@ def cross_attention_inputs(input_ids: Any, images: Sequence[Image], image_proces
                                                         num_tiles=features.pop("num_tiles"),
                                                         max_num_tiles=int(image_processor.max_image_tiles), length=input_ids.shape[1])
     return {**{name: torch.from_numpy(value) for name, value in features.items()}, "cross_attention_mask": torch.from_numpy(mask)}
+
+
+@dataclass(frozen=True)
+class SlicedImage:
+    """How MiniCPM-V 4.6's image processor cuts one image: the whole image, and a grid of slices of one size
+    (`rows` 0: none), each part's tokens its patch grid over the merge."""
+
+    whole_tokens: int
+    rows: int
+    columns: int
+    slice_tokens: int
+    numbered: bool
+    """The processor's `use_image_id`: an `<image_id>n</image_id>` tag goes before the image."""
+
+    @property
+    def tokens(self) -> int:
+        return self.whole_tokens + self.rows * self.columns * self.slice_tokens
+
+
+def sliced_images(images: Sequence[Image], image_processor: Any) -> list[SlicedImage]:
+    """MiniCPM-V 4.6's parts of each image, from its size by the image processor's own arithmetic (the sizes
+    it resizes the whole image and the grid to), without cutting pixels. Every slice of an image is cut at
+    one size, so LLaMA-Factory's count (the first slice's, for all) and MiniCPMV4_6Processor's (each
+    slice's own) agree."""
+    processor, patch = image_processor, int(image_processor.patch_size)
+    mode, resolution = processor.downsample_mode, processor.scale_resolution
+    merged = 4 if mode == "4x" else 16  # patches a token: the tower's window merger and the projector each merge 2 x 2
+    cut = []
+    for image in images:
+        size = (image.height, image.width)
+        grid = processor.get_sliced_grid(size, processor.max_slice_nums, resolution) if processor.slice_mode else None
+        height, width = processor.find_best_resize(size, resolution, patch, downsample_mode=mode, allow_upscale=grid is None)
+        rows, columns, slice_tokens = 0, 0, 0
+        if grid is not None:
+            rows, columns = grid
+            grid_height, grid_width = processor.get_refine_size(size, grid, resolution, patch, downsample_mode=mode,
+                                                                allow_upscale=True)
+            slice_tokens = (grid_height // rows // patch) * (grid_width // columns // patch) // merged
+        cut.append(SlicedImage(whole_tokens=(height // patch) * (width // patch) // merged, rows=rows, columns=columns,
+                               slice_tokens=slice_tokens, numbered=bool(processor.use_image_id)))
+    return cut
+
+
+def sliced_image_text(image: SlicedImage, media: MediaTokens, *, index: int) -> str:
+    """MiniCPM-V 4.6's text of one image, the `index`-th of its row (see the module's doc)."""
+    number = f"{IMAGE_ID_MARKERS[0]}{index}{IMAGE_ID_MARKERS[1]}" if image.numbered else ""
+    whole = f"{media.vision_bos}{media.image_token * image.whole_tokens}{media.vision_eos}"
+    one_slice = f"{SLICE_MARKERS[0]}{media.image_token * image.slice_tokens}{SLICE_MARKERS[1]}"
+    return number + whole + "\n".join([one_slice * image.columns] * image.rows)
 
 
 def paligemma_image_tokens(image_processor: Any) -> int:
@@ -312,12 +381,17 @@ def audio_token_count(samples: int, feature_extractor: Any) -> int:
 
 
 def expand_images(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens,
-                  crops: Sequence[int] | None = None) -> list[dict[str, str]]:
+                  crops: Sequence[int] | None = None, *, slicings: Sequence[SlicedImage] | None = None,
+                  first_index: int = 0) -> list[dict[str, str]]:
     """`messages` with the n-th `<image>` (across the messages, in order) written as `counts[n]` image
     tokens between the template's vision markers, and (Gemma 3's pan and scan) once more for each of
-    its `crops[n]` crops. The caller has checked that the counts match."""
+    its `crops[n]` crops; or (MiniCPM-V 4.6) as `slicings[n]`, numbered from `first_index` (the row's
+    images before these messages). The caller has checked that the counts match."""
     if media.images_first:  # PaliGemma: the tokens go before the conversation (`image_prefix`), the text loses the placeholder
         return _expanded(messages, [""] * len(counts), IMAGE_PLACEHOLDER)
+    if slicings is not None:
+        texts = [sliced_image_text(image, media, index=first_index + n) for n, image in enumerate(slicings)]
+        return _expanded(messages, texts, IMAGE_PLACEHOLDER)
     texts = [f"{media.vision_bos}{media.image_token * count}{media.vision_eos}" for count in counts]
     if crops is not None:
         texts = [f"Here is the original image {text} and here are some crops to help you see better " + " ".join([text] * n)

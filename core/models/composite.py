@@ -41,6 +41,9 @@ PARTS: dict[str, ModelParts] = {
     "internvl": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_tower",)),
     "paligemma": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_tower",)),
     "mllama": ModelParts(projector=("multi_modal_projector",), vision_tower=("vision_model",)),
+    # the tower's own window merger (vision_tower.vit_merger) is part of the tower; model.merger projects to the text
+    "minicpmv4_6": ModelParts(projector=("model.merger",), vision_tower=("model.vision_tower",),
+                              language_model=("model.language_model", "lm_head")),
     # the thinker's vision tower (its last block merges patches, as Qwen2.5-VL's merger) and its audio encoder
     "qwen2_5_omni_thinker": ModelParts(projector=("visual.merger", "audio_tower.proj"),
                                        vision_tower=("visual.patch_embed", "visual.blocks", "audio_tower"),
@@ -54,12 +57,13 @@ PARTS: dict[str, ModelParts] = {
 
 MODEL_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl", "glm4v": "glm4v",
                    "llava": "llava", "llava_next": "llava_next", "gemma3": "gemma3", "internvl": "intern_vl",
-                   "paligemma": "paligemma", "mllama": "mllama", "qwen2_audio": "qwen2_audio",
+                   "paligemma": "paligemma", "mllama": "mllama", "minicpmv4_6": "minicpm_v_4_6", "qwen2_audio": "qwen2_audio",
                    "qwen2_5_omni_thinker": "qwen2_omni"}
 """The template whose media tokens each vision-language model type (that tuneline encodes images for) reads."""
 FAMILY_TEMPLATES = ("qwen2_vl for Qwen2-VL and Qwen2.5-VL, qwen3_vl for Qwen3-VL, glm4v for GLM-4.1V, llava for LLaVA-1.5, "
                     "llava_next for LLaVA-NeXT, gemma3 for Gemma 3, intern_vl for InternVL, "
-                    "paligemma or paligemma_chat for PaliGemma, mllama for Llama 3.2 Vision, qwen2_audio for Qwen2-Audio, qwen2_omni "
+                    "paligemma or paligemma_chat for PaliGemma, mllama for Llama 3.2 Vision, minicpm_v_4_6 for MiniCPM-V 4.6, "
+                    "qwen2_audio for Qwen2-Audio, qwen2_omni "
                     "for Qwen2.5-Omni")
 
 

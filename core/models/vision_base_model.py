@@ -1,6 +1,6 @@
 """The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL, GLM-4.1V, LLaVA-1.5, LLaVA-NeXT, Gemma 3, InternVL, PaliGemma and Llama 3.2 Vision (Mllama) shaped,
-from transformers' own config classes, randomly initialised.
+Qwen3-VL, GLM-4.1V, LLaVA-1.5, LLaVA-NeXT, Gemma 3, InternVL, PaliGemma, Llama 3.2 Vision (Mllama) and MiniCPM-V 4.6
+(minicpm_base_model.py) shaped, from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
 family's media tokens and its template's control tokens where the tokenizer lacks them and the chat template of the family's template
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tuneline.core.models.audio_base_model import AUDIO_TOKENS, qwen2_audio_model, save_qwen2_audio_processor
 from tuneline.core.models.composite import MODEL_TEMPLATES
+from tuneline.core.models.minicpm_base_model import MINICPM_V_TOKENS, minicpm_v_model, save_minicpm_v_processor
 from tuneline.core.models.omni_base_model import OMNI_TOKENS, qwen2_omni_thinker, save_qwen2_omni_processors
 from tuneline.core.templates.catalog import TEMPLATES
 from tuneline.core.templates.check import template_markers
@@ -36,7 +37,7 @@ GLM4V_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "
 INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>")
 """InternVL's image markers and its one token a pooled feature."""
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "internvl", "paligemma", "mllama",
-            "qwen2_audio", "qwen2_5_omni_thinker")
+            "minicpmv4_6", "qwen2_audio", "qwen2_5_omni_thinker")
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2  # the families' own: one Qwen image token per 28x28 pixels
 QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 
@@ -44,8 +45,8 @@ QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 @dataclass(frozen=True)
 class VisionModelConfig:
     family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3, internvl, "
-                                                                 "paligemma, mllama, qwen2_audio (audio_base_model.py) or qwen2_5_omni_thinker "
-                                                                 "(omni_base_model.py)."})
+                                                                 "paligemma, mllama, minicpmv4_6 (minicpm_base_model.py), qwen2_audio "
+                                                                 "(audio_base_model.py) or qwen2_5_omni_thinker (omni_base_model.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})
@@ -75,7 +76,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
     template = TEMPLATES[MODEL_TEMPLATES[config.family]]
     family_tokens = {"llava": (LLAVA_IMAGE_TOKEN,), "llava_next": (LLAVA_IMAGE_TOKEN,), "paligemma": (LLAVA_IMAGE_TOKEN,),
                      "mllama": (MLLAMA_IMAGE_TOKEN,), "gemma3": tuple(GEMMA3_TOKENS.values()),
-                     "qwen2_audio": AUDIO_TOKENS, "qwen2_5_omni_thinker": OMNI_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS}.get(config.family, VISION_TOKENS)
+                     "qwen2_audio": AUDIO_TOKENS, "qwen2_5_omni_thinker": OMNI_TOKENS, "glm4v": GLM4V_TOKENS, "internvl": INTERNVL_TOKENS,
+                     "minicpmv4_6": MINICPM_V_TOKENS}.get(config.family, VISION_TOKENS)
     # the template's control tokens too (chatml's <|im_start|>, Gemma's turns), whatever tokenizer the model starts from
     tokens = tuple(dict.fromkeys((*family_tokens, *template_markers(template))))
     missing = [token for token in tokens if token not in tokenizer.get_vocab()]
@@ -103,6 +105,10 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         model = _mllama_model(config, vocab_size=len(tokenizer), image_token_id=ids[MLLAMA_IMAGE_TOKEN], tokenizer=tokenizer)
     elif config.family == "paligemma":
         model = _paligemma_model(config, vocab_size=len(tokenizer), image_token_id=ids[LLAVA_IMAGE_TOKEN], tokenizer=tokenizer)
+    elif config.family == "minicpmv4_6":
+        model = minicpm_v_model(_qwen2_text(config, vocab_size=len(tokenizer), tokenizer=tokenizer),
+                                vision_width=config.vision_width, depth=config.vision_depth, patch_size=PATCH_SIZE,
+                                image_token_id=ids["<|image_pad|>"])
     elif config.family == "internvl":
         model = _internvl_model(config, vocab_size=len(tokenizer), image_token_id=ids["<IMG_CONTEXT>"], tokenizer=tokenizer)
     else:
@@ -119,6 +125,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
         save_qwen2_omni_processors(_qwen_image_processor(config), output_dir)
     elif config.family == "internvl":
         _save_internvl_processor(config, output_dir)
+    elif config.family == "minicpmv4_6":
+        save_minicpm_v_processor(output_dir, patch_size=PATCH_SIZE)
     elif config.family == "mllama":
         from transformers import MllamaImageProcessor
 
@@ -372,7 +380,8 @@ def _save_internvl_processor(config: VisionModelConfig, output_dir: str | Path) 
 
 
 def _qwen2_text(config: VisionModelConfig, *, vocab_size: int, tokenizer) -> dict:
-    """A Qwen2 decoder's settings of `config`'s sizes (InternVL's and Qwen2-Audio's language model)."""
+    """A Qwen2 decoder's settings of `config`'s sizes (InternVL's and Qwen2-Audio's language model; MiniCPM-V
+    4.6's Qwen3.5 decoder takes them too)."""
     return dict(vocab_size=vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
                 num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
                 num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,

@@ -1,5 +1,5 @@
 """ChatML-style formats (`<|im_start|>role\\n...<|im_end|>`), as LLaMA-Factory 0.9.5 registers them:
-chatml itself, the Qwen family, Yi, InternLM2, SmolLM, Phi-4 and the other copies of chatml."""
+chatml itself, the Qwen family, Yi, MiniCPM-V 4.6, InternLM2, SmolLM, Phi-4 and the other copies of chatml."""
 
 from __future__ import annotations
 
@@ -54,6 +54,10 @@ _QWEN2_OMNI_MEDIA = MediaTokens(plugin="qwen2_omni", image_token="<|IMAGE|>", vi
                                 vision_bos="<|vision_bos|>", vision_eos="<|vision_eos|>", audio_token="<|AUDIO|>",
                                 audio_bos="<|audio_bos|>", audio_eos="<|audio_eos|>")
 """Qwen2.5-Omni's thinker: Qwen2-VL's images and videos and Qwen2-Audio's sounds, under its own token names."""
+_MINICPM_V_4_6_MEDIA = MediaTokens(plugin="minicpm_v_4_6", image_token="<|image_pad|>", vision_bos="<image>",
+                                   vision_eos="</image>")
+"""MiniCPM-V 4.6's images (no videos yet): each image and each of its slices, Qwen's `<|image_pad|>` once per merged
+patch, the whole image between `<image>` and `</image>` (see `core.data.media_tokens` for the slices)."""
 _QWEN3_VL_MEDIA = MediaTokens(plugin="qwen3_vl", image_token="<|image_pad|>", video_token="<|video_pad|>",
                               vision_bos="<|vision_start|>", vision_eos="<|vision_end|>")
 
@@ -75,6 +79,8 @@ CHATML_TEMPLATES: tuple[Template, ...] = (
     _qwen("qwen3_vl_nothink", media=_QWEN3_VL_MEDIA),
     _qwen("mimo", default_system="You are a helpful assistant.", reasoning=True),
     _chatml("yi", stop_words=("<|im_end|>",)),
+    _chatml("minicpm_v_4_6", default_system="You are a helpful assistant.", stop_words=("<|im_end|>",),
+            media=_MINICPM_V_4_6_MEDIA),
     _chatml("intern2", format_prefix=(BOS,), default_system=INTERN_SYSTEM, stop_words=("<|im_end|>",)),
     _chatml("intern_vl", format_prefix=(BOS,), default_system=INTERN_VL_SYSTEM, stop_words=("<|im_end|>",), media=_INTERN_VL_MEDIA),
     _chatml("intern_s1", format_prefix=(BOS,), stop_words=("<|im_end|>",), media=_INTERN_VL_MEDIA),

@@ -43,7 +43,7 @@ TOOL_FORMATS: tuple[str, ...] = get_args(ToolFormat)
 """LLaMA-Factory 0.9.5's tool formats, the values `tool_format` takes."""
 DEFAULT_THOUGHT_WORDS = ("<think>\n", "\n</think>\n\n")
 MediaPlugin = Literal["qwen2_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "gemma3", "intern_vl", "paligemma", "mllama",
-                      "qwen2_audio", "qwen2_omni"]
+                      "minicpm_v_4_6", "qwen2_audio", "qwen2_omni"]
 QWEN_PLUGINS = ("qwen2_vl", "qwen3_vl", "glm4v", "qwen2_omni")  # images sized and cut alike (Qwen3-VL in patches of 16)
 """The families whose media placeholders tuneline expands (LLaMA-Factory's `mm_plugin` names)."""
 

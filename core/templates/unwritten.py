@@ -27,7 +27,6 @@ MEDIA_FORMATS: dict[str, str] = {
     "mimo_vl": "MiMo-VL (Qwen2-VL's media)",
     "minicpm_o": "MiniCPM-o (its own image, video and audio plugin)",
     "minicpm_v": "MiniCPM-V (its own image and video plugin)",
-    "minicpm_v_4_6": "MiniCPM-V 4.6 (its own image and video plugin)",
     "ministral3": "Ministral 3 (Pixtral's images)",
     "pixtral": "Pixtral (its own image plugin)",
     "qwen3_5": "Qwen3.5 (Qwen3-VL's media in Qwen3.5's format)",

@@ -5,7 +5,8 @@ decoder), a tiny GLM-4.1V, a tiny InternVL (an InternViT tower, pixel shuffle, Q
 pooling projector and Gemma 3's decoder) and a tiny PaliGemma (a SigLIP tower, a linear projector and Gemma's
 decoder, its image tokens before the text) and a tiny Llama 3.2 Vision (its tiled vision encoder read by a
 cross-attention layer of the decoder) and a tiny Qwen2.5-Omni thinker (Qwen2.5-VL's tower, an audio encoder and Qwen2's
-decoder, which finds its media tokens by id), all from core/models/vision_base_model.py, all with llama2's
+decoder, which finds its media tokens by id) and a tiny MiniCPM-V 4.6 (a NaViT tower with its window merger, the merger
+into Qwen3.5's hybrid linear/full-attention decoder), all from core/models/vision_base_model.py, all with llama2's
 tokenizer (a vocabulary a fifth of Qwen's, for speed) and their family's media and control tokens added. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
 transformers' own generate() answers."""
@@ -54,12 +55,14 @@ FAMILIES = {
                                    "model.visual.merger.", "Qwen2_5OmniThinkerForConditionalGeneration"),
     "paligemma": Family("paligemma", "llama2", "paligemma", "<image>", "model.vision_tower.encoder.",
                         "model.multi_modal_projector.", "PaliGemmaForConditionalGeneration"),
+    "minicpmv4_6": Family("minicpmv4_6", "llama2", "minicpm_v_4_6", "<|image_pad|>", "model.vision_tower.encoder.",
+                          "model.merger.", "MiniCPMV4_6ForConditionalGeneration"),
 }
 
 
 def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
     """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
-    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; InternVL's 4 a tile; Qwen3-VL's grid of 16-pixel patches
+    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; InternVL's 4 a tile; MiniCPM-V's by its target sizes; Qwen3-VL's grid of 16-pixel patches
     and GLM-4V's of 14-pixel ones, merged 2 x 2."""
     if family.name == "mllama":  # one token an image (aspect ratio id 0 pads the image slots of an example)
         return [1] * int((features["aspect_ratio_ids"] > 0).sum())
@@ -67,6 +70,8 @@ def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
         return [16] * len(features["pixel_values"])
     if family.name == "internvl":  # one 56-pixel tile each: 4 x 4 patches, pixel-shuffled 2 x 2
         return [4] * len(features["pixel_values"])
+    if family.name == "minicpmv4_6":  # pictures this small are not sliced: each is one part, a token per 4 x 4 patches
+        return (features["target_sizes"].prod(dim=1) // 16).tolist()
     if family.name == "llava_next":  # LlavaNextProcessor's count for each image's size, in 56-pixel tiles, less the class token
         from transformers import AutoProcessor
 
