@@ -26,8 +26,6 @@ def scoring_class(config: PretrainedConfig) -> type:
     from transformers import AutoModel, AutoModelForSequenceClassification, PreTrainedModel
     from transformers.modeling_layers import GenericForSequenceClassification
 
-    from tuneline.core.models.loading import generating_class
-
     config_class = type(config)
     if config_class in AutoModelForSequenceClassification._model_mapping or config_class not in AutoModel._model_mapping:
         return AutoModelForSequenceClassification  # its own class, or its own error naming the family
@@ -36,16 +34,20 @@ def scoring_class(config: PretrainedConfig) -> type:
         family = next(parent for parent in base.__mro__[1:] if issubclass(parent, PreTrainedModel))
         name = base.__name__.removesuffix("Model") + "ForSequenceClassification"
         _BUILT[config_class] = type(name, (GenericForSequenceClassification, family), {"__module__": __name__})
-        _read_checkpoints_as(name, generating=generating_class(config)._model_mapping[config_class])
+        _read_checkpoints_as(name, config_class=config_class)
     return _BUILT[config_class]
 
 
-def _read_checkpoints_as(name: str, *, generating: type) -> None:
+def _read_checkpoints_as(name: str, *, config_class: type) -> None:
     """Have transformers rename a checkpoint's weights for class `name` as it renames them for the family's
-    generating class (`generating`): its folders store the older layout (`model.layers`, `visual`), which
+    class that writes text: its folders store the older layout (`model.layers`, `visual`), which
     transformers maps by class name onto `model.language_model`, `model.visual`."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForMultimodalLM
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 
-    renames = get_checkpoint_conversion_mapping(generating.__name__)
-    if renames is not None:
-        register_checkpoint_conversion_mapping(name, renames, overwrite=True)
+    for auto_class in (AutoModelForImageTextToText, AutoModelForMultimodalLM, AutoModelForCausalLM):
+        if config_class in auto_class._model_mapping:
+            renames = get_checkpoint_conversion_mapping(auto_class._model_mapping[config_class].__name__)
+            if renames is not None:
+                register_checkpoint_conversion_mapping(name, renames, overwrite=True)
+            return
