@@ -200,3 +200,46 @@ def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp
     output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **features, **extra,
                             **generation_kwargs(GeneratingConfig(max_new_tokens=4, do_sample=False), tokenizer, model))
     assert tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True).strip() == answer
+
+
+def test_the_reward_model_keeps_the_backbone_and_scores_with_the_pixels(family, tmp_path: Path):
+    """Stage rm's model of each family (transformers' own sequence-classification class, or its generic one on
+    the family's base model): every weight but the new head is the folder's, and the score of an example
+    follows its pixels."""
+    import torch
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.models.loading import load_model
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.collators import build_collator
+
+    family, model_dir, data = family
+    reward = load_model(model_dir, head="score")
+    writer = dict(load_model(model_dir).named_parameters())
+    kept = {name: torch.equal(parameter, writer[name]) for name, parameter in reward.named_parameters() if name in writer}
+    assert [name for name, _ in reward.named_parameters() if name not in writer] == ["score.weight"] and all(kept.values())
+    config = build_stage_config({"model_name_or_path": str(model_dir), "dataset": "pictures", "dataset_dir": str(data),
+                                 "template": family.template, "cutoff_len": 256})
+    tokenize_stage_data(config, tokenizer_path=model_dir, output_dir=tmp_path / "tokenized")
+    train = load_from_disk(str(tmp_path / "tokenized"))["train"].select(range(3))  # one picture each
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    reward.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    collate = build_collator(train, tokenizer=tokenizer, model=reward, media_rows=MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR))
+
+    def scores(rows) -> torch.Tensor:
+        batch = {key: value for key, value in collate([rows[i] for i in range(len(rows))]).items() if key != "labels"}
+        with torch.no_grad():
+            return reward(**batch).logits[:, 0]
+
+    from PIL import Image
+
+    whitened = []
+    for files in train["images"]:
+        with Image.open(files[0]) as image:
+            Image.new("RGB", image.size, (250, 250, 250)).save(tmp_path / Path(files[0]).name)
+        whitened.append([str(tmp_path / Path(files[0]).name)])
+    original = scores(train)
+    assert original.shape == (3,) and not torch.allclose(original, scores(train.remove_columns("images").add_column("images", whitened)))
