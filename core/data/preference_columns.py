@@ -69,9 +69,10 @@ def dpo_pairs(dataset: Dataset) -> Dataset:
 
 
 def odds_ratio_pairs(dataset: Dataset) -> Dataset:
-    """The six pairwise columns as they are: TRL's ORPO and CPO (SimPO) trainers read LLaMA-Factory's names."""
+    """The six pairwise columns as they are: TRL's ORPO and CPO (SimPO) trainers read LLaMA-Factory's names
+    (and a pair's media files as `image_files`, ...)."""
     check_columns(dataset, examples="pairwise")
-    return _map(dataset, lambda batch: {name: batch[name] for name in PAIRWISE_COLUMNS})
+    return _map(dataset, lambda batch: {**{name: batch[name] for name in PAIRWISE_COLUMNS}, **_media_files(batch)})
 
 
 def kto_examples(dataset: Dataset) -> Dataset:

@@ -72,14 +72,10 @@ def dpo_loss_terms(finetuning: FinetuningConfig) -> tuple[list[str], list[float]
 
 
 def build_dpo_trainer(request: TrainerRequest) -> Trainer:
-    """A TRL trainer for stage dpo and `pref_loss`, ready to train on tuneline's tokenized pairs
-    (image pairs with the sigmoid, hinge and ipo losses)."""
+    """A TRL trainer for stage dpo and `pref_loss`, ready to train on tuneline's tokenized pairs (pairs of
+    media rows too)."""
     finetuning = request.finetuning
-    problems = dpo_problems(finetuning)
-    if request.media_rows is not None and finetuning.pref_loss in REFERENCE_FREE:
-        problems.append(f"'pref_loss: {finetuning.pref_loss}' does not train on image pairs yet; choose sigmoid, hinge "
-                        "or ipo for them.")
-    raise_problems(problems)
+    raise_problems(dpo_problems(finetuning))
     if finetuning.pref_loss in REFERENCE_FREE:
         return _reference_free_trainer(request)
     from trl import DPOConfig
@@ -116,7 +112,8 @@ def _reference_free_trainer(request: TrainerRequest) -> Trainer:
         config = trl_config(CPOConfig, args, loss_type="simpo", beta=finetuning.pref_beta,
                             cpo_alpha=finetuning.pref_ftx, simpo_gamma=finetuning.simpo_gamma,
                             label_smoothing=finetuning.dpo_label_smoothing, **untracked)
-    return trl_trainer(trainer_class, request, config=config, convert=odds_ratio_pairs)
+    media = {"media_rows": request.media_rows} if request.media_rows is not None else {}
+    return trl_trainer(trainer_class, request, config=config, convert=odds_ratio_pairs, **media)
 
 
 def preference_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,

@@ -8,6 +8,7 @@ processed datasets. Imported lazily by `core.preference`, since loading TRL's tr
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from typing import Any
 
 from accelerate.utils import is_peft_model
@@ -112,14 +113,40 @@ class OwnKLPromptCollator(DataCollatorForUnpairedPreference):
 
 
 class TokenizedORPOTrainer(ORPOTrainer):
-    """ORPO on `alignment_data.odds_ratio_pairs` rows (LLaMA-Factory's column names, which ORPO reads)."""
+    """ORPO on `alignment_data.odds_ratio_pairs` rows (LLaMA-Factory's column names, which ORPO reads); pairs
+    of media rows get their pixels in the concatenated pass."""
+
+    def __init__(self, *args: Any, media_rows: Any = None, **trainer_arguments: Any) -> None:
+        super().__init__(*args, **trainer_arguments)
+        self.pair_media = _pair_media(media_rows, self.processing_class)
 
     def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, Any]:
         return feature
+
+    def concatenated_forward(self, model: Any, batch: dict[str, Any]) -> Any:
+        with self.pair_media.feeding(model, batch) if self.pair_media else nullcontext():
+            return super().concatenated_forward(model, batch)
 
 
 class TokenizedCPOTrainer(CPOTrainer):
-    """CPO with SimPO's loss on `alignment_data.odds_ratio_pairs` rows."""
+    """CPO with SimPO's loss on `alignment_data.odds_ratio_pairs` rows; pairs of media rows get their
+    pixels in the concatenated pass."""
+
+    def __init__(self, *args: Any, media_rows: Any = None, **trainer_arguments: Any) -> None:
+        super().__init__(*args, **trainer_arguments)
+        self.pair_media = _pair_media(media_rows, self.processing_class)
 
     def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, Any]:
         return feature
+
+    def concatenated_forward(self, model: Any, batch: dict[str, Any]) -> Any:
+        with self.pair_media.feeding(model, batch) if self.pair_media else nullcontext():
+            return super().concatenated_forward(model, batch)
+
+
+def _pair_media(media_rows: Any, tokenizer: Any) -> Any:
+    if media_rows is None:
+        return None
+    from tuneline.core.training.media_collator import ConcatenatedPairMedia
+
+    return ConcatenatedPairMedia(media_rows, token_ids=media_rows.token_ids(tokenizer))

@@ -8,12 +8,14 @@ data was counted with (`MediaRows.read`), so the model gets `pixel_values` and `
 (and Qwen2-VL's `mm_token_type_ids`). A pack of media rows (`packing`) keeps its position_ids, restarting at each
 example, except for the Qwen-VL families, whose 3D rotary positions the model computes over the whole pack
 from its media tokens, as LLaMA-Factory's collator does for plain packing; `PairedMediaCollator` does the same for DPO's pairs, and
-`FeedbackMediaCollator` for KTO's examples and their KL sequences.
+`FeedbackMediaCollator` for KTO's examples and their KL sequences; `ConcatenatedPairMedia` feeds ORPO's and
+SimPO's pairs, whose trainers concatenate them inside their forward pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,3 +92,34 @@ class FeedbackMediaCollator:
                                         attention_mask=batch.get("KL_attention_mask"))  # no media: the token types alone
         return {**batch, **inputs, **{f"KL_{key}": value for key, value in types.items()
                                       if key in ("mm_token_type_ids", "token_type_ids")}}
+
+
+@dataclass(frozen=True)
+class ConcatenatedPairMedia:
+    """The media of a batch of pairs for a trainer whose forward pass takes ids and mask alone (TRL's ORPO
+    and CPO trainers concatenate chosen and rejected inside their `concatenated_forward`): `feeding`
+    takes the pairs' files out of the batch and, for that one pass, hands the model each pair's media for
+    its chosen and its rejected sequence, cut for the concatenated ids it is called with."""
+
+    media: MediaRows
+    token_ids: dict[str, int]
+
+    @contextmanager
+    def feeding(self, model: Any, batch: dict[str, Any]) -> Iterator[None]:
+        from tuneline.core.data.preference_columns import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
+
+        images, videos, audios = ([path for paths in batch.pop(column, None) or () for path in paths or ()]
+                                  for column in (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES))
+
+        def with_media(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            input_ids = args[0] if args else kwargs["input_ids"]
+            inputs = self.media.model_inputs(input_ids, images + images, videos + videos, audios + audios,
+                                             token_ids=self.token_ids, attention_mask=kwargs.get("attention_mask"))
+            return args, {**kwargs, **{key: value.to(input_ids.device) if hasattr(value, "to") else value
+                                       for key, value in inputs.items()}}
+
+        handle = model.register_forward_pre_hook(with_media, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()

@@ -378,3 +378,62 @@ def test_packed_picture_rows_keep_each_examples_images_whole_and_in_order(pictur
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
     assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]
+
+
+@pytest.mark.parametrize("pref_loss", ["orpo", "simpo"])
+def test_orpo_and_simpo_feed_each_pairs_pixels_into_their_concatenated_pass(pictures, tmp_path: Path, monkeypatch,
+                                                                            pref_loss: str):
+    """TRL's ORPO and CPO (SimPO) trainers concatenate chosen and rejected inside their forward pass, which
+    takes ids and mask alone: tuneline hands the model each pair's pixels, twice, for that pass. The loss of
+    a batch moves when its pictures change, and `tuneline train` trains on picture pairs."""
+    import torch
+    import yaml
+    from conftest import run_cli_here, train_in_this_process
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from tuneline.core.config import FinetuningConfig
+    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.preference_columns import IMAGE_FILES, odds_ratio_pairs
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.models.loading import apply_finetuning, load_model
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.media_collator import ConcatenatedPairMedia
+
+    model_dir, data = pictures
+    keys = {"model_name_or_path": str(model_dir), "stage": "dpo", "pref_loss": pref_loss, "dataset": "picture_pairs",
+            "dataset_dir": str(data), "template": "qwen2_vl", "cutoff_len": 256}
+    tokenize_stage_data(build_stage_config(keys), tokenizer_path=model_dir, output_dir=tmp_path / "tokenized")
+    pairs = odds_ratio_pairs(load_from_disk(str(tmp_path / "tokenized"))["train"])
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    media = MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR)
+    feeding = ConcatenatedPairMedia(media, token_ids=media.token_ids(tokenizer))
+    model = apply_finetuning(load_model(model_dir), FinetuningConfig(finetuning_type="full"))
+    seen = {}
+    ids = torch.tensor([pairs[0]["chosen_input_ids"], pairs[0]["rejected_input_ids"]])  # same length: one-word replies
+    batch = {IMAGE_FILES: [pairs[0][IMAGE_FILES]]}
+    with feeding.feeding(model, batch):
+        watch = model.register_forward_pre_hook(lambda module, args, kwargs: seen.update(kwargs), with_kwargs=True)
+        fed = model(ids, attention_mask=torch.ones_like(ids)).logits
+        watch.remove()
+    assert IMAGE_FILES not in batch and seen["image_grid_thw"].shape[0] == 2  # the pair's picture, for both sequences
+    assert seen["mm_token_type_ids"].tolist() == (ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).long().tolist()
+    assert not torch.allclose(fed, model(ids, attention_mask=torch.ones_like(ids)).logits)  # without pixels: other logits
+
+    (tmp_path / "dpo.yaml").write_text(yaml.safe_dump({
+        **keys, "do_train": True, "finetuning_type": "lora", "lora_target": "all", "output_dir": str(tmp_path / "out"),
+        "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3, "logging_steps": 1, "report_to": "none"}))
+    fed_files = []
+    real_feeding = ConcatenatedPairMedia.feeding
+
+    def counted(self, model, batch):  # the real feeding, its batches' picture counts recorded
+        fed_files.append(sum(len(paths) for paths in batch.get(IMAGE_FILES) or ()))
+        return real_feeding(self, model, batch)
+
+    monkeypatch.setattr(ConcatenatedPairMedia, "feeding", counted)
+    train_in_this_process(monkeypatch)
+    result = run_cli_here("train", str(tmp_path / "dpo.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
+    assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]
+    assert fed_files[:2] and all(count > 0 for count in fed_files)  # every training pass got its pairs' pictures
