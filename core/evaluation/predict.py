@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 
+    from tuneline.core.data.row_media import RowMedia
+
 PREDICTIONS_FILE = "generated_predictions.jsonl"
 IGNORE_INDEX = -100
 
@@ -104,8 +106,10 @@ def generation_kwargs(generating: GeneratingConfig, tokenizer: PreTrainedTokeniz
 
 
 def generate_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Sequence[int]], *,
-                     generating: GeneratingConfig, batch_size: int = 1) -> list[list[int]]:
-    """The generated ids of each prompt (prompt and padding removed), batches left-padded."""
+                     generating: GeneratingConfig, batch_size: int = 1, media: RowMedia | None = None,
+                     rows: Sequence[Mapping[str, Any]] = ()) -> list[list[int]]:
+    """The generated ids of each prompt (prompt and padding removed), batches left-padded; with `media`,
+    each prompt reads the media of its row in `rows`."""
     import torch
 
     kwargs = generation_kwargs(generating, tokenizer, model)
@@ -118,7 +122,8 @@ def generate_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             width = max(len(p) for p in batch)
             input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in batch], device=model.device)
             attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
-            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            pixels = media.inputs(input_ids, rows[start : start + len(batch)], attention_mask=attention_mask) if media else {}
+            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **pixels, **kwargs)
             answers.extend(_strip_stop(row[width:].tolist(), pad=pad, stops=kwargs["eos_token_id"]) for row in output)
     return answers
 
@@ -132,14 +137,25 @@ def _strip_stop(ids: list[int], *, pad: int, stops: Sequence[int]) -> list[int]:
 
 
 def do_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, predict_set: Dataset | None, *,
-               output_dir: str | Path, generating: GeneratingConfig, batch_size: int = 1) -> dict[str, float]:
-    """Answer the predict set, write `generated_predictions.jsonl` and return the `predict_*` metrics."""
+               output_dir: str | Path, generating: GeneratingConfig, batch_size: int = 1,
+               media: RowMedia | None = None) -> dict[str, float]:
+    """Answer the predict set, write `generated_predictions.jsonl` and return the `predict_*` metrics.
+    Media rows are answered with their media (`media`, the tokenized data's)."""
     if predict_set is None or len(predict_set) == 0:
         raise ConfigError("'do_predict: true' found no predict set: the tokenized data has no validation rows; "
                           "name 'eval_dataset' or hold rows out with 'val_size'.")
+    rows: list[dict[str, Any]] = []
+    if media is not None:
+        if "position_ids" in predict_set.column_names:
+            raise ConfigError("'do_predict: true' answers each held-out example with its own media, and the held-out "
+                              "media rows were packed together ('packing: true'); predict from a run without packing.")
+        files = media.files_of(predict_set)
+        rows = [files[index] for index, row in enumerate(predict_set) if last_trained_span(row["labels"]) is not None
+                or IGNORE_INDEX not in row["labels"]]
     examples = predict_examples(predict_set)
     started = time.monotonic()
-    answers = generate_answers(model, tokenizer, [prompt for prompt, _ in examples], generating=generating, batch_size=batch_size)
+    answers = generate_answers(model, tokenizer, [prompt for prompt, _ in examples], generating=generating, batch_size=batch_size,
+                               media=media, rows=rows)
     seconds = time.monotonic() - started
     prompts = tokenizer.batch_decode([prompt for prompt, _ in examples], skip_special_tokens=False)
     predicted = tokenizer.batch_decode(answers, skip_special_tokens=generating.skip_special_tokens)
@@ -168,13 +184,15 @@ def predict_set(datasets: DatasetDict) -> Dataset | None:
     return concatenate_datasets(splits) if splits else None
 
 
-def predict_after_training(trainer: Trainer, datasets: DatasetDict, *, generating: Mapping[str, Any]) -> dict[str, float]:
-    """`do_predict` on the main process with the trained model; results saved as `predict_results.json`."""
+def predict_after_training(trainer: Trainer, datasets: DatasetDict, *, generating: Mapping[str, Any],
+                           media: RowMedia | None = None) -> dict[str, float]:
+    """`do_predict` on the main process with the trained model (media rows with `media`, the trainer's);
+    results saved as `predict_results.json`."""
     if not trainer.is_world_process_zero():
         return {}
     metrics = do_predict(trainer.model, trainer.processing_class, predict_set(datasets),
                          output_dir=trainer.args.output_dir, generating=GeneratingConfig(**generating),
-                         batch_size=trainer.args.per_device_eval_batch_size)
+                         batch_size=trainer.args.per_device_eval_batch_size, media=media)
     trainer.save_metrics("predict", metrics)
     return metrics
 

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedModel
 
+    from tuneline.core.data.row_media import RowMedia
+
 
 @dataclass(frozen=True)
 class PairLogps:
@@ -42,23 +44,27 @@ class PairLogps:
 
 
 def pair_logps(
-    model: PreTrainedModel, pairs: Dataset, *, batch_size: int = 16, adapter_off: bool = False
+    model: PreTrainedModel, pairs: Dataset, *, batch_size: int = 16, adapter_off: bool = False, media: RowMedia | None = None
 ) -> PairLogps:
-    """Reply log-probabilities of `model` for every pair; `adapter_off` switches a LoRA model's adapter off."""
+    """Reply log-probabilities of `model` for every pair; `adapter_off` switches a LoRA model's adapter off.
+    Pairs of media rows are read with their media (`media`), fed for both replies."""
     check_columns(pairs, examples="pairwise")
     context = model.disable_adapter() if adapter_off else contextlib.nullcontext()
+    rows = media.files_of(pairs) if media is not None else None
     with context:
         chosen, chosen_tokens = sequence_logps(model, pairs["chosen_input_ids"], pairs["chosen_labels"],
-                                               batch_size=batch_size)
+                                               batch_size=batch_size, media=media, rows=rows)
         rejected, rejected_tokens = sequence_logps(model, pairs["rejected_input_ids"], pairs["rejected_labels"],
-                                                   batch_size=batch_size)
+                                                   batch_size=batch_size, media=media, rows=rows)
     return PairLogps(chosen, rejected, chosen_tokens, rejected_tokens)
 
 
 def sequence_logps(
-    model: PreTrainedModel, input_ids: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], *, batch_size: int = 16
+    model: PreTrainedModel, input_ids: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], *, batch_size: int = 16,
+    media: RowMedia | None = None, rows: Sequence[dict] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence: the summed log-probability of its labelled tokens, and how many there are."""
+    """Per sequence: the summed log-probability of its labelled tokens, and how many there are; with
+    `media`, each sequence reads the media of its row in `rows`."""
     import torch
 
     device = next(model.parameters()).device
@@ -67,9 +73,11 @@ def sequence_logps(
     sums, counts = [], []
     with torch.no_grad():
         for start in range(0, len(input_ids), batch_size):
-            rows = slice(start, start + batch_size)
-            ids, label_ids, mask = _right_padded(input_ids[rows], labels[rows])
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+            rows_of = slice(start, start + batch_size)
+            ids, label_ids, mask = _right_padded(input_ids[rows_of], labels[rows_of])
+            ids, mask = ids.to(device), mask.to(device)
+            pixels = media.inputs(ids, rows[rows_of], attention_mask=mask) if media is not None and rows is not None else {}
+            logits = model(input_ids=ids, attention_mask=mask, **pixels).logits.float()
             targets = label_ids[:, 1:].to(device)
             valid = targets != IGNORE_INDEX
             log_probs = torch.log_softmax(logits[:, :-1], dim=-1)
@@ -124,18 +132,19 @@ def evaluate_preference(
     beta: float = 0.1,
     reference: PreTrainedModel | None = None,
     batch_size: int = 16,
+    media: RowMedia | None = None,
 ) -> dict[str, float]:
     """Likelihood metrics of `policy` on `pairs`, plus implicit reward metrics against `reference`,
     or, with no `reference`, against a LoRA policy's adapter switched off (the reference of a new
     adapter in training); a policy that is neither gets the likelihood metrics alone."""
     from peft import PeftModel
 
-    own = pair_logps(policy, pairs, batch_size=batch_size)
+    own = pair_logps(policy, pairs, batch_size=batch_size, media=media)
     metrics = {**likelihood_metrics(own), "pairs": float(len(own.chosen))}
     if reference is not None:
-        base = pair_logps(reference, pairs, batch_size=batch_size)
+        base = pair_logps(reference, pairs, batch_size=batch_size, media=media)
     elif isinstance(policy, PeftModel):
-        base = pair_logps(policy, pairs, batch_size=batch_size, adapter_off=True)
+        base = pair_logps(policy, pairs, batch_size=batch_size, adapter_off=True, media=media)
     else:
         return metrics
     metrics.update(implicit_reward_metrics(own, base, beta=beta))

@@ -20,13 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneline.core.data.media_rows import MediaRows
+from tuneline.core.data.row_media import RowMedia, media_files
 from tuneline.core.templates.spec import QWEN_PLUGINS
 
 TEXT_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids")  # position_ids: packs only
 
-
-def _files(features: Sequence[Mapping[str, Any]], column: str) -> list[str]:
-    return [path for feature in features for path in feature.get(column) or ()]
 
 
 def _text_and_files(text_collator: Callable[[list[dict[str, Any]]], dict[str, Any]], features: Sequence[Mapping[str, Any]]
@@ -37,7 +35,7 @@ def _text_and_files(text_collator: Callable[[list[dict[str, Any]]], dict[str, An
 
     files = (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES)
     batch = dict(text_collator([{key: value for key, value in feature.items() if key not in files} for feature in features]))
-    return batch, tuple(_files(features, column) for column in files)  # type: ignore[return-value]
+    return batch, tuple(media_files(features, column) for column in files)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -50,8 +48,8 @@ class MediaCollator:
         batch = dict(self.text_collator([{key: feature[key] for key in TEXT_COLUMNS if key in feature} for feature in features]))
         if self.media.media.plugin in QWEN_PLUGINS:  # a pack's rotary positions are the model's own, over the whole pack
             batch.pop("position_ids", None)
-        inputs = self.media.model_inputs(batch["input_ids"], _files(features, "images"), _files(features, "videos"),
-                                         _files(features, "audios"), token_ids=self.token_ids,
+        inputs = self.media.model_inputs(batch["input_ids"], media_files(features, "images"), media_files(features, "videos"),
+                                         media_files(features, "audios"), token_ids=self.token_ids,
                                          attention_mask=batch.get("attention_mask"))
         return {**batch, **inputs}
 
@@ -123,3 +121,13 @@ class ConcatenatedPairMedia:
             yield
         finally:
             handle.remove()
+
+
+
+def row_media(trainer: Any) -> RowMedia | None:
+    """The `RowMedia` of a trainer on media rows (its collator's media, or ORPO's and SimPO's own), else None."""
+    collator = trainer.data_collator
+    if isinstance(collator, (MediaCollator, PairedMediaCollator, FeedbackMediaCollator)):
+        return RowMedia(collator.media, token_ids=collator.token_ids)
+    pair_media = getattr(trainer, "pair_media", None)  # TokenizedORPOTrainer's and TokenizedCPOTrainer's
+    return RowMedia(pair_media.media, token_ids=pair_media.token_ids) if pair_media is not None else None

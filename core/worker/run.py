@@ -102,8 +102,10 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         metrics.update(results["eval"])
     if args.do_predict:
         from tuneline.core.evaluation.predict import predict_after_training
+        from tuneline.core.training.media_collator import row_media
 
-        metrics.update(predict_after_training(trainer, datasets, generating=prediction_generating(job.generating, data)))
+        metrics.update(predict_after_training(trainer, datasets, generating=prediction_generating(job.generating, data),
+                                              media=row_media(trainer)))
     for split, values in results.items() if main else ():
         save_results(job.output_dir, split, values)
     finish_outputs(job, main=main)

@@ -398,7 +398,7 @@ def test_orpo_and_simpo_feed_each_pairs_pixels_into_their_concatenated_pass(pict
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.training.media_collator import ConcatenatedPairMedia
+    from tuneline.core.training.media_collator import ConcatenatedPairMedia, RowMedia
 
     model_dir, data = pictures
     keys = {"model_name_or_path": str(model_dir), "stage": "dpo", "pref_loss": pref_loss, "dataset": "picture_pairs",
@@ -422,18 +422,58 @@ def test_orpo_and_simpo_feed_each_pairs_pixels_into_their_concatenated_pass(pict
 
     (tmp_path / "dpo.yaml").write_text(yaml.safe_dump({
         **keys, "do_train": True, "finetuning_type": "lora", "lora_target": "all", "output_dir": str(tmp_path / "out"),
-        "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3, "logging_steps": 1, "report_to": "none"}))
-    fed_files = []
-    real_feeding = ConcatenatedPairMedia.feeding
+        "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3, "logging_steps": 1, "report_to": "none",
+        "eval_dataset": "picture_pairs", "do_eval": True}))
+    fed_files, held_out = [], []
+    real_feeding, real_inputs = ConcatenatedPairMedia.feeding, RowMedia.inputs
 
     def counted(self, model, batch):  # the real feeding, its batches' picture counts recorded
         fed_files.append(sum(len(paths) for paths in batch.get(IMAGE_FILES) or ()))
         return real_feeding(self, model, batch)
 
+    def held_out_inputs(self, input_ids, rows, **kwargs):  # the real cut, the held-out pictures recorded
+        held_out.append(sum(len(row["images"]) for row in rows))
+        return real_inputs(self, input_ids, rows, **kwargs)
+
     monkeypatch.setattr(ConcatenatedPairMedia, "feeding", counted)
+    monkeypatch.setattr(RowMedia, "inputs", held_out_inputs)
     train_in_this_process(monkeypatch)
     result = run_cli_here("train", str(tmp_path / "dpo.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
     assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]
     assert fed_files[:2] and all(count > 0 for count in fed_files)  # every training pass got its pairs' pictures
+    metrics = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert metrics["eval_pref_pairs"] == 3.0 and held_out == [3, 3, 3, 3]  # policy and adapter-off reference, both replies
+
+
+def test_do_predict_answers_each_held_out_picture_row_with_its_pictures(pictures, tmp_path: Path, monkeypatch):
+    """sft with `do_predict` on picture rows: every held-out row's answer is generated with its own pictures
+    (the tokenized data's processor cutting them), and written with its prompt and label."""
+    import yaml
+    from conftest import run_cli_here, train_in_this_process
+
+    from tuneline.core.training.media_collator import RowMedia
+
+    model, data = pictures
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": str(model), "stage": "sft", "dataset": "pictures", "eval_dataset": "pictures",
+        "dataset_dir": str(data), "template": "qwen2_vl", "cutoff_len": 256, "do_train": True, "do_predict": True,
+        "predict_with_generate": True, "max_new_tokens": 3, "finetuning_type": "lora", "output_dir": str(tmp_path / "out"),
+        "per_device_train_batch_size": 2, "per_device_eval_batch_size": 2, "max_steps": 1, "report_to": "none"}))
+    answered = []
+    real_inputs = RowMedia.inputs
+
+    def recorded(self, input_ids, rows, **kwargs):  # the real cut, each batch's pictures recorded
+        answered.append([len(row["images"]) for row in rows])
+        inputs = real_inputs(self, input_ids, rows, **kwargs)
+        assert int((inputs["image_grid_thw"].prod(dim=1) // 4).sum()) == int((input_ids == self.token_ids["images"]).sum())
+        return inputs
+
+    monkeypatch.setattr(RowMedia, "inputs", recorded)
+    train_in_this_process(monkeypatch)
+    result = run_cli_here("train", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    predictions = [json.loads(line) for line in (tmp_path / "out" / "generated_predictions.jsonl").read_text().splitlines()]
+    assert [p["label"].strip() for p in predictions] == ["red", "blue", "green", "red and blue"]
+    assert answered == [[1, 1], [1, 2]]  # two batches of two rows, the last row's two pictures
