@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tuneline.core.data.media_rows import MediaRows
@@ -28,6 +29,18 @@ class RowMedia:
                                          token_ids=self.token_ids,
                                          attention_mask=None if attention_mask is None else attention_mask.cpu())
         return {key: value.to(device) if hasattr(value, "to") else value for key, value in inputs.items()}
+
+    @classmethod
+    def of_tokenized(cls, tokenized_path: str | Path, tokenizer: Any) -> RowMedia | None:
+        """The media of a tokenized dataset's rows, as its tokenization saved them; None for a text dataset."""
+        from tuneline.core.data.media_rows import SETTINGS_FILE
+        from tuneline.core.data.tokenization import TOKENIZER_DIR
+
+        folder = Path(tokenized_path) / TOKENIZER_DIR
+        if not (folder / SETTINGS_FILE).is_file():
+            return None
+        media = MediaRows.read(folder)
+        return cls(media, token_ids=media.token_ids(tokenizer))
 
     @staticmethod
     def files_of(dataset: Any) -> list[dict[str, Any]]:

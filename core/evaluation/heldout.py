@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import StageConfig
+from tuneline.core.data.row_media import RowMedia
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -32,32 +33,42 @@ def load_for_inference(model_path: str | Path, *, adapter_path: str | Path | Non
     return model.eval()
 
 
-def validation_loss(model: PreTrainedModel, dataset_path: str | Path, *, tokenizer, batch_size: int = 8) -> dict[str, float]:
+def validation_loss(model: PreTrainedModel, dataset_path: str | Path, *, tokenizer, batch_size: int = 8,
+                    media: RowMedia | None = None) -> dict[str, float]:
     """Token-weighted mean loss and perplexity on the `validation` split of a tokenized dataset, or
-    on each evaluation dataset's split (`eval_on_each_dataset`; metrics named `eval_<name>_*`)."""
+    on each evaluation dataset's split (`eval_on_each_dataset`; metrics named `eval_<name>_*`); media
+    rows read with their media (`media`, the tokenized data's)."""
     from datasets import load_from_disk
 
     from tuneline.core.data.eval_splits import VALIDATION, dataset_metrics, per_dataset_splits
 
     splits = load_from_disk(str(dataset_path))
     if VALIDATION in splits:
-        return _split_loss(model, splits[VALIDATION], tokenizer=tokenizer, batch_size=batch_size)
+        return _split_loss(model, splits[VALIDATION], tokenizer=tokenizer, batch_size=batch_size, media=media)
     metrics: dict[str, float] = {}
     for name, split in per_dataset_splits(splits).items():
-        metrics.update(dataset_metrics(_split_loss(model, splits[split], tokenizer=tokenizer, batch_size=batch_size), name))
+        loss = _split_loss(model, splits[split], tokenizer=tokenizer, batch_size=batch_size, media=media)
+        metrics.update(dataset_metrics(loss, name))
     return metrics
 
 
-def _split_loss(model: PreTrainedModel, rows, *, tokenizer, batch_size: int) -> dict[str, float]:
+TEXT_COLUMNS = ("input_ids", "attention_mask", "labels")
+
+
+def _split_loss(model: PreTrainedModel, rows, *, tokenizer, batch_size: int, media: RowMedia | None) -> dict[str, float]:
     import torch
     from transformers import DataCollatorForSeq2Seq
 
     collate = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    files = media.files_of(rows) if media is not None else None
     total_loss, total_tokens = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
-            batch = collate([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            indices = range(start, min(start + batch_size, len(rows)))
+            batch = collate([{key: rows[i][key] for key in TEXT_COLUMNS} for i in indices])
+            pixels = media.inputs(batch["input_ids"], [files[i] for i in indices], attention_mask=batch["attention_mask"]) \
+                if media is not None else {}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **pixels).logits
             labels = batch["labels"][:, 1:]
             losses = torch.nn.functional.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"
@@ -74,9 +85,11 @@ def perplexity(loss: float) -> float:
 
 
 def greedy_answers(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], *, template, max_new_tokens: int = 32
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], *, template, max_new_tokens: int = 32,
+    media: RowMedia | None = None,
 ) -> list[str]:
-    """Greedy completions of each row's prompt rendered with `template`."""
+    """Greedy completions of each row's prompt rendered with `template`; rows with images, videos or
+    sounds expanded and answered with them as training fed them (`media`, the tokenized data's)."""
     import torch
 
     from tuneline.core.templates.conversation import Conversation, encode_prompt, stop_token_ids
@@ -85,10 +98,17 @@ def greedy_answers(
     answers = []
     with torch.no_grad():
         for row in rows:
-            ids = encode_prompt(template, tokenizer, Conversation(prompt=row["prompt"], system=row.get("system") or None))
+            if media is not None:
+                row = media.media.expand(row)
+            prefix = [tokenizer.convert_tokens_to_ids(template.media.image_token)] * (row.get("image_prefix") or 0) \
+                if template.media is not None else []  # PaliGemma's image tokens open the sequence
+            ids = prefix + encode_prompt(template, tokenizer, Conversation(prompt=row["prompt"], system=row.get("system") or None))
+            input_ids, attention_mask = torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)
+            pixels = media.inputs(input_ids, [row], attention_mask=attention_mask) if media is not None else {}
             output = model.generate(
-                input_ids=torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                **pixels,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 eos_token_id=stops,
@@ -133,11 +153,12 @@ def score_model(
 
     tokenizer = load_tokenizer(Path(tokenized_path) / TOKENIZER_DIR)
     model = load_for_inference(model_path, adapter_path=adapter_path)
-    metrics = validation_loss(model, tokenized_path, tokenizer=tokenizer)
+    media = RowMedia.of_tokenized(tokenized_path, tokenizer)
+    metrics = validation_loss(model, tokenized_path, tokenizer=tokenizer, media=media)
     predictions: list[dict[str, str]] = []
     if rows:
         template = stage_template(config, tokenizer)
-        answers = greedy_answers(model, tokenizer, rows, template=template, max_new_tokens=max_new_tokens)
+        answers = greedy_answers(model, tokenizer, rows, template=template, max_new_tokens=max_new_tokens, media=media)
         metrics["answer_f1"] = answer_score(answers, rows)
         predictions = [
             {"prompt": row["prompt"][-1]["content"], "predict": answer, "label": row["response"][0]["content"]}

@@ -477,3 +477,32 @@ def test_do_predict_answers_each_held_out_picture_row_with_its_pictures(pictures
     predictions = [json.loads(line) for line in (tmp_path / "out" / "generated_predictions.jsonl").read_text().splitlines()]
     assert [p["label"].strip() for p in predictions] == ["red", "blue", "green", "red and blue"]
     assert answered == [[1, 1], [1, 2]]  # two batches of two rows, the last row's two pictures
+
+
+def test_the_pipelines_evaluation_reads_held_out_picture_rows_with_their_pictures(pictures, tmp_path: Path):
+    """A pipeline's evaluate stage (`score_model`) on picture rows: the validation loss is computed with the
+    rows' pixels (it differs from the loss of the same tokens without them) and the held-out answers are
+    generated from the pictures, expanded as training expanded them."""
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.row_media import RowMedia
+    from tuneline.core.data.tokenization import TOKENIZER_DIR, read_rows
+    from tuneline.core.evaluation.heldout import load_for_inference, score_model, validation_loss
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    model, data = pictures
+    config = build_stage_config({"model_name_or_path": str(model), "dataset": "pictures", "eval_dataset": "pictures",
+                                 "dataset_dir": str(data), "template": "qwen2_vl", "cutoff_len": 256})
+    tokenize_stage_data(config, tokenizer_path=model, output_dir=tmp_path / "tokenized")
+    rows = read_rows(["pictures"], config)
+    score = score_model(model, adapter_path=None, config=config, tokenized_path=tmp_path / "tokenized", rows=rows,
+                        max_new_tokens=2)
+    assert score.metrics["eval_tokens"] > 0 and 0.0 <= score.metrics["answer_f1"] <= 1.0
+    assert [p["label"] for p in score.predictions] == ["red", "blue", "green", "red and blue"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    media = RowMedia.of_tokenized(tmp_path / "tokenized", tokenizer)
+    assert media is not None and RowMedia.of_tokenized(tmp_path / "elsewhere", tokenizer) is None
+    loaded = load_for_inference(model)
+    with_pixels = validation_loss(loaded, tmp_path / "tokenized", tokenizer=tokenizer, media=media)
+    assert with_pixels == {key: value for key, value in score.metrics.items() if key.startswith("eval_")}
+    assert with_pixels["eval_loss"] != validation_loss(loaded, tmp_path / "tokenized", tokenizer=tokenizer)["eval_loss"]
