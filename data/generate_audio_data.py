@@ -34,6 +34,28 @@ def write_wave(path: Path, samples: list[float], *, rate: int = RATE, channels: 
         sound.writeframes(struct.pack(f"<{len(samples)}h", *(round(max(-1.0, min(1.0, s)) * 32767) for s in samples)))
 
 
+def write_sounding_clip(path: Path, frames: list, samples: list[float], *, frame_rate: int, rate: int = RATE) -> None:
+    """`frames` (Pillow images of one size) as MPEG-4 video at `frame_rate` frames a second with `samples`
+    (one channel in [-1, 1] at `rate`) as its AAC sound track, in an MP4 file: a clip whose own sound a
+    model can hear with `use_audio_in_video` (needs PyAV)."""
+    import av
+    import numpy as np
+
+    width, height = frames[0].size
+    with av.open(str(path), "w") as container:
+        video = container.add_stream("mpeg4", rate=frame_rate)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        sound = container.add_stream("aac", rate=rate)
+        sound.layout = "mono"
+        for frame in frames:
+            container.mux(video.encode(av.VideoFrame.from_image(frame)))
+        container.mux(video.encode())  # what the encoder still holds
+        track = av.AudioFrame.from_ndarray(np.asarray([samples], dtype=np.float32), format="fltp", layout="mono")
+        track.sample_rate = rate
+        container.mux(sound.encode(track))
+        container.mux(sound.encode())
+
+
 def tone(seconds: float, frequency: float, *, rate: int = RATE, loudness: float = 0.5) -> list[float]:
     return [loudness * math.sin(2 * math.pi * frequency * index / rate) for index in range(round(seconds * rate))]
 
