@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from fractions import Fraction
 from pathlib import Path
 
 SEED = 8765
@@ -22,8 +23,9 @@ DIRECTIONS = ("left", "right")
 QUESTIONS = {"colour": "<video>What colour is the square?", "direction": "<video>Which way does the square move?"}
 
 
-def write_clip(path: Path, frames: list, *, rate: int = RATE) -> None:
-    """`frames` (Pillow images of one size) as an MPEG-4 video in an MP4 file at `rate` frames a second."""
+def write_clip(path: Path, frames: list, *, rate: int | Fraction = RATE) -> None:
+    """`frames` (Pillow images of one size) as an MPEG-4 video in an MP4 file at `rate` frames a second
+    (a Fraction for a rate such as NTSC's 30000/1001)."""
     import av
 
     width, height = frames[0].size

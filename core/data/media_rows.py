@@ -9,10 +9,12 @@ into them is dropped when encoded, since the model would find fewer tokens than 
 (LLaMA-Factory keeps it, and training fails).
 
 A video's tokens are counted from its container's header (size, frame count, duration) without
-decoding it; the collator decodes the sampled frames (`video_frames`). transformers' video processor
-for Qwen2-VL needs torchvision, whose wheel for the CPU build of torch does not import: where it is
-missing the frames are cut by the image processor and laid out in time by `video_features`, and
-where it imports (a CUDA machine) transformers' own video processor cuts them.
+decoding it, and written as its family writes them (`video_layout`: one run for Qwen2-VL, a temporal
+patch at a time with its time for Qwen3-VL and GLM-4.1V); the collator decodes the sampled frames
+(`video_frames`). transformers' video processors need torchvision, whose wheel for the CPU build of
+torch does not import: where it is missing the frames are cut by the image processor and laid out in
+time by `video_features`, and where it imports (a CUDA machine) transformers' own video processor cuts
+them.
 
 The tokenized folder keeps the image processor and the sizing settings beside its tokenizer
 (`save`), and the training collator reads them back (`read`): the pixels a model sees are cut by the
@@ -33,11 +35,15 @@ from typing import Any
 from tuneline.core.config import MediaConfig
 from tuneline.core.data.audio_clips import samples
 from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, MINICPM_V_4_6, PAN_AND_SCAN, SlicedImage,
-                                             VideoPatching, audio_token_count, cross_attention_inputs, expand_audios,
-                                             expand_images, expand_videos, image_features, image_prefix, pan_and_scan_crops,
+                                             audio_token_count, cross_attention_inputs, expand_audios, expand_images,
+                                             expand_videos, image_features, image_prefix, pan_and_scan_crops,
                                              patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
-                                             sliced_images, video_features)
+                                             sliced_images)
 from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
+from tuneline.core.data.video_layout import (TIMED_PLUGINS, VIDEO_PROCESSOR_FILE, TimedVideo, VideoPatching,
+                                             folder_video_patching, glm_kept_frames, glm_token_types, timed_video,
+                                             timed_video_texts, video_features, video_placements, video_processor_config,
+                                             video_run_text)
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
 from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens, Template
@@ -96,11 +102,17 @@ class MediaRows:
                               "MiniCPMV4_6VideoProcessor, which needs torchvision; leave out the videos, or give their frames "
                               "as images.")
         image_processor = load_image_processor(model_path) if media.image_token else None
-        video = _video_patching(media, model_path, image_processor)
+        video = folder_video_patching(media, model_path, image_processor)
         if datasets.get("videos") and video is None:
-            raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds videos to the Qwen2-VL family "
-                              f"so far ('template: qwen2_vl', or 'qwen2_omni' for Qwen2.5-Omni), not through 'template: "
-                              f"{template.name}'; use one of those models or leave out the videos.")
+            raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds videos to Qwen2-VL, Qwen2.5-VL, "
+                              "Qwen2.5-Omni, Qwen3-VL and GLM-4.1V so far ('template: qwen2_vl', 'qwen2_omni', 'qwen3_vl', "
+                              f"'qwen3_vl_nothink' or 'glm4v'), not through 'template: {template.name}'; use one of those "
+                              "models or leave out the videos.")
+        if datasets.get("videos") and datasets.get("images") and media.plugin == "glm4v":
+            raise ConfigError(f"datasets {named('images')} and {named('videos')} hold images and videos, and GLM-4.1V's "
+                              "model (transformers' Glm4vModel) finds an image's and a video frame's features by the same "
+                              "<|image|> token, so a batch holding both fails; train on the images and the videos in "
+                              "separate runs.")
         processor_settings = load_processor_settings(model_path, media)
         return cls(media=media, image_processor=image_processor, settings=settings,
                    processor_settings=processor_settings, video=video,
@@ -120,9 +132,16 @@ class MediaRows:
         (Path(folder) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
     def save_processor(self, folder: str | Path) -> None:
-        """The processor as a model folder holds it: the image processor, and the multimodal processor's
-        numbers (processor_config.json) where the family counts tokens by them."""
+        """The processor as a model folder holds it: the image processor, the multimodal processor's
+        numbers (processor_config.json) where the family counts tokens by them, and Qwen3-VL's and GLM-4.1V's
+        video processor (video_preprocessor_config.json), whose pixel limits are not their image processor's."""
         self._save_processors(folder)
+        if self.video is not None and self.video.whole_clip:
+            if self.video_processor is not None:
+                self.video_processor.save_pretrained(str(folder))
+            else:
+                saved = video_processor_config(self.video, self.media.plugin)
+                (Path(folder) / VIDEO_PROCESSOR_FILE).write_text(json.dumps(saved, indent=2), encoding="utf-8")
         if self.processor_settings:
             named = {"image_token": self.media.image_token} if self.media.plugin in ("llava", "llava_next") else {}
             saved = {**self.processor_settings, **named, "processor_class": PROCESSOR_CLASSES[self.media.plugin]}
@@ -143,7 +162,7 @@ class MediaRows:
         return cls(media=media, image_processor=image_processor, settings=MediaConfig(**saved["settings"]),
                    processor_settings=processor_settings,
                    multimodal_processor=_multimodal_processor(folder, media, image_processor, processor_settings),
-                   video=video and VideoPatching(**video), video_seconds=saved.get("video_seconds", False),
+                   video=video and VideoPatching.saved(video), video_seconds=saved.get("video_seconds", False),
                    video_processor=_video_processor(folder) if video else None,
                    audio_processor=load_audio_processor(folder) if media.audio_token else None)
 
@@ -188,7 +207,8 @@ class MediaRows:
 
     def video_features(self, paths: Sequence[str]) -> dict[str, Any]:
         """The model inputs of the videos at `paths` (pixel_values_videos, video_grid_thw, and Qwen2.5-VL's
-        second_per_grid_ts), as torch tensors: each video's sampled frames decoded, paired and sized."""
+        second_per_grid_ts), as torch tensors: each video's sampled frames decoded, paired and sized (and
+        those GLM-4.1V's video processor keeps of them)."""
         import numpy as np
         import torch
 
@@ -197,6 +217,8 @@ class MediaRows:
             found = probe(path, self.sampling)
             taken = frames(path, found.indices)
             taken += taken[-1:] * (paired(len(taken)) - len(taken))
+            if self.media.plugin == "glm4v":
+                taken = [taken[index] for index in glm_kept_frames(len(taken), found.duration, self.video)]
             videos.append([sized_image(frame, max_pixels=self.settings.video_max_pixels,
                                        min_pixels=self.settings.video_min_pixels, plugin=self.media.plugin) for frame in taken])
             seconds.append(self.video.temporal_patch_size / found.sampled_fps)
@@ -216,7 +238,7 @@ class MediaRows:
         images, videos, audios = (list(row.get(key) or []) for key in ("images", "videos", "audios"))
         image_counts = self.token_counts(images) if images else []
         crops, slicings = self.crops(images), self.slicings(images)
-        video_counts = self.video_token_counts(videos) if videos else []
+        video_texts, video_counts = self.video_texts(row, videos) if videos else ([], [])
         audio_counts = self.audio_token_counts(audios) if audios else []
         in_prompt = placeholder_counts(row["prompt"])  # the prompt's media come first, then the reply's
         expanded = {}
@@ -225,7 +247,7 @@ class MediaRows:
             with_images = expand_images(row[part], image_counts[start["images"]:end["images"]], self.media,
                                         crops and crops[start["images"]:end["images"]], first_index=start["images"],
                                         slicings=None if slicings is None else slicings[start["images"]:end["images"]])
-            with_videos = expand_videos(with_images, video_counts[start["videos"]:end["videos"]], self.media)
+            with_videos = expand_videos(with_images, video_texts[start["videos"]:end["videos"]])
             expanded[part] = expand_audios(with_videos, audio_counts[start["audios"]:end["audios"]], self.media)
         image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
         return {**row, **expanded, "images": images, "videos": videos, "audios": audios,
@@ -279,9 +301,32 @@ class MediaRows:
                                   processor_settings=self.processor_settings, multimodal_processor=self.multimodal_processor,
                                   crop_to_patches=self.settings.crop_to_patches)
 
+    def video_texts(self, row: dict[str, Any], paths: Sequence[str]) -> tuple[list[str], list[int]]:
+        """The text each of the row's videos at `paths` is written as, and its video tokens (see `video_layout`)."""
+        if self.media.plugin not in TIMED_PLUGINS:
+            counts = self.video_token_counts(paths)
+            return [video_run_text(count, self.media) for count in counts], counts
+        timed = self.timed_videos(paths)
+        texts = timed_video_texts(timed, video_placements(row["prompt"], row["response"]), self.media,
+                                  merge_size=self.video.merge_size)
+        return texts, [video.grid[0] * video.tokens_per_patch(self.video.merge_size) for video in timed]
+
+    def timed_videos(self, paths: Sequence[str]) -> list[TimedVideo]:
+        """Qwen3-VL's and GLM-4.1V's videos at `paths`, from their headers: grids and times."""
+        videos = []
+        for path in paths:
+            found = probe(path, self.sampling)
+            width, height = sized_dimensions(found.width, found.height, max_pixels=self.settings.video_max_pixels,
+                                             min_pixels=self.settings.video_min_pixels, plugin=self.media.plugin)
+            videos.append(timed_video(path, found, width=width, height=height, patching=self.video, plugin=self.media.plugin,
+                                      fps=self.settings.video_fps))
+        return videos
+
     def video_token_counts(self, paths: Sequence[str]) -> list[int]:
         """How many video tokens each video at `paths` takes, from its header: its sampled frames (paired)
         at the size its frames are scaled to."""
+        if self.media.plugin in TIMED_PLUGINS:
+            return [video.grid[0] * video.tokens_per_patch(self.video.merge_size) for video in self.timed_videos(paths)]
         counts = []
         for path in paths:
             found = probe(path, self.sampling)
@@ -291,9 +336,12 @@ class MediaRows:
         return counts
 
     def token_ids(self, tokenizer: Any) -> dict[str, int]:
-        """The ids of the template's image token and (for a family that takes videos) video token."""
+        """The ids of the template's image token and (for a family that takes videos) video token, by media
+        column; and GLM-4.1V's video markers (`video_bos`, `video_eos`), within which its image tokens are a video's."""
         tokens = {"images": self.media.image_token, "videos": self.media.video_token if self.video else None,
-                  "audios": self.media.audio_token if self.audio_processor is not None else None}
+                  "audios": self.media.audio_token if self.audio_processor is not None else None,
+                  "video_bos": self.media.video_bos if self.video else None,
+                  "video_eos": self.media.video_eos if self.video else None}
         return {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items() if token}
 
     def model_inputs(self, input_ids: Any, images: Sequence[str], videos: Sequence[str] = (), audios: Sequence[str] = (),
@@ -312,7 +360,9 @@ class MediaRows:
             inputs.update(self.video_features(videos))
         if audios:
             inputs.update(self.audio_features(audios))
-        if self.media.plugin in QWEN_PLUGINS and self.media.plugin != "qwen2_omni":  # Omni finds its media tokens by id
+        if self.media.plugin == "glm4v":  # a video's frames are image tokens: 2 within the video markers, 1 elsewhere
+            inputs["mm_token_type_ids"] = glm_token_types(input_ids, token_ids)
+        elif self.media.plugin in QWEN_PLUGINS and self.media.plugin != "qwen2_omni":  # Omni finds its media tokens by id
             types = (input_ids == token_ids["images"]).long()
             if "videos" in token_ids:
                 types += 2 * (input_ids == token_ids["videos"]).long()
@@ -330,22 +380,6 @@ class MediaRows:
 
 SECONDS_SPACED = frozenset({"qwen2_5_vl"})
 """Model types whose video positions are spaced by seconds per temporal patch (`second_per_grid_ts`)."""
-VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"
-
-
-def _video_patching(media: MediaTokens, model_path: str | Path, image_processor: Any) -> VideoPatching | None:
-    """The folder's video numbers (its video processor's, else its image processor's), for the families
-    whose videos tuneline feeds (Qwen2-VL, Qwen2.5-VL); None for the others."""
-    if media.plugin not in ("qwen2_vl", "qwen2_omni") or not media.video_token:
-        return None
-    path = Path(model_path) / VIDEO_PROCESSOR_FILE
-    if path.is_file():
-        try:
-            return VideoPatching.of({**vars(image_processor), **json.loads(path.read_text(encoding="utf-8"))})
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"{path} cannot be read ({type(e).__name__}: {e}); it sets how the model cuts video "
-                              "frames: use the model's own file.") from e
-    return VideoPatching.of(image_processor)
 
 
 def _video_processor(model_path: str | Path) -> Any:

@@ -304,65 +304,8 @@ def _processed_size(image: Image, image_processor: Any) -> tuple[int, int]:
     return int(pixels.shape[-2]), int(pixels.shape[-1])
 
 
-@dataclass(frozen=True)
-class VideoPatching:
-    """How Qwen2-VL's family cuts video frames into patches: the numbers of the folder's video processor
-    (video_preprocessor_config.json), or of its image processor where it has none (LLaMA-Factory falls
-    back the same way)."""
-
-    patch_size: int
-    temporal_patch_size: int
-    merge_size: int
-    min_pixels: int
-    max_pixels: int
-
-    @classmethod
-    def of(cls, processor: Any) -> VideoPatching:
-        """From a processor object or its saved dictionary (size in `size` or as min_pixels/max_pixels)."""
-        read = processor.get if isinstance(processor, Mapping) else lambda key: getattr(processor, key, None)
-        size = dict(read("size") or {})
-        return cls(patch_size=int(read("patch_size")), temporal_patch_size=int(read("temporal_patch_size")),
-                   merge_size=int(read("merge_size")), min_pixels=int(size.get("shortest_edge") or read("min_pixels")),
-                   max_pixels=int(size.get("longest_edge") or read("max_pixels")))
-
-    @property
-    def size(self) -> dict[str, int]:
-        return {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels}
-
-    def token_count(self, frames: int, width: int, height: int, image_processor: Any) -> int:
-        """Tokens of a video of `frames` (paired) sized frames of `width` x `height`: its temporal patches
-        times each frame's merged patches, the frame cut by the image processor's own arithmetic."""
-        spatial = int(image_processor.get_number_of_image_patches(height, width, {
-            "size": self.size, "patch_size": self.patch_size, "merge_size": self.merge_size}))
-        return math.ceil(frames / self.temporal_patch_size) * spatial // self.merge_size ** 2
-
-
-def video_features(videos: Sequence[Sequence[Image]], image_processor: Any, patching: VideoPatching) -> dict[str, Any]:
-    """`pixel_values_videos` and `video_grid_thw` (numpy) of sized videos, each a paired count of frames.
-
-    The image processor cuts each frame alone, repeating it across the temporal patch; the k-th
-    temporal patch of a video then takes its t-th time slot from frame k x T + t, which is how
-    transformers' video processor lays out consecutive frames. This runs where that class cannot
-    (it needs torchvision), from the same sizes and the same normalisation."""
-    import numpy as np
-
-    temporal = patching.temporal_patch_size
-    pixels, grids = [], []
-    for frames in videos:
-        cut = image_processor(list(frames), size=patching.size, patch_size=patching.patch_size,
-                              merge_size=patching.merge_size, temporal_patch_size=temporal, return_tensors="np")
-        _, grid_h, grid_w = (int(n) for n in cut["image_grid_thw"][0])
-        groups, patches = len(frames) // temporal, grid_h * grid_w
-        flat = cut["pixel_values"].reshape(groups, temporal, patches, -1, temporal, patching.patch_size ** 2)
-        video = np.stack([flat[:, slot, :, :, slot] for slot in range(temporal)], axis=3)
-        pixels.append(video.reshape(groups * patches, -1))
-        grids.append([groups, grid_h, grid_w])
-    return {"pixel_values_videos": np.concatenate(pixels), "video_grid_thw": np.array(grids, dtype=np.int64)}
-
-
-def expand_videos(messages: Sequence[dict[str, str]], counts: Sequence[int], media: MediaTokens) -> list[dict[str, str]]:
-    """`messages` with the n-th `<video>` written as `counts[n]` video tokens between the vision markers."""
-    texts = [f"{media.vision_bos}{(media.video_token or '') * count}{media.vision_eos}" for count in counts]
+def expand_videos(messages: Sequence[dict[str, str]], texts: Sequence[str]) -> list[dict[str, str]]:
+    """`messages` with the n-th `<video>` written as `texts[n]` (core/data/video_layout.py writes them)."""
     return _expanded(messages, texts, VIDEO_PLACEHOLDER)
 
 

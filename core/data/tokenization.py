@@ -298,9 +298,10 @@ def media_datasets(config: StageConfig, *, columns: tuple[str, ...] = MEDIA_READ
 
 def media_token_ids(tokenizer, media_rows: MediaRows) -> tuple[int, ...]:
     """The ids of the template's image, video and audio tokens, each of which must be one token of the vocabulary."""
-    ids = media_rows.token_ids(tokenizer)
     tokens = {"images": media_rows.media.image_token, "videos": media_rows.media.video_token,
               "audios": media_rows.media.audio_token}
+    # the media columns' tokens (not GLM-4.1V's video markers, which token_ids also names)
+    ids = {column: token_id for column, token_id in media_rows.token_ids(tokenizer).items() if column in tokens}
     for column, token_id in ids.items():
         if token_id is None or tokenizer.convert_ids_to_tokens(token_id) != tokens[column]:
             raise ConfigError(f"the template's media token {tokens[column]!r} is not a token of this tokenizer; use the "

@@ -40,6 +40,8 @@ class VideoProbe:
     """The sampled frames' numbers, in order."""
     duration: float
     """Seconds."""
+    average_fps: float
+    """The stream's frames a second (its header's average rate), which Qwen3-VL's frame times divide by."""
 
     @property
     def sampled_fps(self) -> float:
@@ -72,7 +74,8 @@ def probe(path: str | Path, sampling: VideoSampling) -> VideoProbe:
                 raise VideoError(f"video file {str(path)!r} has no frames")
             duration = _duration(container, stream, total)
             return VideoProbe(width=stream.width, height=stream.height, duration=duration,
-                              indices=tuple(sample_indices(total, duration, sampling)))
+                              indices=tuple(sample_indices(total, duration, sampling)),
+                              average_fps=float(stream.average_rate or (total / duration if duration else 1)))
     except av.FFmpegError as e:
         raise _unreadable(path, e) from None
 

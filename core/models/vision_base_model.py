@@ -145,6 +145,8 @@ def build_vision_language_model(tokenizer_path: str | Path, output_dir: str | Pa
                             temporal_patch_size=TEMPORAL_PATCH_SIZE).save_pretrained(output_dir)
     else:
         _qwen_image_processor(config).save_pretrained(output_dir)
+    if config.family in VIDEO_NORMALISATION:
+        _save_video_processor(config, output_dir)
     return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer)}
 
 
@@ -228,6 +230,28 @@ def _qwen_image_processor(config: VisionModelConfig):
                                      image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     return Qwen2VLImageProcessor(min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels,
                                  patch_size=PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH_SIZE)
+
+
+VIDEO_NORMALISATION = {"qwen3_vl": (QWEN3_PATCH_SIZE, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+                       "glm4v": (PATCH_SIZE, (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))}
+"""The families whose folders ship a video processor of their own (its patch size and normalisation): their video
+pixel limits bound a whole clip, not a frame."""
+
+
+def _save_video_processor(config: VisionModelConfig, output_dir: str | Path) -> None:
+    """video_preprocessor_config.json as Qwen3-VL's and GLM-4.1V's folders hold it, its pixel limits small (at least a
+    merged patch per frame pair, at most eight frames of the largest image), written as JSON: transformers' video
+    processor classes need torchvision to be built."""
+    import json
+
+    from tuneline.core.data.video_layout import VideoPatching, video_processor_config
+
+    patch, mean, std = VIDEO_NORMALISATION[config.family]
+    patching = VideoPatching(patch_size=patch, temporal_patch_size=TEMPORAL_PATCH_SIZE, merge_size=MERGE_SIZE,
+                             min_pixels=(patch * MERGE_SIZE) ** 2 * TEMPORAL_PATCH_SIZE, max_pixels=config.image_max_pixels * 8,
+                             whole_clip=True, image_mean=mean, image_std=std)
+    saved = video_processor_config(patching, TEMPLATES[MODEL_TEMPLATES[config.family]].media.plugin)
+    (Path(output_dir) / "video_preprocessor_config.json").write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
 
 def _tile_grids(config: VisionModelConfig) -> list[list[int]]:

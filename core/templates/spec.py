@@ -65,6 +65,9 @@ class MediaTokens:
     """Each `<audio>` becomes `audio_bos`, this token once per audio feature, and `audio_eos`."""
     audio_bos: str = ""
     audio_eos: str = ""
+    video_bos: str = ""
+    video_eos: str = ""
+    """GLM-4.1V's markers around a whole video (its frames each between `vision_bos` and `vision_eos`)."""
     images_first: bool = False
     """PaliGemma: every image's tokens are written before the whole conversation (its BOS too), and each
     `<image>` is dropped from the text, instead of expanded in its place."""

@@ -29,16 +29,17 @@ def drawn_images(sizes: dict) -> dict:
     return paths
 
 
-def supervised_examples(template, tokenizer, processor, rows: list, paths: dict, cutoff_len: int) -> list:
+def supervised_examples(template, tokenizer, processor, rows: list, paths: dict, cutoff_len: int, clips: dict | None = None) -> list:
     """LLaMA-Factory's supervised examples ({input_ids, labels}) of `rows` (each with `messages` and the
-    names of its `images`), its last message the reply."""
+    names of its `images`, and with `clips` ({name: path}) of its `videos`), its last message the reply."""
     from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
 
     data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
     encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
     batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
              "_system": [""] * len(rows), "_tools": [""] * len(rows), "_images": [[paths[n] for n in r["images"]] for r in rows],
-             "_videos": [None] * len(rows), "_audios": [None] * len(rows)}
+             "_videos": [[clips[n] for n in r["videos"]] for r in rows] if clips else [None] * len(rows),
+             "_audios": [None] * len(rows)}
     encoded = encoder.preprocess_dataset(batch)
     return [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
 
@@ -55,3 +56,34 @@ def read_wave(path):
     with wave.open(str(path), "rb") as sound:
         raw = np.frombuffer(sound.readframes(sound.getnframes()), dtype="<i2").astype(np.float32) / 32768
         return torch.from_numpy(raw.reshape(-1, sound.getnchannels()).T.copy()), sound.getframerate()
+
+
+CLIPS_DIR = Path(__file__).parent / "media/clips"
+"""The video goldens' clips (MPEG-4 in MP4): the Qwen2-VL golden's, and those `clip` writes."""
+
+
+def clip(name: str, *, width: int, height: int, rate, count: int) -> str:
+    """The path of `name`.mp4 in CLIPS_DIR, written as the Qwen2-VL golden draws its clips (a red square crossing
+    a (235, 235, 235) background left to right, `count` frames at `rate` a second) with the project's clip writer;
+    the same PyAV writes the same bytes."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
+    from generate_video_data import write_clip
+
+    frames = []
+    for index in range(count):
+        image = Image.new("RGB", (width, height), (235, 235, 235))
+        side = min(width, height) // 3
+        left = (width - side) * index // max(1, count - 1)
+        ImageDraw.Draw(image).rectangle([left, (height - side) // 2, left + side, (height + side) // 2], fill=(200, 40, 40))
+        frames.append(image)
+    write_clip(CLIPS_DIR / f"{name}.mp4", frames, rate=rate)
+    return str(CLIPS_DIR / f"{name}.mp4")
+
+
+def pixel_statistics(pixels) -> dict:
+    """A few numbers of a pixel tensor, to compare with where torchvision and Pillow resize a little apart."""
+    values = pixels.double()
+    return {"shape": list(pixels.shape), "sum": round(float(values.sum()), 3), "mean": round(float(values.mean()), 6),
+            "std": round(float(values.std()), 6)}

@@ -1,4 +1,4 @@
-"""Training on video rows: tiny Qwen2-VL and Qwen2.5-VL models (core/models/vision_base_model.py; llama2's
+"""Training on video rows: tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4.1V models (core/models/vision_base_model.py; llama2's
 tokenizer with chatml's and the vision tokens added) take clips written by data/generate_video_data.py, their
 sampled frames decoded and cut per batch with the processor and settings the tokenized data was counted with."""
 
@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from tuneline.core.templates.catalog import TEMPLATES
 
 pytestmark = pytest.mark.slow  # each trains tiny multimodal models
 
@@ -50,7 +52,7 @@ def family_model(request, tmp_path_factory, shared_dir: Path) -> tuple[str, Path
     return request.param, folder
 
 
-def collated(model_dir: Path, data: Path, tmp_path: Path, *, model=None):
+def collated(model_dir: Path, data: Path, tmp_path: Path, *, model=None, template: str = "qwen2_vl", dataset: str = "mixed"):
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
@@ -59,8 +61,8 @@ def collated(model_dir: Path, data: Path, tmp_path: Path, *, model=None):
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
     from tuneline.core.training.collators import build_collator
 
-    config = build_stage_config({"model_name_or_path": str(model_dir), "dataset": "mixed", "dataset_dir": str(data),
-                                 "template": "qwen2_vl", "video_fps": 2.0})
+    config = build_stage_config({"model_name_or_path": str(model_dir), "dataset": dataset, "dataset_dir": str(data),
+                                 "template": template, "video_fps": 2.0})
     tokenize_stage_data(config, tokenizer_path=model_dir, output_dir=tmp_path / "tokenized")
     train = load_from_disk(str(tmp_path / "tokenized"))["train"]
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
@@ -163,4 +165,68 @@ def test_a_qwen2_5_omni_thinker_reads_clips_with_its_seconds_per_grid(shared_dir
     grids = batch["video_grid_thw"]
     assert (batch["input_ids"] == tokenizer.convert_tokens_to_ids("<|VIDEO|>")).sum(dim=1).tolist() == (grids.prod(dim=1) // 4).tolist()
     assert batch["video_second_per_grid"].tolist() == [1.0] * 4 and "mm_token_type_ids" not in batch
+    assert model(**batch).loss.isfinite()
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl"])
+def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_data: Path, tmp_path: Path, monkeypatch):
+    """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny Qwen3-VL and GLM-4.1V, whose videos are
+    sized as whole clips and written a temporal patch at a time with its time (core/data/video_layout.py): the model
+    finds as many video tokens as features in every batch (transformers checks), and the adapter moves."""
+    import yaml
+    from conftest import run_cli_here, train_in_this_process
+    from safetensors.torch import load_file
+
+    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+
+    model_dir = tmp_path / "model"
+    build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family=family))
+    stage = {"model_name_or_path": str(model_dir), "stage": "sft", "do_train": True, "finetuning_type": "lora",
+             "lora_target": "all", "lora_rank": 4, "dataset": "clip_questions", "dataset_dir": str(clip_data),
+             "template": family, "cutoff_len": 256, "per_device_train_batch_size": 2, "learning_rate": 5e-3, "max_steps": 2,
+             "logging_steps": 1, "output_dir": str(tmp_path / "out"), "report_to": "none"}
+    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
+    train_in_this_process(monkeypatch)
+    result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
+    assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]
+    adapter = load_file(tmp_path / "out" / "adapter_model.safetensors")
+    assert any(name.endswith("lora_B.weight") and weight.abs().sum() > 0 for name, weight in adapter.items())  # zero at the start
+    # the video processor's numbers beside the adapter, as the model folder held them: chat sizes clips as training did
+    saved = (tmp_path / "out" / "video_preprocessor_config.json", model_dir / "video_preprocessor_config.json")
+    assert json.loads(saved[0].read_text()) == json.loads(saved[1].read_text())
+
+    # `tuneline chat --video`: the clip written as training writes it, and the answer transformers' own generate() gives
+    import torch
+    from conftest import chat_turn
+
+    clip = str(clip_data / json.loads((clip_data / "clip_questions.json").read_text())[0]["videos"][0])
+    turn = chat_turn(tmp_path / "out", "Which way does the square move?", template=family, videos=[clip])
+    features = turn.media.video_features(turn.shown["videos"])
+    inputs = turn.media.model_inputs(torch.tensor([turn.prompt]), [], token_ids=turn.media.token_ids(turn.tokenizer))
+    assert (inputs["mm_token_type_ids"] == 2).sum().item() == int(features["video_grid_thw"].prod()) // 4 > 0
+    assert turn.generated(**features, **inputs) == turn.answer
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl"])
+def test_a_timed_video_batch_fills_its_tokens_with_its_frames(family: str, shared_dir: Path, clip_data: Path, tmp_path: Path):
+    """The collated batch of a tiny Qwen3-VL or GLM-4.1V: each video a temporal patch at a time, the token types
+    (2 on a video's tokens; GLM's are image tokens within its video markers), and a loss the model computes over
+    the frames (it refuses a batch whose tokens and features differ)."""
+    from tuneline.core.models.loading import load_model
+    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+
+    model_dir = tmp_path / "model"
+    build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family=family))
+    model = load_model(model_dir)
+    train, tokenizer, batch = collated(model_dir, clip_data, tmp_path, model=model, template=family, dataset="clip_questions")
+    grids = batch["video_grid_thw"]
+    assert grids.tolist() == [[2, 4, 4]] * 12  # 2 s at video_fps 2: four frames; 56 x 56 pixels a whole patch grid of 4 x 4
+    video_token = tokenizer.convert_tokens_to_ids(TEMPLATES[family].media.video_token if family == "qwen3_vl" else "<|image|>")
+    assert (batch["mm_token_type_ids"] == 2).sum().item() == (batch["input_ids"] == video_token).sum().item() == 12 * 2 * 4
+    assert (batch["mm_token_type_ids"] == 1).sum().item() == 0
+    text = tokenizer.decode(train[0]["input_ids"])
+    # Qwen3-VL: the first temporal patch's frames at 0 and 0.5 s; GLM-4.1V: every time 0, as LLaMA-Factory writes it
+    assert ("<0.2 seconds><|vision_start|>" in text) if family == "qwen3_vl" else ("0<|begin_of_image|>" in text)
     assert model(**batch).loss.isfinite()

@@ -83,7 +83,8 @@ def test_a_videos_temporal_patches_take_consecutive_frames(video_folder):
     import numpy as np
     from transformers import Qwen2VLImageProcessor
 
-    from tuneline.core.data.media_tokens import VideoPatching, sized_image, video_features
+    from tuneline.core.data.media_tokens import sized_image
+    from tuneline.core.data.video_layout import VideoPatching, video_features
     from tuneline.core.data.video_frames import VideoSampling, frames, probe
 
     _, data = video_folder
@@ -137,10 +138,142 @@ def test_video_rows_need_a_family_that_takes_videos(video_folder, tmp_path: Path
 
     model, data = video_folder
     keys = {"model_name_or_path": str(model), "dataset": "clips", "dataset_dir": str(data), "media_dir": str(data / "media")}
-    with pytest.raises(ConfigError, match="dataset 'clips' holds videos, and tuneline feeds videos to the Qwen2-VL family "
-                                          "so far .* not through 'template: qwen3_vl'"):
-        tokenize_stage_data(build_stage_config({**keys, "template": "qwen3_vl"}), tokenizer_path=model, output_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match="dataset 'clips' holds videos, and tuneline feeds videos to Qwen2-VL, .* GLM-4.1V "
+                                          "so far .* not through 'template: llava'"):
+        tokenize_stage_data(build_stage_config({**keys, "template": "llava"}), tokenizer_path=model, output_dir=tmp_path / "a")
     with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: pt' does not train on media rows yet"):
         tokenize_stage_data(build_stage_config({**keys, "template": "qwen2_vl", "stage": "pt"}), tokenizer_path=model,
                             output_dir=tmp_path / "b")
     assert not any((tmp_path / name).exists() for name in "ab")
+
+
+# Qwen3-VL: frames sized as a whole clip, a video written a temporal patch at a time with its time
+# (core/data/video_layout.py), against LLaMA-Factory 0.9.5's own output with transformers' real processors
+# (tests/data/make_qwen3_vl_video_golden.py)
+TIMED = {family: json.loads((MEDIA / f"{family}_videos.json").read_text()) for family in ("qwen3_vl",)}
+TIMED_ROWS = [(family, row) for family, golden in TIMED.items() for row in golden["rows"]]
+# LLaMA-Factory's video processors resize with torchvision's bicubic filter, tuneline's fallback with Pillow's
+# (torchvision does not import beside the CPU torch): a resized frame's pixels differ by a level or so at the
+# square's edges, so its statistics agree to 2e-4, while sizes, grids and shapes are exact
+PIXEL_TOLERANCE = 2e-4
+
+
+@pytest.fixture(scope="module")
+def timed_folders(tmp_path_factory, shared_dir: Path) -> dict[str, tuple[Path, Path]]:
+    """A Qwen3-VL- and a GLM-4.1V-shaped folder as their goldens' (Qwen2.5's tokenizer, with GLM's tokens for
+    GLM; the image processor; the video processor's numbers in video_preprocessor_config.json), and each
+    golden's default rows as a dataset (clips in media/, the image drawn as the golden's)."""
+    from PIL import Image
+    from transformers import AutoTokenizer, Glm4vImageProcessor, Qwen2VLImageProcessor
+
+    folders = {}
+    for family, golden in TIMED.items():
+        root = tmp_path_factory.mktemp(family)
+        tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
+        tokenizer.add_special_tokens({"additional_special_tokens": golden.get("added_tokens", [])})
+        tokenizer.save_pretrained(root / "model")
+        image_processor = (Glm4vImageProcessor() if family == "glm4v" else
+                           Qwen2VLImageProcessor(**{k: v for k, v in golden["image_processor"].items() if k != "class"}))
+        image_processor.save_pretrained(root / "model")
+        (root / "model" / "video_preprocessor_config.json").write_text(json.dumps(golden["video_processor"]))
+        shutil.copytree(MEDIA / "clips", root / "data" / "media")
+        Image.new("RGB", (64, 64), (30, 90, 220)).save(root / "data" / "media" / "square.png")
+        rows = [{"messages": row["messages"], "videos": [f"{name}.mp4" for name in row["videos"]],
+                 "images": [f"{name}.png" for name in row["images"]]} for row in golden["rows"] if row["name"].endswith("(defaults)")]
+        (root / "data" / "rows.json").write_text(json.dumps(rows))
+        columns = {"messages": "messages", "videos": "videos", **({"images": "images"} if family == "qwen3_vl" else {})}
+        (root / "data" / "dataset_info.json").write_text(json.dumps({"clips": {  # GLM-4.1V's model takes no image beside a video
+            "file_name": "rows.json", "formatting": "sharegpt", "columns": columns,
+            "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+        folders[family] = (root / "model", root / "data")
+    return folders
+
+
+def timed_rows(family: str, folder: Path, settings: MediaConfig):
+    from tuneline.core.data.media_rows import MediaRows
+
+    return MediaRows.load(TEMPLATES[family], folder, settings, datasets={"videos": ["clips"]})
+
+
+@pytest.fixture(scope="module")
+def timed_tokenizers(timed_folders) -> dict:
+    """Each folder's tokenizer fixed for its template, loaded once (Qwen2.5's takes a second)."""
+    from transformers import AutoTokenizer
+
+    from tuneline.core.templates.conversation import fix_tokenizer
+
+    tokenizers = {family: AutoTokenizer.from_pretrained(model) for family, (model, _) in timed_folders.items()}
+    for family, tokenizer in tokenizers.items():
+        fix_tokenizer(TEMPLATES[family], tokenizer)
+    return tokenizers
+
+
+@pytest.mark.parametrize(("family", "row"), TIMED_ROWS, ids=[f"{family}: {row['name']}" for family, row in TIMED_ROWS])
+def test_timed_videos_expand_to_llamafactorys_tokens(family: str, row: dict, timed_folders, timed_tokenizers):
+    """Grids from the clips' headers, the text LLaMA-Factory writes (its quirks included: a second video of a
+    message timed as the message's video; GLM's times all 0, its frames those its processor keeps), the token
+    ids, and the collator's pixels: the shape exact, the statistics to PIXEL_TOLERANCE."""
+    from tuneline.core.templates.conversation import Conversation, encode_turns
+
+    model, data = timed_folders[family]
+    rows = timed_rows(family, model, settings_of(row))
+    clips = [str(data / "media" / f"{name}.mp4") for name in row["videos"]]
+    assert [list(video.grid) for video in rows.timed_videos(clips)] == row["video_grid_thw"]
+    expanded = rows.expand({"prompt": row["messages"][:-1], "response": row["messages"][-1:], "videos": clips,
+                            "images": [str(data / "media" / f"{name}.png") for name in row["images"]]})
+    assert [message["content"] for message in expanded["prompt"] + expanded["response"]] == row["expanded"]
+    conversation = Conversation(prompt=expanded["prompt"], response=expanded["response"])
+    pairs = encode_turns(TEMPLATES[family], timed_tokenizers[family], conversation)
+    assert [[list(source), list(target)] for source, target in pairs] == row["pairs"]
+
+    features = rows.video_features(clips)
+    assert features["video_grid_thw"].tolist() == row["video_grid_thw"]
+    pixels, expected = features["pixel_values_videos"].double(), row["pixel_values_videos"]
+    assert list(pixels.shape) == expected["shape"]
+    assert float(pixels.sum()) == pytest.approx(expected["sum"], rel=PIXEL_TOLERANCE)
+    assert float(pixels.mean()) == pytest.approx(expected["mean"], abs=PIXEL_TOLERANCE)
+    assert float(pixels.std()) == pytest.approx(expected["std"], abs=PIXEL_TOLERANCE)
+
+
+@pytest.mark.parametrize("family", list(TIMED))
+def test_timed_video_rows_tokenize_to_llamafactorys_supervised_examples(family: str, timed_folders, tmp_path: Path):
+    from datasets import load_from_disk
+
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    model, data = timed_folders[family]
+    for cutoff_len, expected in TIMED[family]["supervised_by_cutoff_len"].items():
+        config = build_stage_config({"model_name_or_path": str(model), "dataset": "clips", "dataset_dir": str(data),
+                                     "media_dir": str(data / "media"), "template": family, "cutoff_len": int(cutoff_len)})
+        counters = tokenize_stage_data(config, tokenizer_path=model, output_dir=tmp_path / cutoff_len)
+        train = load_from_disk(str(tmp_path / cutoff_len))["train"]
+        # LLaMA-Factory keeps an example whose cutoff cut into its media tokens (training then fails on it); tuneline drops it
+        kept = [i for i, example in enumerate(expected) if len(example["input_ids"]) < int(cutoff_len)]
+        assert 0 < len(kept) and (len(kept) < len(expected)) == (cutoff_len != "2048")
+        assert counters.get("rows_dropped_media_tokens_cut", 0) == len(expected) - len(kept)
+        assert train["input_ids"] == [expected[i]["input_ids"] for i in kept]
+        assert train["labels"] == [expected[i]["labels"] for i in kept]
+
+
+def test_timed_video_rows_llamafactory_cannot_write_are_refused(timed_folders, tmp_path: Path):
+    """Rows whose videos LLaMA-Factory writes so that the model would find other counts of tokens and features
+    (videos of other lengths in one row), or stops on (a message's number past the row's videos)."""
+    from tuneline.core.errors import DataError
+
+    _, data = timed_folders["qwen3_vl"]
+    short, one_second = (str(data / "media" / f"{name}.mp4") for name in ("short", "one_second"))
+    uneven = {"prompt": [{"role": "user", "content": "<video> or <video>?"}], "response": [{"role": "assistant", "content": "A."}],
+              "videos": [short, one_second]}
+    for family in TIMED:
+        rows = timed_rows(family, timed_folders[family][0], MediaConfig())
+        with pytest.raises(DataError, match=r"short.mp4' \(2 temporal patches\) and .*one_second.mp4' \(1\) are in one row; "
+                                            f"LLaMA-Factory's {family} expansion writes every video of a row with its first"):
+            rows.expand(uneven)
+    later = {"prompt": [{"role": "user", "content": "<video>?"}, {"role": "assistant", "content": "A."},
+                        {"role": "user", "content": "<video>?"}],
+             "response": [{"role": "assistant", "content": "B."}], "videos": [one_second, one_second]}
+    with pytest.raises(DataError, match="is in message 3 of a row of 2 videos; LLaMA-Factory's qwen3_vl expansion times"):
+        timed_rows("qwen3_vl", timed_folders["qwen3_vl"][0], MediaConfig()).expand(later)
+    chat = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<video>?"}], "response": [],
+            "videos": [one_second]}  # as chat writes a conversation: its system message is not counted, as LLaMA-Factory's chat
+    assert timed_rows("qwen3_vl", timed_folders["qwen3_vl"][0], MediaConfig()).expand(chat)["prompt"][1]["content"].startswith("<0.4 seconds>")
