@@ -168,7 +168,7 @@ def test_a_qwen2_5_omni_thinker_reads_clips_with_its_seconds_per_grid(shared_dir
     assert model(**batch).loss.isfinite()
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen3_vl", "glm4v"])
 def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_data: Path, tmp_path: Path, monkeypatch):
     """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny Qwen3-VL and GLM-4.1V, whose videos are
     sized as whole clips and written a temporal patch at a time with its time (core/data/video_layout.py): the model
@@ -209,7 +209,7 @@ def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_d
     assert turn.generated(**features, **inputs) == turn.answer
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen3_vl", "glm4v"])
 def test_a_timed_video_batch_fills_its_tokens_with_its_frames(family: str, shared_dir: Path, clip_data: Path, tmp_path: Path):
     """The collated batch of a tiny Qwen3-VL or GLM-4.1V: each video a temporal patch at a time, the token types
     (2 on a video's tokens; GLM's are image tokens within its video markers), and a loss the model computes over

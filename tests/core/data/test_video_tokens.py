@@ -147,10 +147,10 @@ def test_video_rows_need_a_family_that_takes_videos(video_folder, tmp_path: Path
     assert not any((tmp_path / name).exists() for name in "ab")
 
 
-# Qwen3-VL: frames sized as a whole clip, a video written a temporal patch at a time with its time
+# Qwen3-VL and GLM-4.1V: frames sized as a whole clip, a video written a temporal patch at a time with its time
 # (core/data/video_layout.py), against LLaMA-Factory 0.9.5's own output with transformers' real processors
-# (tests/data/make_qwen3_vl_video_golden.py)
-TIMED = {family: json.loads((MEDIA / f"{family}_videos.json").read_text()) for family in ("qwen3_vl",)}
+# (tests/data/make_qwen3_vl_video_golden.py, make_glm4v_video_golden.py)
+TIMED = {family: json.loads((MEDIA / f"{family}_videos.json").read_text()) for family in ("qwen3_vl", "glm4v")}
 TIMED_ROWS = [(family, row) for family, golden in TIMED.items() for row in golden["rows"]]
 # LLaMA-Factory's video processors resize with torchvision's bicubic filter, tuneline's fallback with Pillow's
 # (torchvision does not import beside the CPU torch): a resized frame's pixels differ by a level or so at the
@@ -257,9 +257,19 @@ def test_timed_video_rows_tokenize_to_llamafactorys_supervised_examples(family: 
 
 def test_timed_video_rows_llamafactory_cannot_write_are_refused(timed_folders, tmp_path: Path):
     """Rows whose videos LLaMA-Factory writes so that the model would find other counts of tokens and features
-    (videos of other lengths in one row), or stops on (a message's number past the row's videos)."""
-    from tuneline.core.errors import DataError
+    (videos of other lengths in one row), or stops on (Qwen3-VL: a message's number past the row's videos; GLM-4.1V:
+    a clip its processor keeps no frame of), and GLM-4.1V's images beside videos, which its model cannot take in
+    one batch."""
+    import importlib.util
 
+    from PIL import Image
+
+    from tuneline.core.errors import ConfigError, DataError
+
+    spec = importlib.util.spec_from_file_location("generate_video_data", Path(__file__).resolve().parents[3] / "data/generate_video_data.py")
+    clip_writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(clip_writer)
+    clip_writer.write_clip(tmp_path / "blink.mp4", [Image.new("RGB", (64, 64), (200, 40, 40))] * 2, rate=10)  # 0.2 s
     _, data = timed_folders["qwen3_vl"]
     short, one_second = (str(data / "media" / f"{name}.mp4") for name in ("short", "one_second"))
     uneven = {"prompt": [{"role": "user", "content": "<video> or <video>?"}], "response": [{"role": "assistant", "content": "A."}],
@@ -277,3 +287,33 @@ def test_timed_video_rows_llamafactory_cannot_write_are_refused(timed_folders, t
     chat = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<video>?"}], "response": [],
             "videos": [one_second]}  # as chat writes a conversation: its system message is not counted, as LLaMA-Factory's chat
     assert timed_rows("qwen3_vl", timed_folders["qwen3_vl"][0], MediaConfig()).expand(chat)["prompt"][1]["content"].startswith("<0.4 seconds>")
+    assert "seconds>" not in timed_rows("glm4v", timed_folders["glm4v"][0], MediaConfig()).expand(later)["prompt"][2]["content"]
+    with pytest.raises(DataError, match="blink.mp4' lasts 0.20 s, and GLM-4.1V's video processor keeps floor"):
+        timed_rows("glm4v", timed_folders["glm4v"][0], MediaConfig()).video_token_counts([str(tmp_path / "blink.mp4")])
+
+    from tuneline.core.data.media_rows import MediaRows
+
+    with pytest.raises(ConfigError, match="datasets 'clips' and 'clips' hold images and videos, and GLM-4.1V's model"):
+        MediaRows.load(TEMPLATES["glm4v"], timed_folders["glm4v"][0], MediaConfig(), datasets={"images": ["clips"], "videos": ["clips"]})
+
+
+def test_glm4v_marks_a_videos_image_tokens_as_glm4vprocessor_does(timed_folders, timed_tokenizers):
+    """GLM-4.1V's frames are image tokens: `mm_token_type_ids` is 2 on those between a video's markers and 1 on an
+    image's, as transformers' Glm4vProcessor.create_mm_token_type_ids marks them (its get_rope_index reads them)."""
+    import types
+
+    import torch
+    from transformers.models.glm4v.processing_glm4v import Glm4vProcessor
+
+    tokenizer = timed_tokenizers["glm4v"]
+    rows = timed_rows("glm4v", timed_folders["glm4v"][0], MediaConfig())
+    token_ids = rows.token_ids(tokenizer)
+    media = TEMPLATES["glm4v"].media
+    image = f"{media.vision_bos}{media.image_token * 3}{media.vision_eos}"
+    text = f"{image}a{media.video_bos}{image}0{image}0{media.video_eos}b{image}"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    processor = types.SimpleNamespace(video_start_id=token_ids["video_bos"], video_end_id=token_ids["video_eos"],
+                                      image_token_id=token_ids["images"])
+    expected = Glm4vProcessor.create_mm_token_type_ids(processor, [ids])
+    marked = rows.model_inputs(torch.tensor([ids]), [], token_ids=token_ids)["mm_token_type_ids"]
+    assert marked.tolist() == expected and [expected[0].count(kind) for kind in (1, 2)] == [6, 6]
