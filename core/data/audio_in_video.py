@@ -16,6 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tuneline.core.data.media_tokens import AUDIO_PLACEHOLDER as AUDIO
+from tuneline.core.data.media_tokens import VIDEO_PLACEHOLDER as VIDEO
+from tuneline.core.errors import DataError
+
 POSITIONS_PER_SECOND = 25
 """Qwen2.5-Omni's rotary positions a second (its processor's `position_id_per_seconds`)."""
 CHUNK_SECONDS = 2
@@ -33,25 +37,46 @@ def chunk_bounds(positions: Sequence[int], per_chunk: int) -> list[tuple[int, in
     return bounds
 
 
-def video_positions(grid: Sequence[int], *, merge_size: int, second_per_grid: float) -> list[int]:
-    """The temporal position of each of a video's tokens: `grid` (t, h, w) in patches, each temporal
-    patch's (h / merge) x (w / merge) tokens at t x seconds per patch x 25. Computed in float32 and
-    truncated, as transformers' tensors compute them."""
-    frames, height, width = grid
-    per_frame = (height // merge_size) * (width // merge_size)
-    times = np.arange(frames, dtype=np.float32) * np.float32(second_per_grid) * np.float32(POSITIONS_PER_SECOND)
-    return np.repeat(times.astype(np.int64), per_frame).tolist()
+def video_positions(patches: int, tokens_per_patch: int, *, second_per_grid: float) -> list[int]:
+    """The temporal position of each of a video's tokens: its `patches` temporal patches of `tokens_per_patch`
+    tokens each, patch t at t x seconds per patch x 25. Computed in float32 and truncated, as transformers'
+    tensors compute them."""
+    times = np.arange(patches, dtype=np.float32) * np.float32(second_per_grid) * np.float32(POSITIONS_PER_SECOND)
+    return np.repeat(times.astype(np.int64), tokens_per_patch).tolist()
 
 
-def interleaved_counts(grid: Sequence[int], audio_tokens: int, *, merge_size: int, second_per_grid: float) -> list[tuple[int, int]]:
+def interleaved_counts(patches: int, tokens_per_patch: int, audio_tokens: int, *, second_per_grid: float) -> list[tuple[int, int]]:
     """(video tokens, sound tokens) of each two-second chunk of a video block, in order."""
     per_chunk = POSITIONS_PER_SECOND * CHUNK_SECONDS
-    video = chunk_bounds(video_positions(grid, merge_size=merge_size, second_per_grid=second_per_grid), per_chunk)
+    video = chunk_bounds(video_positions(patches, tokens_per_patch, second_per_grid=second_per_grid), per_chunk)
     sound = chunk_bounds(list(range(audio_tokens)), per_chunk)
     def size(bounds: list[tuple[int, int]], index: int) -> int:
         return bounds[index][1] - bounds[index][0] if index < len(bounds) else 0
 
     return [(size(video, index), size(sound, index)) for index in range(max(len(video), len(sound)))]
+
+
+def row_label(row: dict) -> str:
+    """A row named by the start of its first message (rows reach expansion without their file and line)."""
+    first = (row.get("prompt") or [{"content": ""}])[0]["content"]
+    return f"the row whose first message begins {first[:60]!r}"
+
+
+def heard_video_blocks(messages: Sequence[dict[str, str]], blocks: Sequence[str], *, where: str) -> list[dict[str, str]]:
+    """`messages` with each `<video>` replaced by its block (in order) and the first `<audio>` of the message,
+    which names that video's sound, removed, as LLaMA-Factory writes them. `where` names the row in the
+    DataError raised when a `<video>` has no `<audio>` after it."""
+    remaining, written = list(blocks), []
+    for message in messages:
+        content = message["content"]
+        while VIDEO in content:
+            if content.find(AUDIO, content.find(VIDEO)) == -1:
+                raise DataError(f"{where}: with 'use_audio_in_video: true' each {VIDEO} must be followed by the {AUDIO} of "
+                                f"its sound track (the row's `audios` naming the same file), and message {message['content']!r} "
+                                f"has a {VIDEO} without one after it; add it, or leave use_audio_in_video out.")
+            content = content.replace(VIDEO, remaining.pop(0), 1).replace(AUDIO, "", 1)
+        written.append({**message, "content": content})
+    return written
 
 
 def block_text(chunks: Sequence[tuple[int, int]], *, video_token: str, audio_token: str, vision_bos: str, vision_eos: str,

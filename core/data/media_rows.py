@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any
 
 from tuneline.core.config import MediaConfig
 from tuneline.core.data.audio_clips import samples
+from tuneline.core.data.audio_in_video import block_text, heard_video_blocks, interleaved_counts, row_label
 from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, MINICPM_V_4_6, PAN_AND_SCAN, SlicedImage,
                                              audio_token_count, cross_attention_inputs, expand_audios, expand_images,
                                              expand_videos, image_features, image_prefix, pan_and_scan_crops,
@@ -44,7 +46,7 @@ from tuneline.core.data.video_layout import (TIMED_PLUGINS, VIDEO_PROCESSOR_FILE
                                              folder_video_patching, glm_kept_frames, glm_token_types, timed_video,
                                              timed_video_texts, video_features, video_placements, video_processor_config,
                                              video_run_text)
-from tuneline.core.errors import ConfigError
+from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
 from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens, Template
 
@@ -85,10 +87,6 @@ class MediaRows:
                               f"{template.name}' writes text only; use a multimodal template of the model's family "
                               f"({FAMILY_TEMPLATES}).")
         media = template.media
-        if settings.use_audio_in_video:
-            raise ConfigError("'use_audio_in_video: true' (Qwen2.5-Omni hearing each video's own sound track, its tokens "
-                              "interleaved with the frames') is not offered yet; give the sound as the row's own <audio> "
-                              "(an `audios` file beside the video), or leave the key out.")
         if datasets.get("images") and media.image_token is None:
             raise ConfigError(f"dataset {named('images')} holds images, and 'template: {template.name}' is for a model "
                               "that reads no images; use a vision-language model and its template or leave out the images.")
@@ -238,8 +236,13 @@ class MediaRows:
         images, videos, audios = (list(row.get(key) or []) for key in ("images", "videos", "audios"))
         image_counts = self.token_counts(images) if images else []
         crops, slicings = self.crops(images), self.slicings(images)
-        video_texts, video_counts = self.video_texts(row, videos) if videos else ([], [])
-        audio_counts = self.audio_token_counts(audios) if audios else []
+        heard = self.hears_videos and bool(videos)
+        if heard:  # each video's block holds its sound's tokens; the <audio> placeholders are taken out
+            video_texts, video_counts = self.heard_video_texts(videos, audios, where=row_label(row))
+            audio_counts: list[int] = []
+        else:
+            video_texts, video_counts = self.video_texts(row, videos) if videos else ([], [])
+            audio_counts = self.audio_token_counts(audios) if audios else []
         in_prompt = placeholder_counts(row["prompt"])  # the prompt's media come first, then the reply's
         expanded = {}
         for part, start, end in (("prompt", {"images": 0, "videos": 0, "audios": 0}, in_prompt),
@@ -247,6 +250,9 @@ class MediaRows:
             with_images = expand_images(row[part], image_counts[start["images"]:end["images"]], self.media,
                                         crops and crops[start["images"]:end["images"]], first_index=start["images"],
                                         slicings=None if slicings is None else slicings[start["images"]:end["images"]])
+            if heard:
+                expanded[part] = heard_video_blocks(with_images, video_texts[start["videos"]:end["videos"]], where=row_label(row))
+                continue
             with_videos = expand_videos(with_images, video_texts[start["videos"]:end["videos"]])
             expanded[part] = expand_audios(with_videos, audio_counts[start["audios"]:end["audios"]], self.media)
         image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
@@ -311,6 +317,35 @@ class MediaRows:
                                   merge_size=self.video.merge_size)
         return texts, [video.grid[0] * video.tokens_per_patch(self.video.merge_size) for video in timed]
 
+    @property
+    def hears_videos(self) -> bool:
+        """Qwen2.5-Omni under `use_audio_in_video`: each video's block interleaves its own sound's tokens."""
+        return self.media.plugin == "qwen2_omni" and self.settings.use_audio_in_video
+
+    def heard_video_texts(self, videos: Sequence[str], audios: Sequence[str], *, where: str) -> tuple[list[str], list[int]]:
+        """The block each video at `videos` is written as with its sound (the clip at the same place in
+        `audios`), and the tokens of each block (video and sound), from the files' headers and the sound's
+        length (`audio_in_video`)."""
+        if len(videos) != len(audios):
+            raise DataError(f"{where}: with 'use_audio_in_video: true' each video names its sound track in `audios`, and "
+                            f"the row has {len(videos)} videos and {len(audios)} sounds; give each video's file in `audios` too.")
+        media, texts, counts = self.media, [], []
+        for video, sound in zip(videos, audios):
+            found = probe(video, self.sampling)
+            width, height = sized_dimensions(found.width, found.height, max_pixels=self.settings.video_max_pixels,
+                                             min_pixels=self.settings.video_min_pixels, plugin=media.plugin)
+            frames = paired(len(found.indices))
+            tokens = self.video.token_count(frames, width, height, self.image_processor)
+            patches = math.ceil(frames / self.video.temporal_patch_size)
+            heard = audio_token_count(len(self.audio_samples(sound)), self.audio_processor)
+            chunks = interleaved_counts(patches, tokens // patches, heard,
+                                        second_per_grid=self.video.temporal_patch_size / found.sampled_fps)
+            texts.append(block_text(chunks, video_token=media.video_token, audio_token=media.audio_token,
+                                    vision_bos=media.vision_bos, vision_eos=media.vision_eos,
+                                    audio_bos=media.audio_bos, audio_eos=media.audio_eos))
+            counts.append(tokens + heard)
+        return texts, counts
+
     def timed_videos(self, paths: Sequence[str]) -> list[TimedVideo]:
         """Qwen3-VL's and GLM-4.1V's videos at `paths`, from their headers: grids and times."""
         videos = []
@@ -372,6 +407,8 @@ class MediaRows:
         elif self.media.plugin == "paligemma":  # 0: the image prefix, attended both ways; 1: the text after it
             text = (input_ids != token_ids["images"]).long()
             inputs["token_type_ids"] = text if attention_mask is None else text * attention_mask.long()
+        if self.hears_videos and videos:  # the thinker places each block's sound tokens by their seconds
+            inputs["use_audio_in_video"] = True
         return inputs
 
     def expand_all(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -236,6 +236,7 @@ VIDEO_NORMALISATION = {"qwen3_vl": (QWEN3_PATCH_SIZE, (0.5, 0.5, 0.5), (0.5, 0.5
                        "glm4v": (PATCH_SIZE, (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))}
 """The families whose folders ship a video processor of their own (its patch size and normalisation): their video
 pixel limits bound a whole clip, not a frame."""
+VIDEO_PROCESSOR_CLASSES = {"qwen3_vl": "Qwen3VLVideoProcessor", "glm4v": "Glm4vVideoProcessor"}
 
 
 def _save_video_processor(config: VisionModelConfig, output_dir: str | Path) -> None:
@@ -244,13 +245,13 @@ def _save_video_processor(config: VisionModelConfig, output_dir: str | Path) -> 
     processor classes need torchvision to be built."""
     import json
 
-    from tuneline.core.data.video_layout import VideoPatching, video_processor_config
-
     patch, mean, std = VIDEO_NORMALISATION[config.family]
-    patching = VideoPatching(patch_size=patch, temporal_patch_size=TEMPORAL_PATCH_SIZE, merge_size=MERGE_SIZE,
-                             min_pixels=(patch * MERGE_SIZE) ** 2 * TEMPORAL_PATCH_SIZE, max_pixels=config.image_max_pixels * 8,
-                             whole_clip=True, image_mean=mean, image_std=std)
-    saved = video_processor_config(patching, TEMPLATES[MODEL_TEMPLATES[config.family]].media.plugin)
+    saved = {"video_processor_type": VIDEO_PROCESSOR_CLASSES[config.family], "patch_size": patch,
+             "temporal_patch_size": TEMPORAL_PATCH_SIZE, "merge_size": MERGE_SIZE,
+             "size": {"shortest_edge": (patch * MERGE_SIZE) ** 2 * TEMPORAL_PATCH_SIZE, "longest_edge": config.image_max_pixels * 8},
+             "fps": 2.0, "do_sample_frames": True, "image_mean": list(mean), "image_std": list(std)}
+    if config.family == "glm4v":
+        saved["max_duration"] = 300.0  # its processor's default: past it, frames are spread over the whole clip
     (Path(output_dir) / "video_preprocessor_config.json").write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
 

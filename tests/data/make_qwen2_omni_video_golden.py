@@ -129,8 +129,8 @@ def supervised(cutoff_len):
 
 
 json.dump({"llamafactory_version": "0.9.5", "template": "qwen2_omni", "tokenizer": "qwen2.5 with Qwen2.5-Omni's media tokens added",
-           "tokens": TOKENS, "processor": "Qwen2_5OmniProcessor(Qwen2VLImageProcessor(), Qwen2VLVideoProcessor(), "
+           "tokens": sorted(TOKENS, key=tokenizer.convert_tokens_to_ids), "processor": "Qwen2_5OmniProcessor(Qwen2VLImageProcessor(), Qwen2VLVideoProcessor(), "
                                           "WhisperFeatureExtractor(feature_size=128))",
            "settings": SETTINGS, "clips": CLIPS, "sizes": QWEN_GOLDEN["sizes"], "rows": golden,
-           "supervised_by_cutoff_len": {str(cutoff): supervised(cutoff) for cutoff in (4096, 120)}}, out.open("w"), indent=None)
+           "supervised_by_cutoff_len": {str(cutoff): supervised(cutoff) for cutoff in (4096, 1100)}}, out.open("w"), indent=None)
 print("wrote", out, [(g["name"], g["video_grid_thw"], g["feature_frames"]) for g in golden])

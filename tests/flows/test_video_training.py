@@ -168,6 +168,57 @@ def test_a_qwen2_5_omni_thinker_reads_clips_with_its_seconds_per_grid(shared_dir
     assert model(**batch).loss.isfinite()
 
 
+def test_a_qwen2_5_omni_thinker_hears_each_clips_own_sound(shared_dir: Path, tmp_path: Path):
+    """`use_audio_in_video: true`: clips with a sound track, each named as a row's video and its sound, become
+    blocks interleaving their video and sound tokens two seconds at a time; the collator tells the tiny
+    thinker so, which places the tokens by their seconds and gives a loss."""
+    import sys
+
+    from datasets import load_from_disk
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.tokenization import TOKENIZER_DIR
+    from tuneline.core.models.loading import load_model
+    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+    from tuneline.core.training.collators import build_collator
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
+    from generate_audio_data import tone, write_sounding_clip
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = []
+    for name, (colour, pitch, seconds) in {"red": ((210, 40, 40), 220.0, 2.5), "blue": ((40, 70, 210), 880.0, 4.5)}.items():
+        frames = [Image.new("RGB", (56, 56), colour) for _ in range(round(seconds * 4))]
+        write_sounding_clip(data / f"{name}.mp4", frames, tone(seconds, pitch), frame_rate=4)
+        rows.append({"messages": [{"role": "user", "content": "<video><audio>What do you see and hear?"},
+                                  {"role": "assistant", "content": f"{name}, {'low' if pitch < 440 else 'high'}"}],
+                     "videos": [f"{name}.mp4"], "audios": [f"{name}.mp4"]})
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"heard": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "videos": "videos", "audios": "audios"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    model_dir = tmp_path / "model"
+    build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family="qwen2_5_omni_thinker"))
+    config = build_stage_config({"model_name_or_path": str(model_dir), "dataset": "heard", "dataset_dir": str(data),
+                                 "template": "qwen2_omni", "use_audio_in_video": True, "cutoff_len": 1024})
+    tokenize_stage_data(config, tokenizer_path=model_dir, output_dir=tmp_path / "tokenized")
+    train = load_from_disk(str(tmp_path / "tokenized"))["train"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenized" / TOKENIZER_DIR)
+    video, audio = (tokenizer.convert_tokens_to_ids(token) for token in ("<|VIDEO|>", "<|AUDIO|>"))
+    first = train[0]["input_ids"]
+    start = first.index(video)
+    assert audio in first[start:first.index(audio) + 1] and video in first[first.index(audio):]  # interleaved: video, sound, video
+    model = load_model(model_dir)
+    batch = build_collator(train, tokenizer=tokenizer, model=model,
+                           media_rows=MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR))([train[i] for i in range(2)])
+    assert batch["use_audio_in_video"] is True and batch["video_grid_thw"].shape[0] == batch["input_features"].shape[0] == 2
+    assert model(**batch).loss.isfinite()
+
+
 @pytest.mark.parametrize("family", ["qwen3_vl", "glm4v"])
 def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_data: Path, tmp_path: Path, monkeypatch):
     """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny Qwen3-VL and GLM-4.1V, whose videos are

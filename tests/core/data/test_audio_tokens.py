@@ -139,5 +139,3 @@ def test_audio_goes_to_qwen2_audio_only(audio_folder, tmp_path: Path, shared_dir
         MediaRows.load(TEMPLATES["qwen2_audio"], model, MediaConfig(), datasets={"images": ["pictures"]})
     with pytest.raises(ConfigError, match="'template: qwen' writes text only"):
         MediaRows.load(TEMPLATES["qwen"], model, MediaConfig(), datasets={"audios": ["sounds"]})
-    with pytest.raises(ConfigError, match="'use_audio_in_video: true' .* is not offered yet"):
-        MediaRows.load(TEMPLATES["qwen2_audio"], model, MediaConfig(use_audio_in_video=True), datasets={"audios": ["sounds"]})
