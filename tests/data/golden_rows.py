@@ -71,15 +71,20 @@ def clip(name: str, *, width: int, height: int, rate, count: int) -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
     from generate_video_data import write_clip
 
+    write_clip(CLIPS_DIR / f"{name}.mp4", crossing_frames(width, height, count), rate=rate)
+    return str(CLIPS_DIR / f"{name}.mp4")
+
+
+def crossing_frames(width: int, height: int, count: int, *, fill=(200, 40, 40)) -> list:
+    """`count` frames of a square of `fill` crossing a (235, 235, 235) background left to right: the video goldens' clips."""
     frames = []
     for index in range(count):
         image = Image.new("RGB", (width, height), (235, 235, 235))
         side = min(width, height) // 3
         left = (width - side) * index // max(1, count - 1)
-        ImageDraw.Draw(image).rectangle([left, (height - side) // 2, left + side, (height + side) // 2], fill=(200, 40, 40))
+        ImageDraw.Draw(image).rectangle([left, (height - side) // 2, left + side, (height + side) // 2], fill=fill)
         frames.append(image)
-    write_clip(CLIPS_DIR / f"{name}.mp4", frames, rate=rate)
-    return str(CLIPS_DIR / f"{name}.mp4")
+    return frames
 
 
 def pixel_statistics(pixels) -> dict:

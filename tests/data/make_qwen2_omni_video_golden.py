@@ -24,14 +24,13 @@ import av
 import numpy as np
 import torch
 import torchaudio
-from PIL import Image, ImageDraw
 from transformers import (AutoTokenizer, Qwen2_5OmniProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor,
                           WhisperFeatureExtractor)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
 from generate_audio_data import tone, write_sounding_clip  # noqa: E402
 
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images  # noqa: E402
+from golden_rows import QWEN_GOLDEN, SHARED, crossing_frames, drawn_images  # noqa: E402
 from llamafactory.data.template import TEMPLATES  # noqa: E402
 
 
@@ -53,14 +52,7 @@ TOKENS = ["<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<|audio
 
 
 def draw_clip(path, width, height, rate, count, seconds, pitch):
-    frames = []
-    for index in range(count):
-        image = Image.new("RGB", (width, height), (235, 235, 235))
-        side = min(width, height) // 3
-        left = (width - side) * index // max(1, count - 1)
-        ImageDraw.Draw(image).rectangle([left, (height - side) // 2, left + side, (height + side) // 2], fill=(40, 90, 200))
-        frames.append(image)
-    write_sounding_clip(path, frames, tone(seconds, pitch), frame_rate=rate)
+    write_sounding_clip(path, crossing_frames(width, height, count, fill=(40, 90, 200)), tone(seconds, pitch), frame_rate=rate)
 
 
 clips = {}
