@@ -10,7 +10,8 @@ into them is dropped when encoded, since the model would find fewer tokens than 
 
 A video's tokens are counted from its container's header (size, frame count, duration) without
 decoding it, and written as its family writes them (`video_layout`: one run for Qwen2-VL, a temporal
-patch at a time with its time for Qwen3-VL and GLM-4.1V); the collator decodes the sampled frames
+patch at a time with its time for Qwen3-VL and GLM-4.1V; `frame_tiles`: an image tile a frame for
+InternVL, cut by the image processor as LLaMA-Factory cuts them); the collator decodes the sampled frames
 (`video_frames`). transformers' video processors need torchvision, whose wheel for the CPU build of
 torch does not import: where it is missing the frames are cut by the image processor and laid out in
 time by `video_features`, and where it imports (a CUDA machine) transformers' own video processor cuts
@@ -36,6 +37,8 @@ from typing import Any
 from tuneline.core.config import MediaConfig
 from tuneline.core.data.audio_clips import samples
 from tuneline.core.data.audio_in_video import block_text, heard_video_blocks, interleaved_counts, row_label
+from tuneline.core.data.frame_tiles import (FRAME_TILED_PLUGINS, check_images_first, check_one_sequence, frame_tile_features,
+                                            frame_tiles_text)
 from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, MINICPM_V_4_6, PAN_AND_SCAN, SlicedImage,
                                              audio_token_count, cross_attention_inputs, expand_audios, expand_images,
                                              expand_videos, image_features, image_prefix, pan_and_scan_crops,
@@ -61,7 +64,8 @@ class MediaRows:
     processor_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The multimodal processor's own numbers its family counts tokens by (LLaVA's patch_size and the rest)."""
     video: VideoPatching | None = None
-    """How the family cuts video frames; None: it takes no videos (or tuneline does not feed them yet)."""
+    """How the family cuts video frames; None: it takes no videos (or tuneline does not feed them yet), or
+    cuts each frame as an image tile (InternVL, `frame_tiles`)."""
     video_seconds: bool = False
     """The model spaces a video's temporal positions by its seconds per temporal patch (Qwen2.5-VL's
     `second_per_grid_ts`)."""
@@ -101,11 +105,11 @@ class MediaRows:
                               "as images.")
         image_processor = load_image_processor(model_path) if media.image_token else None
         video = folder_video_patching(media, model_path, image_processor)
-        if datasets.get("videos") and video is None:
+        if datasets.get("videos") and video is None and media.plugin not in FRAME_TILED_PLUGINS:
             raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds videos to Qwen2-VL, Qwen2.5-VL, "
-                              "Qwen2.5-Omni, Qwen3-VL and GLM-4.1V so far ('template: qwen2_vl', 'qwen2_omni', 'qwen3_vl', "
-                              f"'qwen3_vl_nothink' or 'glm4v'), not through 'template: {template.name}'; use one of those "
-                              "models or leave out the videos.")
+                              "Qwen2.5-Omni, Qwen3-VL, GLM-4.1V and InternVL so far ('template: qwen2_vl', 'qwen2_omni', "
+                              "'qwen3_vl', 'qwen3_vl_nothink', 'glm4v', 'intern_vl' or 'intern_s1'), not through 'template: "
+                              f"{template.name}'; use one of those models or leave out the videos.")
         if datasets.get("videos") and datasets.get("images") and media.plugin == "glm4v":
             raise ConfigError(f"datasets {named('images')} and {named('videos')} hold images and videos, and GLM-4.1V's "
                               "model (transformers' Glm4vModel) finds an image's and a video frame's features by the same "
@@ -206,21 +210,25 @@ class MediaRows:
     def video_features(self, paths: Sequence[str]) -> dict[str, Any]:
         """The model inputs of the videos at `paths` (pixel_values_videos, video_grid_thw, and Qwen2.5-VL's
         second_per_grid_ts), as torch tensors: each video's sampled frames decoded, paired and sized (and
-        those GLM-4.1V's video processor keeps of them)."""
+        those GLM-4.1V's video processor keeps of them). InternVL: `pixel_values`, a tile a frame, unpaired."""
         import numpy as np
         import torch
 
         videos, seconds = [], []
+        tiled = self.media.plugin in FRAME_TILED_PLUGINS  # InternVL: each frame as sampled, no pairing
         for path in paths:
             found = probe(path, self.sampling)
             taken = frames(path, found.indices)
-            taken += taken[-1:] * (paired(len(taken)) - len(taken))
+            if not tiled:
+                taken += taken[-1:] * (paired(len(taken)) - len(taken))
+                seconds.append(self.video.temporal_patch_size / found.sampled_fps)
             if self.media.plugin == "glm4v":
                 taken = [taken[index] for index in glm_kept_frames(len(taken), found.duration, self.video)]
             videos.append([sized_image(frame, max_pixels=self.settings.video_max_pixels,
                                        min_pixels=self.settings.video_min_pixels, plugin=self.media.plugin) for frame in taken])
-            seconds.append(self.video.temporal_patch_size / found.sampled_fps)
-        if self.video_processor is not None:
+        if tiled:
+            inputs = frame_tile_features(videos, self.image_processor)
+        elif self.video_processor is not None:
             inputs = dict(self.video_processor(videos=videos, size=self.video.size, do_sample_frames=False, return_tensors="np"))
         else:
             inputs = video_features(videos, self.image_processor, self.video)
@@ -309,6 +317,10 @@ class MediaRows:
 
     def video_texts(self, row: dict[str, Any], paths: Sequence[str]) -> tuple[list[str], list[int]]:
         """The text each of the row's videos at `paths` is written as, and its video tokens (see `video_layout`)."""
+        if self.media.plugin in FRAME_TILED_PLUGINS:
+            check_images_first([*row["prompt"], *row["response"]], where=row_label(row))
+            tokens, counts = int(self.processor_settings["image_seq_length"]), self.video_token_counts(paths)
+            return [frame_tiles_text(count // tokens, self.media, tokens_per_tile=tokens) for count in counts], counts
         if self.media.plugin not in TIMED_PLUGINS:
             counts = self.video_token_counts(paths)
             return [video_run_text(count, self.media) for count in counts], counts
@@ -359,7 +371,10 @@ class MediaRows:
 
     def video_token_counts(self, paths: Sequence[str]) -> list[int]:
         """How many video tokens each video at `paths` takes, from its header: its sampled frames (paired)
-        at the size its frames are scaled to."""
+        at the size its frames are scaled to (InternVL: its frames, a tile each)."""
+        if self.media.plugin in FRAME_TILED_PLUGINS:
+            tokens = int(self.processor_settings["image_seq_length"])
+            return [len(probe(path, self.sampling).indices) * tokens for path in paths]
         if self.media.plugin in TIMED_PLUGINS:
             return [video.grid[0] * video.tokens_per_patch(self.video.merge_size) for video in self.timed_videos(paths)]
         counts = []
@@ -391,7 +406,13 @@ class MediaRows:
                                             attention_mask=attention_mask) if images else {}
         else:
             inputs = dict(self.features(images)) if images else {}
-        if videos:
+        if videos and self.media.plugin in FRAME_TILED_PLUGINS:  # a frame is one more tile, after the images'
+            import torch
+
+            check_one_sequence(len(input_ids), images=len(images), videos=len(videos))
+            frames = self.video_features(videos)["pixel_values"]
+            inputs["pixel_values"] = torch.cat([inputs["pixel_values"], frames]) if images else frames
+        elif videos:
             inputs.update(self.video_features(videos))
         if audios:
             inputs.update(self.audio_features(audios))

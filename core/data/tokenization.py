@@ -28,6 +28,7 @@ from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, pool_map
 from tuneline.core.data.media import READ_COLUMNS as MEDIA_READ
+from tuneline.core.data.frame_tiles import FRAME_TILED_PLUGINS
 from tuneline.core.data.media_rows import MediaRows
 from tuneline.core.data.eval_splits import VALIDATION, split_name
 from tuneline.core.data.mixing import mix_rows
@@ -279,6 +280,12 @@ def _media_rows(config: StageConfig, template: Template, model_path: str | Path,
     if config.data.packing and media_rows.media.plugin in UNPACKED_PLUGINS:
         raise ConfigError(f"'packing' with media rows through 'template: {template.name}' is not offered: "
                           f"{UNPACKED_PLUGINS[media_rows.media.plugin]}; remove packing.")
+    images, videos = (media_datasets(config, columns=(column,)) for column in ("images", "videos"))
+    if config.data.packing and media_rows.media.plugin in FRAME_TILED_PLUGINS and images and videos:
+        raise ConfigError(f"'packing' with images (dataset {', '.join(map(repr, images))}) and videos (dataset "
+                          f"{', '.join(map(repr, videos))}) through 'template: {template.name}' is not offered: InternVL's "
+                          "pixel_values hold a sequence's images before its videos' frames, and a pack interleaves its "
+                          "examples' tokens; remove packing, or keep images and videos in separate runs.")
     return media_rows
 
 

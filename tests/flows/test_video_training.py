@@ -1,4 +1,4 @@
-"""Training on video rows: tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4.1V models (core/models/vision_base_model.py; llama2's
+"""Training on video rows: tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V and InternVL models (core/models/vision_base_model.py; llama2's
 tokenizer with chatml's and the vision tokens added) take clips written by data/generate_video_data.py, their
 sampled frames decoded and cut per batch with the processor and settings the tokenized data was counted with."""
 
@@ -281,3 +281,39 @@ def test_a_timed_video_batch_fills_its_tokens_with_its_frames(family: str, share
     # Qwen3-VL: the first temporal patch's frames at 0 and 0.5 s; GLM-4.1V: every time 0, as LLaMA-Factory writes it
     assert ("<0.2 seconds><|vision_start|>" in text) if family == "qwen3_vl" else ("0<|begin_of_image|>" in text)
     assert model(**batch).loss.isfinite()
+
+
+def test_tuneline_train_takes_internvl_videos(shared_dir: Path, clip_data: Path, tmp_path: Path, monkeypatch):
+    """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny InternVL, each sampled frame one image
+    tile written `FrameN: <img>...</img>` (core/data/frame_tiles.py): the model finds as many image tokens as tiles'
+    features in every batch (transformers checks), and the adapter moves."""
+    import yaml
+    from conftest import run_cli_here, train_in_this_process
+    from safetensors.torch import load_file
+
+    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+
+    model_dir = tmp_path / "model"
+    build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family="internvl"))
+    stage = {"model_name_or_path": str(model_dir), "stage": "sft", "do_train": True, "finetuning_type": "lora",
+             "lora_target": "all", "lora_rank": 4, "dataset": "clip_questions", "dataset_dir": str(clip_data),
+             "template": "intern_vl", "cutoff_len": 256, "per_device_train_batch_size": 2, "learning_rate": 5e-3,
+             "max_steps": 2, "logging_steps": 1, "output_dir": str(tmp_path / "out"), "report_to": "none"}
+    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
+    train_in_this_process(monkeypatch)
+    result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
+    assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]
+    adapter = load_file(tmp_path / "out" / "adapter_model.safetensors")
+    assert any(name.endswith("lora_B.weight") and weight.abs().sum() > 0 for name, weight in adapter.items())  # zero at the start
+
+    import torch
+    from conftest import chat_turn
+
+    clip = str(clip_data / json.loads((clip_data / "clip_questions.json").read_text())[0]["videos"][0])
+    turn = chat_turn(tmp_path / "out", "Which way does the square move?", template="intern_vl", videos=[clip])
+    inputs = turn.media.model_inputs(torch.tensor([turn.prompt]), [], turn.shown["videos"], token_ids=turn.media.token_ids(turn.tokenizer))
+    tile_tokens = turn.media.processor_settings["image_seq_length"]
+    assert inputs["pixel_values"].shape[0] == 4 and turn.prompt.count(turn.media.token_ids(turn.tokenizer)["images"]) == 4 * tile_tokens
+    assert turn.generated(**inputs) == turn.answer  # 2 s at video_fps 2: four frames, a tile each

@@ -138,7 +138,7 @@ def test_video_rows_need_a_family_that_takes_videos(video_folder, tmp_path: Path
 
     model, data = video_folder
     keys = {"model_name_or_path": str(model), "dataset": "clips", "dataset_dir": str(data), "media_dir": str(data / "media")}
-    with pytest.raises(ConfigError, match="dataset 'clips' holds videos, and tuneline feeds videos to Qwen2-VL, .* GLM-4.1V "
+    with pytest.raises(ConfigError, match="dataset 'clips' holds videos, and tuneline feeds videos to Qwen2-VL, .* GLM-4.1V and InternVL "
                                           "so far .* not through 'template: llava'"):
         tokenize_stage_data(build_stage_config({**keys, "template": "llava"}), tokenizer_path=model, output_dir=tmp_path / "a")
     with pytest.raises(ConfigError, match="maps images, videos or audio, and 'stage: pt' does not train on media rows yet"):
