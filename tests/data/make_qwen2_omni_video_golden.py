@@ -2,7 +2,8 @@
 LLaMA-Factory 0.9.5's own `qwen2_omni` template and mm_plugin into tests/data/media/, in the format
 tests/core/data/test_omni_tokens.py reads: rows whose `<video><audio>` pairs become one block of the
 video's tokens and its sound's, interleaved two seconds at a time, their ids, grids, mel frames and
-seconds per temporal patch, and the supervised examples at two cutoffs.
+seconds per temporal patch, and the supervised examples at two cutoffs; and, with `use_audio_in_video`
+off, rows of plain clips (`plain_rows`).
 
 This one runs in a LLaMA-Factory environment that has torchvision (a CUDA build of torch 2.14.1 and
 torchvision 0.29.1, which run on the CPU), so the processor is transformers' own Qwen2_5OmniProcessor
@@ -107,6 +108,29 @@ for row in ROWS:
                    "feature_frames": mm["feature_attention_mask"].sum(-1).tolist()})
 
 
+# without use_audio_in_video a video is Qwen2-VL's run of video tokens under Omni's names, its sound unheard
+PLAIN_ROWS = [
+    {"name": "a clip", "images": [], "videos": ["chirp"],
+     "messages": [{"role": "user", "content": "<video>Which way does it move?"}, {"role": "assistant", "content": "Right."}]},
+    {"name": "two clips and a picture", "images": ["small"], "videos": ["long_hum", "chirp"],
+     "messages": [{"role": "user", "content": "<image>Which of <video> and <video> shows it?"},
+                  {"role": "assistant", "content": "Both."}]},
+]
+processor.use_audio_in_video = False
+plain = []
+for row in PLAIN_ROWS:
+    images, videos, _ = files(row)
+    expanded = template.mm_plugin.process_messages(row["messages"], images, videos, [], processor)
+    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
+    mm = template.mm_plugin._get_mm_inputs(images, videos, [], processor)
+    plain.append({"name": row["name"], "images": row["images"], "videos": row["videos"], "messages": row["messages"],
+                  "expanded": expanded, "pairs": [[list(a), list(b)] for a, b in pairs],
+                  "video_grid_thw": mm["video_grid_thw"].tolist(),
+                  "video_second_per_grid": [round(float(v), 6) for v in mm["video_second_per_grid"]],
+                  "pixel_values_videos_shape": list(mm["pixel_values_videos"].shape)})
+processor.use_audio_in_video = True
+
+
 def supervised(cutoff_len):
     from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
 
@@ -123,6 +147,6 @@ def supervised(cutoff_len):
 json.dump({"llamafactory_version": "0.9.5", "template": "qwen2_omni", "tokenizer": "qwen2.5 with Qwen2.5-Omni's media tokens added",
            "tokens": sorted(TOKENS, key=tokenizer.convert_tokens_to_ids), "processor": "Qwen2_5OmniProcessor(Qwen2VLImageProcessor(), Qwen2VLVideoProcessor(), "
                                           "WhisperFeatureExtractor(feature_size=128))",
-           "settings": SETTINGS, "clips": CLIPS, "sizes": QWEN_GOLDEN["sizes"], "rows": golden,
+           "settings": SETTINGS, "clips": CLIPS, "sizes": QWEN_GOLDEN["sizes"], "rows": golden, "plain_rows": plain,
            "supervised_by_cutoff_len": {str(cutoff): supervised(cutoff) for cutoff in (4096, 1100)}}, out.open("w"), indent=None)
 print("wrote", out, [(g["name"], g["video_grid_thw"], g["feature_frames"]) for g in golden])

@@ -26,8 +26,9 @@ VIDEO_PROCESSOR = {"video_processor_type": "Qwen2VLVideoProcessor", "patch_size"
                    "rescale_factor": 1 / 255, "do_sample_frames": False}
 
 
-def settings(**extra) -> MediaConfig:
-    return MediaConfig(**{key: value for key, value in GOLDEN["settings"].items() if key != "audio_sampling_rate"}, **extra)
+def settings(**changed) -> MediaConfig:
+    """The golden's media settings, with `changed` ones."""
+    return MediaConfig(**{**{key: value for key, value in GOLDEN["settings"].items() if key != "audio_sampling_rate"}, **changed})
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,33 @@ def test_each_clip_and_its_sound_expand_to_llamafactorys_interleaved_block(row: 
     assert list(videos["pixel_values_videos"].shape) == row["pixel_values_videos_shape"]
     assert videos["video_second_per_grid"].tolist() == pytest.approx(row["video_second_per_grid"], abs=1e-6)
     assert rows.audio_features(clips)["feature_attention_mask"].sum(-1).tolist() == row["feature_frames"]
+
+
+@pytest.mark.parametrize("row", GOLDEN["plain_rows"], ids=[row["name"] for row in GOLDEN["plain_rows"]])
+def test_plain_clips_expand_to_llamafactorys_video_runs(row: dict, omni_folder):
+    """With `use_audio_in_video` off a clip is Qwen2-VL's run of video tokens under Omni's names, its sound unheard."""
+    from transformers import AutoTokenizer
+
+    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
+
+    model, data = omni_folder
+    template = TEMPLATES["qwen2_omni"]
+    rows = MediaRows.load(template, model, settings(use_audio_in_video=False), datasets={"images": ["clips_heard"],
+                                                                                         "videos": ["clips_heard"]})
+    images = [str(data / "media" / f"{n}.png") for n in row["images"]]
+    clips = [str(CLIPS / f"{n}.mp4") for n in row["videos"]]
+    expanded = rows.expand({"prompt": row["messages"][:-1], "response": row["messages"][-1:], "images": images, "videos": clips})
+    assert expanded["prompt"] + expanded["response"] == row["expanded"]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    fix_tokenizer(template, tokenizer)
+    messages = expanded["prompt"] + expanded["response"]
+    pairs = encode_turns(template, tokenizer, Conversation(prompt=messages[:-1], response=messages[-1:]))
+    assert [[list(source), list(target)] for source, target in pairs] == row["pairs"]
+    videos = rows.video_features(clips)
+    assert videos["video_grid_thw"].tolist() == row["video_grid_thw"]
+    assert list(videos["pixel_values_videos"].shape) == row["pixel_values_videos_shape"]
+    assert videos["video_second_per_grid"].tolist() == pytest.approx(row["video_second_per_grid"], abs=1e-6)
 
 
 @pytest.mark.parametrize("cutoff_len", [int(cutoff) for cutoff in GOLDEN["supervised_by_cutoff_len"]])
