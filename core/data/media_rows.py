@@ -17,7 +17,7 @@ torch does not import: where it is missing the frames are cut by the image proce
 time by `video_features`, and where it imports (a CUDA machine) transformers' own video processor cuts
 them.
 
-The tokenized folder keeps the image processor and the sizing settings beside its tokenizer
+The folder's processors load through `model_processors`. The tokenized folder keeps the image processor and the sizing settings beside its tokenizer
 (`save`), and the training collator reads them back (`read`): the pixels a model sees are cut by the
 very processor and sizes that counted its image tokens, whatever the model folder holds meanwhile.
 Pixels are made per batch in the data loader rather than stored, since they outweigh the tokens many
@@ -39,11 +39,14 @@ from tuneline.core.data.audio_clips import samples
 from tuneline.core.data.audio_in_video import block_text, heard_video_blocks, interleaved_counts, row_label
 from tuneline.core.data.frame_tiles import (FRAME_TILED_PLUGINS, check_images_first, check_one_sequence, frame_tile_features,
                                             frame_tiles_text)
-from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, LLAVA_SETTINGS, MINICPM_V_4_6, PAN_AND_SCAN, SlicedImage,
+from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, MINICPM_V_4_6, PAN_AND_SCAN, SlicedImage,
                                              audio_token_count, cross_attention_inputs, expand_audios, expand_images,
                                              expand_videos, image_features, image_prefix, pan_and_scan_crops,
                                              patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
                                              sliced_images)
+from tuneline.core.data.model_processors import (PROCESSOR_CLASSES, PROCESSOR_FILE, folder_model_type,
+                                                 load_audio_processor, load_image_processor, load_multimodal_processor,
+                                                 load_processor_settings, load_video_processor)
 from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
 from tuneline.core.data.video_layout import (TIMED_PLUGINS, VIDEO_PROCESSOR_FILE, TimedVideo, VideoPatching,
                                              folder_video_patching, glm_kept_frames, glm_token_types, timed_video,
@@ -118,9 +121,9 @@ class MediaRows:
         processor_settings = load_processor_settings(model_path, media)
         return cls(media=media, image_processor=image_processor, settings=settings,
                    processor_settings=processor_settings, video=video,
-                   multimodal_processor=_multimodal_processor(model_path, media, image_processor, processor_settings),
-                   video_seconds=_model_type(Path(model_path)) in SECONDS_SPACED,
-                   video_processor=_video_processor(model_path) if datasets.get("videos") else None,
+                   multimodal_processor=load_multimodal_processor(model_path, media, image_processor, processor_settings),
+                   video_seconds=folder_model_type(Path(model_path)) in SECONDS_SPACED,
+                   video_processor=load_video_processor(model_path) if datasets.get("videos") else None,
                    audio_processor=load_audio_processor(model_path) if media.audio_token else None)
 
     def save(self, folder: str | Path) -> None:
@@ -163,9 +166,9 @@ class MediaRows:
         processor_settings = saved.get("processor_settings", {})
         return cls(media=media, image_processor=image_processor, settings=MediaConfig(**saved["settings"]),
                    processor_settings=processor_settings,
-                   multimodal_processor=_multimodal_processor(folder, media, image_processor, processor_settings),
+                   multimodal_processor=load_multimodal_processor(folder, media, image_processor, processor_settings),
                    video=video and VideoPatching.saved(video), video_seconds=saved.get("video_seconds", False),
-                   video_processor=_video_processor(folder) if video else None,
+                   video_processor=load_video_processor(folder) if video else None,
                    audio_processor=load_audio_processor(folder) if media.audio_token else None)
 
     def sized(self, paths: Sequence[str]) -> list[Any]:
@@ -440,17 +443,6 @@ SECONDS_SPACED = frozenset({"qwen2_5_vl"})
 """Model types whose video positions are spaced by seconds per temporal patch (`second_per_grid_ts`)."""
 
 
-def _video_processor(model_path: str | Path) -> Any:
-    """transformers' video processor of the folder where torchvision imports (which it needs), else None."""
-    from transformers.utils import is_torchvision_available
-
-    if not is_torchvision_available():
-        return None
-    from transformers import AutoVideoProcessor
-
-    return AutoVideoProcessor.from_pretrained(str(model_path))
-
-
 def media_rows_for_model(model_path: str | Path, *, template: Template | None, settings: MediaConfig,
                          processor_path: str | Path | None = None) -> MediaRows:
     """How prompts for the model at `model_path` hold images: the media tokens of `template`, or (None)
@@ -459,7 +451,7 @@ def media_rows_for_model(model_path: str | Path, *, template: Template | None, s
     from tuneline.core.templates.catalog import TEMPLATES
 
     if template is None:
-        model_type = _model_type(Path(model_path))
+        model_type = folder_model_type(Path(model_path))
         if model_type not in MODEL_TEMPLATES:
             raise ConfigError(f"'{model_path}' is a {model_type or 'text'} model, which reads no images; pass a "
                               f"vision-language model ({', '.join(MODEL_TEMPLATES)}) or leave out the images.")
@@ -474,79 +466,4 @@ def media_rows_for_model(model_path: str | Path, *, template: Template | None, s
     image_processor, processor_settings = load_image_processor(folder), load_processor_settings(folder, template.media)
     return MediaRows(media=template.media, image_processor=image_processor, settings=settings,
                      processor_settings=processor_settings,
-                     multimodal_processor=_multimodal_processor(folder, template.media, image_processor, processor_settings))
-
-
-def _model_type(folder: Path) -> str | None:
-    try:
-        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def load_image_processor(model_path: str | Path) -> Any:
-    """The model folder's image processor (transformers' class for its family)."""
-    from transformers import AutoImageProcessor
-
-    fix = "image rows are sized and cut into patches by it: use the model's own folder, which ships one."
-    folder = Path(model_path)
-    if folder.is_dir() and not any((folder / name).is_file() for name in (IMAGE_PROCESSOR_FILE, PROCESSOR_FILE)):
-        raise ConfigError(f"'model_name_or_path: {model_path}' has no image processor (no {IMAGE_PROCESSOR_FILE}); {fix}")
-    try:
-        return AutoImageProcessor.from_pretrained(str(model_path))
-    except (OSError, ValueError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"'model_name_or_path: {model_path}': transformers cannot load its image processor "
-                          f"({reason}); {fix}") from e
-
-
-def _multimodal_processor(folder: str | Path, media: MediaTokens, image_processor: Any, settings: dict[str, Any]) -> Any:
-    """LLaVA-NeXT's processor, from the folder's tokenizer, image processor and numbers; None for the others."""
-    if media.plugin != "llava_next":
-        return None
-    from transformers import AutoTokenizer, LlavaNextProcessor
-
-    return LlavaNextProcessor(image_processor=image_processor, tokenizer=AutoTokenizer.from_pretrained(str(folder)),
-                              image_token=media.image_token, **settings)
-
-
-def load_audio_processor(model_path: str | Path) -> Any:
-    """The model folder's audio feature extractor (transformers' class for its family)."""
-    from transformers import AutoFeatureExtractor
-
-    try:
-        return AutoFeatureExtractor.from_pretrained(str(model_path))
-    except (OSError, ValueError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"'model_name_or_path: {model_path}': transformers cannot load its audio feature extractor "
-                          f"({reason}); audio rows are cut into features by it: use the model's own folder, which ships "
-                          "one.") from e
-
-
-IMAGE_PROCESSOR_FILE, PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"
-PROCESSOR_CLASSES = {"llava": "LlavaProcessor", "llava_next": "LlavaNextProcessor", "gemma3": "Gemma3Processor",
-                     "intern_vl": "InternVLProcessor"}
-"""transformers' multimodal processor class of each family that keeps numbers in processor_config.json."""
-PROCESSOR_SETTINGS = {"llava": ("LLaVA", LLAVA_SETTINGS), "llava_next": ("LLaVA-NeXT", LLAVA_SETTINGS),
-                      "gemma3": ("Gemma 3", ("image_seq_length",)), "intern_vl": ("InternVL", ("image_seq_length",))}
-"""Each such family's name and the numbers of its processor that count an image's tokens (the first required)."""
-
-
-def load_processor_settings(model_path: str | Path, media: MediaTokens) -> dict[str, Any]:
-    """The numbers of the folder's multimodal processor (processor_config.json) that `media`'s family
-    counts image tokens by; none for a family whose image processor alone counts them (Qwen2-VL)."""
-    if media.plugin not in PROCESSOR_SETTINGS:
-        return {}
-    family, keys = PROCESSOR_SETTINGS[media.plugin]
-    path = Path(model_path) / PROCESSOR_FILE
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"'model_name_or_path: {model_path}' has no readable {PROCESSOR_FILE} ({type(e).__name__}); "
-                          f"{family}'s processor keeps there the {', '.join(keys)} that count an image's tokens: "
-                          "use the model's own folder, which ships one.") from e
-    missing = [key for key in keys[:1] if saved.get(key) is None]
-    if missing:
-        raise ConfigError(f"{path} sets no {', '.join(missing)}; {family} counts an image's tokens by it: use the model's "
-                          "own processor_config.json.")
-    return {key: saved.get(key) for key in keys}
+                     multimodal_processor=load_multimodal_processor(folder, template.media, image_processor, processor_settings))
