@@ -62,8 +62,9 @@ def omni_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     return root / "model", data
 
 
-@pytest.mark.parametrize("row", GOLDEN["rows"], ids=[row["name"] for row in GOLDEN["rows"]])
-def test_each_clip_and_its_sound_expand_to_llamafactorys_interleaved_block(row: dict, omni_folder):
+def expands_as_golden(row: dict, omni_folder, *, heard: bool) -> None:
+    """The row's messages, ids, video grids and seconds per temporal patch are the golden's, its clips named as its
+    videos (and, when `heard`, as its sounds too); with `heard`, its sounds' mel frames as well."""
     from transformers import AutoTokenizer
 
     from tuneline.core.data.media_rows import MediaRows
@@ -71,51 +72,35 @@ def test_each_clip_and_its_sound_expand_to_llamafactorys_interleaved_block(row: 
 
     model, data = omni_folder
     template = TEMPLATES["qwen2_omni"]
-    rows = MediaRows.load(template, model, settings(), datasets={"images": ["clips_heard"], "videos": ["clips_heard"],
-                                                                  "audios": ["clips_heard"]})
+    columns = ("images", "videos", "audios") if heard else ("images", "videos")
+    rows = MediaRows.load(template, model, settings(use_audio_in_video=heard), datasets={c: ["clips_heard"] for c in columns})
     images = [str(data / "media" / f"{n}.png") for n in row["images"]]
     clips = [str(CLIPS / f"{n}.mp4") for n in row["videos"]]
-    in_prompt = len(row["messages"]) - 1
-    expanded = rows.expand({"prompt": row["messages"][:in_prompt], "response": row["messages"][in_prompt:],
-                            "images": images, "videos": clips, "audios": clips})
-    assert expanded["prompt"] + expanded["response"] == row["expanded"]
+    expanded = rows.expand({"prompt": row["messages"][:-1], "response": row["messages"][-1:], "images": images,
+                            "videos": clips, "audios": clips if heard else []})
+    messages = expanded["prompt"] + expanded["response"]
+    assert messages == row["expanded"]
     tokenizer = AutoTokenizer.from_pretrained(model)
     fix_tokenizer(template, tokenizer)
-    messages = expanded["prompt"] + expanded["response"]
     pairs = encode_turns(template, tokenizer, Conversation(prompt=messages[:-1], response=messages[-1:]))
     assert [[list(source), list(target)] for source, target in pairs] == row["pairs"]
     videos = rows.video_features(clips)
     assert videos["video_grid_thw"].tolist() == row["video_grid_thw"]
     assert list(videos["pixel_values_videos"].shape) == row["pixel_values_videos_shape"]
     assert videos["video_second_per_grid"].tolist() == pytest.approx(row["video_second_per_grid"], abs=1e-6)
-    assert rows.audio_features(clips)["feature_attention_mask"].sum(-1).tolist() == row["feature_frames"]
+    if heard:
+        assert rows.audio_features(clips)["feature_attention_mask"].sum(-1).tolist() == row["feature_frames"]
+
+
+@pytest.mark.parametrize("row", GOLDEN["rows"], ids=[row["name"] for row in GOLDEN["rows"]])
+def test_each_clip_and_its_sound_expand_to_llamafactorys_interleaved_block(row: dict, omni_folder):
+    expands_as_golden(row, omni_folder, heard=True)
 
 
 @pytest.mark.parametrize("row", GOLDEN["plain_rows"], ids=[row["name"] for row in GOLDEN["plain_rows"]])
 def test_plain_clips_expand_to_llamafactorys_video_runs(row: dict, omni_folder):
     """With `use_audio_in_video` off a clip is Qwen2-VL's run of video tokens under Omni's names, its sound unheard."""
-    from transformers import AutoTokenizer
-
-    from tuneline.core.data.media_rows import MediaRows
-    from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
-
-    model, data = omni_folder
-    template = TEMPLATES["qwen2_omni"]
-    rows = MediaRows.load(template, model, settings(use_audio_in_video=False), datasets={"images": ["clips_heard"],
-                                                                                         "videos": ["clips_heard"]})
-    images = [str(data / "media" / f"{n}.png") for n in row["images"]]
-    clips = [str(CLIPS / f"{n}.mp4") for n in row["videos"]]
-    expanded = rows.expand({"prompt": row["messages"][:-1], "response": row["messages"][-1:], "images": images, "videos": clips})
-    assert expanded["prompt"] + expanded["response"] == row["expanded"]
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    fix_tokenizer(template, tokenizer)
-    messages = expanded["prompt"] + expanded["response"]
-    pairs = encode_turns(template, tokenizer, Conversation(prompt=messages[:-1], response=messages[-1:]))
-    assert [[list(source), list(target)] for source, target in pairs] == row["pairs"]
-    videos = rows.video_features(clips)
-    assert videos["video_grid_thw"].tolist() == row["video_grid_thw"]
-    assert list(videos["pixel_values_videos"].shape) == row["pixel_values_videos_shape"]
-    assert videos["video_second_per_grid"].tolist() == pytest.approx(row["video_second_per_grid"], abs=1e-6)
+    expands_as_golden(row, omni_folder, heard=False)
 
 
 @pytest.mark.parametrize("cutoff_len", [int(cutoff) for cutoff in GOLDEN["supervised_by_cutoff_len"]])
