@@ -219,11 +219,9 @@ def test_a_qwen2_5_omni_thinker_hears_each_clips_own_sound(shared_dir: Path, tmp
     assert model(**batch).loss.isfinite()
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl", "glm4v"])
-def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_data: Path, tmp_path: Path, monkeypatch):
-    """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny Qwen3-VL and GLM-4.1V, whose videos are
-    sized as whole clips and written a temporal patch at a time with its time (core/data/video_layout.py): the model
-    finds as many video tokens as features in every batch (transformers checks), and the adapter moves."""
+def trained_on_clips(family: str, template: str, *, shared_dir: Path, clip_data: Path, tmp_path: Path, patch) -> Path:
+    """A tiny `family` model (its folder returned) trained by `tuneline train` (LoRA sft, two steps, in this process)
+    on the clip questions into tmp_path/out: both steps logged, the adapter moved (lora_B is zero at the start)."""
     import yaml
     from conftest import run_cli_here, train_in_this_process
     from safetensors.torch import load_file
@@ -234,16 +232,25 @@ def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_d
     build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family=family))
     stage = {"model_name_or_path": str(model_dir), "stage": "sft", "do_train": True, "finetuning_type": "lora",
              "lora_target": "all", "lora_rank": 4, "dataset": "clip_questions", "dataset_dir": str(clip_data),
-             "template": family, "cutoff_len": 256, "per_device_train_batch_size": 2, "learning_rate": 5e-3, "max_steps": 2,
+             "template": template, "cutoff_len": 256, "per_device_train_batch_size": 2, "learning_rate": 5e-3, "max_steps": 2,
              "logging_steps": 1, "output_dir": str(tmp_path / "out"), "report_to": "none"}
     (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
-    train_in_this_process(monkeypatch)
+    train_in_this_process(patch)
     result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
     assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]
     adapter = load_file(tmp_path / "out" / "adapter_model.safetensors")
-    assert any(name.endswith("lora_B.weight") and weight.abs().sum() > 0 for name, weight in adapter.items())  # zero at the start
+    assert any(name.endswith("lora_B.weight") and weight.abs().sum() > 0 for name, weight in adapter.items())
+    return model_dir
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "glm4v"])
+def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_data: Path, tmp_path: Path, monkeypatch):
+    """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny Qwen3-VL and GLM-4.1V, whose videos are
+    sized as whole clips and written a temporal patch at a time with its time (core/data/video_layout.py): the model
+    finds as many video tokens as features in every batch (transformers checks), and the adapter moves."""
+    model_dir = trained_on_clips(family, family, shared_dir=shared_dir, clip_data=clip_data, tmp_path=tmp_path, patch=monkeypatch)
     # the video processor's numbers beside the adapter, as the model folder held them: chat sizes clips as training did
     saved = (tmp_path / "out" / "video_preprocessor_config.json", model_dir / "video_preprocessor_config.json")
     assert json.loads(saved[0].read_text()) == json.loads(saved[1].read_text())
@@ -287,26 +294,7 @@ def test_tuneline_train_takes_internvl_videos(shared_dir: Path, clip_data: Path,
     """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny InternVL, each sampled frame one image
     tile written `FrameN: <img>...</img>` (core/data/frame_tiles.py): the model finds as many image tokens as tiles'
     features in every batch (transformers checks), and the adapter moves."""
-    import yaml
-    from conftest import run_cli_here, train_in_this_process
-    from safetensors.torch import load_file
-
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
-
-    model_dir = tmp_path / "model"
-    build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family="internvl"))
-    stage = {"model_name_or_path": str(model_dir), "stage": "sft", "do_train": True, "finetuning_type": "lora",
-             "lora_target": "all", "lora_rank": 4, "dataset": "clip_questions", "dataset_dir": str(clip_data),
-             "template": "intern_vl", "cutoff_len": 256, "per_device_train_batch_size": 2, "learning_rate": 5e-3,
-             "max_steps": 2, "logging_steps": 1, "output_dir": str(tmp_path / "out"), "report_to": "none"}
-    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
-    train_in_this_process(monkeypatch)
-    result = run_cli_here("train", str(tmp_path / "stage.yaml"), cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    logged = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
-    assert [entry["current_steps"] for entry in logged if "loss" in entry] == [1, 2]
-    adapter = load_file(tmp_path / "out" / "adapter_model.safetensors")
-    assert any(name.endswith("lora_B.weight") and weight.abs().sum() > 0 for name, weight in adapter.items())  # zero at the start
+    trained_on_clips("internvl", "intern_vl", shared_dir=shared_dir, clip_data=clip_data, tmp_path=tmp_path, patch=monkeypatch)
 
     import torch
     from conftest import chat_turn
