@@ -1,17 +1,23 @@
-"""Write tuneline's reasoning demo: `python data/generate_reasoning_data.py [--out-dir DIR] [--problems N]`.
+"""Write tuneline's reasoning demo: `python data/generate_reasoning_data.py [--out-dir DIR] [--held-out N]`.
 
-Small arithmetic problems whose answers a program checks, for a tiny model to learn on a CPU: sums,
-differences and products of small numbers ("What is 7 + 5?"). Every solution is written in the shape
-the verifiable rewards score, `<think>7 + 5 = 12</think><answer>12</answer>`. The output folder is a
-dataset_dir of its own:
+Small arithmetic problems whose answers a program checks, for a tiny model to learn on a CPU: sums
+and differences of digits, products up to 5 x 5 ("What is 7 + 5?"). The verifiable rewards score the
+worked shape `<think>7 + 5 = 12</think><answer>12</answer>`. The output folder is a dataset_dir:
 
-- `reasoning_pretrain.jsonl`: facts as plain text ("7 + 5 = 12"), for a `pt` stage;
-- `reasoning_sft.json`: problems with their worked solutions (alpaca columns), for `sft`;
-- `reasoning_prompts.json`: other problems with only their `answer`, the prompts an online RL stage
-  generates from and rewards against;
-- `reasoning_heldout.json`: problems none of the others hold, for the pass rate.
+- `reasoning_pretrain.jsonl`: every problem of the table answered, as chat transcripts in ChatML
+  text, for a `pt` stage: the model learns the arithmetic, and both ways of answering (half the
+  answers in the worked shape, half in prose: "7 + 5 = 12, so the answer is 12."). The table is
+  written several times, each in another order: pt concatenates its rows, and a model that saw one
+  order only could recall each answer from the rows before it instead of from the question;
+- `reasoning_sft.json`: the problems not held out, as chat rows (alpaca columns), a third answered
+  in the worked shape and the rest in prose, so the fine-tuned model mostly answers in prose, whose
+  answer the rewards cannot check;
+- `reasoning_prompts.json`: the same problems with only their `answer`: the prompts an online RL
+  stage samples from and rewards; it learns to answer in the shape that can be checked, and so its
+  pass rate on the held-out problems rises;
+- `reasoning_heldout.json`: problems neither sft nor the online stage trains on, for the pass rate.
 
-The same seed always draws the same problems; no problem appears in two files.
+The same seed always writes the same files; no held-out problem is in the sft or prompt files.
 """
 
 from __future__ import annotations
@@ -23,22 +29,14 @@ from pathlib import Path
 
 SEED = 2718
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-LARGEST = {"+": 20, "-": 20, "*": 9}
-"""The largest operand of each operation: sums and differences to 20, products to 9 x 9."""
+LARGEST = {"+": 9, "-": 9, "*": 5}
+"""The largest operand of each operation: sums and differences of digits, products to 5 x 5."""
 
 
-def problems(rng: random.Random, count: int, *, taken: set[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
-    """`count` new (a, operation, b) problems, none in `taken` (which gains them); a difference is never negative."""
-    drawn = []
-    while len(drawn) < count:
-        operation = rng.choice(list(OPERATIONS))
-        a, b = rng.randint(0, LARGEST[operation]), rng.randint(0, LARGEST[operation])
-        if operation == "-" and b > a:
-            a, b = b, a
-        if (a, operation, b) not in taken:
-            taken.add((a, operation, b))
-            drawn.append((a, operation, b))
-    return drawn
+def table() -> list[tuple[int, str, int]]:
+    """Every (a, operation, b) problem of the demo, in a fixed order; a difference is never negative."""
+    return [(a, operation, b) for operation, largest in LARGEST.items()
+            for a in range(largest + 1) for b in range(largest + 1) if operation != "-" or a >= b]
 
 
 def question(a: int, operation: str, b: int) -> str:
@@ -52,6 +50,16 @@ def answer(a: int, operation: str, b: int) -> int:
 def solution(a: int, operation: str, b: int) -> str:
     """The worked solution, in the shape the think/answer reward scores."""
     return f"<think>{a} {operation} {b} = {answer(a, operation, b)}</think><answer>{answer(a, operation, b)}</answer>"
+
+
+def prose(a: int, operation: str, b: int) -> str:
+    """The same solution in prose, whose final answer the verifiable rewards do not find."""
+    return f"{a} {operation} {b} = {answer(a, operation, b)}, so the answer is {answer(a, operation, b)}."
+
+
+def chat_transcript(user: str, assistant: str) -> str:
+    """One exchange as ChatML text (template `chatml`), as chat logs in a pre-training corpus read."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{assistant}<|im_end|>"
 
 
 def dataset_info() -> dict[str, dict]:
@@ -70,23 +78,29 @@ def write_json(path: Path, value: object) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, default=Path("reasoning_demo"))
-    parser.add_argument("--problems", type=int, default=160, help="problems with worked solutions (sft); half as many "
-                        "prompts for online RL, a quarter as many held out")
+    parser.add_argument("--held-out", type=int, default=40, help="problems kept for the pass rate")
+    parser.add_argument("--fact-passes", type=int, default=16, help="times pt's table is written, each shuffled")
+    parser.add_argument("--worked-every", type=int, default=3, help="every n-th sft answer is in the worked shape")
     options = parser.parse_args(argv)
+    everything = table()
+    if not 0 < options.held_out < len(everything):
+        parser.error(f"--held-out must be between 1 and {len(everything) - 1} (the table has {len(everything)} problems)")
     options.out_dir.mkdir(parents=True, exist_ok=True)
-    rng, taken = random.Random(SEED), set()
-    solved = problems(rng, options.problems, taken=taken)
-    prompted = problems(rng, options.problems // 2, taken=taken)
-    held_out = problems(rng, options.problems // 4, taken=taken)
-    facts = [f"{a} {op} {b} = {answer(a, op, b)}" for a, op, b in solved]
-    (options.out_dir / "reasoning_pretrain.jsonl").write_text("".join(json.dumps({"text": fact}) + "\n" for fact in facts),
+    rng = random.Random(SEED)
+    drawn = rng.sample(everything, len(everything))
+    trained, held_out = drawn[options.held_out :], drawn[: options.held_out]
+    texts = [chat_transcript(question(*p), rng.choice([solution, prose])(*p))
+             for _ in range(options.fact_passes) for p in rng.sample(everything, len(everything))]
+    (options.out_dir / "reasoning_pretrain.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts),
                                                              encoding="utf-8")
     write_json(options.out_dir / "reasoning_sft.json",
-               [{"instruction": question(*p), "output": solution(*p)} for p in solved])
-    for name, drawn in (("reasoning_prompts", prompted), ("reasoning_heldout", held_out)):
-        write_json(options.out_dir / f"{name}.json", [{"instruction": question(*p), "answer": str(answer(*p))} for p in drawn])
+               [{"instruction": question(*p), "output": solution(*p) if i % options.worked_every == 0 else prose(*p)}
+                for i, p in enumerate(trained)])
+    for name, problems in (("reasoning_prompts", trained), ("reasoning_heldout", held_out)):
+        write_json(options.out_dir / f"{name}.json",
+                   [{"instruction": question(*p), "answer": str(answer(*p))} for p in problems])
     write_json(options.out_dir / "dataset_info.json", dataset_info())
-    print(f"wrote {len(solved)} solved problems, {len(prompted)} prompts and {len(held_out)} held-out problems to {options.out_dir}")
+    print(f"wrote {len(texts)} pt rows, {len(trained)} sft rows and prompts, {len(held_out)} held-out problems to {options.out_dir}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """Keys of the fine-tuning method: which parameters train (LoRA, OFT, freeze, full), and the losses
-of the stages (the SFT variants, the preference losses, PPO's settings)."""
+of the stages (the SFT variants, the preference losses, PPO's and the online RL stages' settings).
+
+The online RL keys (grpo, rloo) take TRL's names, as LLaMA-Factory has none for them; their
+sampling reads LLaMA-Factory's generation keys (temperature, top_p, top_k)."""
 
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ class FinetuningConfig:
     ref_model: str | None = _doc("Reference model for DPO/KTO/PPO (default: the policy's base).", default=None)
     ref_model_adapters: str | None = _doc("Adapter(s) on the reference model.", default=None)
     ref_model_quantization_bit: int | None = _doc("Load the reference model in 4 or 8 bits.", default=None)
-    reward_model: str | None = _doc("Reward model for PPO.", default=None)
+    reward_model: str | None = _doc("Reward model for PPO and the online RL stages (an rm stage output).", default=None)
     reward_model_adapters: str | None = _doc("Adapter(s) on the reward model.", default=None)
     reward_model_quantization_bit: int | None = _doc("Load the reward model in 4 or 8 bits.", default=None)
     reward_model_type: Literal["lora", "full", "api"] = _doc("How the reward model is given.", default="lora")
@@ -66,6 +69,28 @@ class FinetuningConfig:
     ppo_score_norm: bool = _doc("PPO: normalise scores.", default=False)
     ppo_target: float = _doc("PPO: target KL for the adaptive KL controller.", default=6.0)
     ppo_whiten_rewards: bool = _doc("PPO: whiten rewards before computing advantages.", default=False)
+    num_generations: int = _doc("Online RL: completions sampled per prompt (the group).", default=8)
+    beta: float = _doc("Online RL: weight of the KL penalty against the reference model (0: no reference).", default=0.0)
+    epsilon: float = _doc("Online RL: clip range of the importance ratio (its lower side, when epsilon_high is set).",
+                          default=0.2)
+    epsilon_high: float | None = _doc("Online RL: upper clip range (DAPO's clip-higher); unset: epsilon.", default=None)
+    loss_type: str = _doc("GRPO: how token losses are aggregated: grpo, dr_grpo, dapo, bnpo (or TRL's others).",
+                          default="dapo")
+    importance_sampling_level: Literal["token", "sequence"] = _doc(
+        "GRPO: importance ratio per token, or per sequence (GSPO).", default="token")
+    scale_rewards: bool | Literal["group", "batch", "none"] = _doc(
+        "GRPO: divide advantages by the reward spread of the group, the batch, or not at all.", default="group")
+    num_iterations: int = _doc("Online RL: optimisation passes over each batch of completions.", default=1)
+    max_completion_length: int = _doc("Online RL: longest completion sampled, in tokens.", default=256)
+    mask_truncated_completions: bool = _doc("Online RL: leave completions cut at max_completion_length out of the loss.",
+                                            default=False)
+    reward_funcs: str | list[str] | None = _doc(
+        "Online RL: rewards, comma-separated: built-in names or module:function.", default=None)
+    reward_weights: str | list[float] | None = _doc("Online RL: one weight per reward (reward_funcs, then reward_model).",
+                                                    default=None)
+    use_vllm: bool = _doc("Online RL: generate with vLLM (CUDA and the vllm package).", default=False)
+    vllm_mode: Literal["colocate", "server"] = _doc("Online RL: vLLM in the training process or as a server.",
+                                                    default="colocate")
     pure_bf16: bool = _doc("Train in bfloat16 throughout, without float32 master weights.", default=False)
     disable_shuffling: bool = _doc("Read the training rows in order, without shuffling.", default=False)
     early_stopping_steps: int | None = _doc("Stop when the evaluation metric has not improved for this many evaluations.",

@@ -107,9 +107,9 @@ def generation_kwargs(generating: GeneratingConfig, tokenizer: PreTrainedTokeniz
 
 def generate_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Sequence[int]], *,
                      generating: GeneratingConfig, batch_size: int = 1, media: RowMedia | None = None,
-                     rows: Sequence[Mapping[str, Any]] = ()) -> list[list[int]]:
-    """The generated ids of each prompt (prompt and padding removed), batches left-padded; with `media`,
-    each prompt reads the media of its row in `rows`."""
+                     rows: Sequence[Mapping[str, Any]] = (), keep_stop: bool = False) -> list[list[int]]:
+    """The generated ids of each prompt (prompt and padding removed; the stop token too, unless
+    `keep_stop`), batches left-padded; with `media`, each prompt reads the media of its row in `rows`."""
     import torch
 
     kwargs = generation_kwargs(generating, tokenizer, model)
@@ -124,15 +124,16 @@ def generate_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
             pixels = media.inputs(input_ids, rows[start : start + len(batch)], attention_mask=attention_mask) if media else {}
             output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **pixels, **kwargs)
-            answers.extend(_strip_stop(row[width:].tolist(), pad=pad, stops=kwargs["eos_token_id"]) for row in output)
+            answers.extend(_strip_stop(row[width:].tolist(), pad=pad, stops=kwargs["eos_token_id"], keep_stop=keep_stop)
+                           for row in output)
     return answers
 
 
-def _strip_stop(ids: list[int], *, pad: int, stops: Sequence[int]) -> list[int]:
-    """Generated ids before the first stop token; without one, all but the padding."""
+def _strip_stop(ids: list[int], *, pad: int, stops: Sequence[int], keep_stop: bool = False) -> list[int]:
+    """Generated ids before the first stop token (through it with `keep_stop`); without one, all but the padding."""
     for index, token in enumerate(ids):
         if token in stops:
-            return ids[:index]
+            return ids[: index + 1] if keep_stop else ids[:index]
     return [token for token in ids if token != pad]
 
 

@@ -27,6 +27,8 @@ BUILT_IN: dict[str, Callable[[int], RewardFunction]] = {
     "overlong_penalty": overlong_penalty,
 }
 """Built-in rewards by name, each made for the stage's `max_completion_length`."""
+BEST_SCORES = {"answer_match": 1.0, "math_equivalence": 1.0, "think_answer_format": 1.0, "overlong_penalty": 0.0}
+"""The score of a completion that fully satisfies each built-in reward (what the pass rate counts)."""
 
 
 class RewardError(TunelineError):
@@ -39,6 +41,8 @@ class CheckedReward:
 
     name: str
     function: RewardFunction
+    best: float | None = None
+    """The score of a completion that fully satisfies it; None where there is none (user functions, reward models)."""
 
     @property
     def __name__(self) -> str:  # TRL names a reward's logged metrics by its function's name
@@ -102,12 +106,31 @@ def reward_functions(value: str | Sequence[str] | None, *, max_completion_length
     rewards = []
     for name in names:
         if name in BUILT_IN:
-            rewards.append(CheckedReward(name, BUILT_IN[name](max_completion_length)))
+            rewards.append(CheckedReward(name, BUILT_IN[name](max_completion_length), best=BEST_SCORES[name]))
         elif ":" in name:
             rewards.append(CheckedReward(name, user_function(name)))
         else:
             raise ConfigError(unknown_name_message("reward", name, [*BUILT_IN, "module:function"]))
     return rewards
+
+
+@dataclass(frozen=True)
+class RewardModelScore:
+    """A trained reward model (an rm stage output) as a reward function: it scores each prompt's ids
+    followed by the completion's ids, the sequence its training saw, not a re-tokenized text."""
+
+    model: Any
+    tokenizer: Any
+    batch_size: int = 8
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None,
+                 prompt_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[float]:
+        from tuneline.core.evaluation.reward import score
+
+        if completion_ids is None or prompt_ids is None:
+            raise ConfigError("the reward model scores token ids, and the trainer passed no 'prompt_ids' or 'completion_ids'.")
+        sequences = [list(prompt) + list(completion) for prompt, completion in zip(prompt_ids, completion_ids)]
+        return score(self.model, self.tokenizer, sequences, batch_size=self.batch_size).tolist()
 
 
 def reward_weights(value: str | Sequence[float] | None, *, count: int) -> list[float]:

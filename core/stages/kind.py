@@ -1,6 +1,6 @@
 """The stage-kind interface: everything tuneline knows about one kind of training stage.
 
-Each kind (pt, sft, rm, dpo, kto, ppo) is one module under `core/stages/` that builds a
+Each kind (pt, sft, rm, dpo, kto, ppo, grpo, rloo) is one module under `core/stages/` that builds a
 `StageKind` value; `core/stages/registry.py` lists them. Config validation, tokenization, the
 worker, `tuneline train` and the pipeline ask the registry, never compare stage names
 (docs/ARCHITECTURE.md, "Stage kinds").
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from tuneline.core.config import FinetuningConfig, ModelConfig, OptimizerConfig, StageConfig
+from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, StageConfig
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -76,6 +76,8 @@ class TrainerRequest:
     """False: labels are padded with the pad token, which then trains (LLaMA-Factory's sft collator)."""
     media_rows: MediaRows | None = None
     """Of tokenized image rows: the processor and sizes their pixels are cut with (`MediaRows.read`)."""
+    generating: GeneratingConfig = field(default_factory=GeneratingConfig)
+    """How the online RL stages sample their completions (temperature, top_p, top_k)."""
 
 
 @dataclass(frozen=True)

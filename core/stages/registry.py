@@ -20,6 +20,7 @@ from tuneline.core.data.tokenization import dataset_names
 from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.models.loading import method_problems
 from tuneline.core.stages.dpo import DPO
+from tuneline.core.stages.grpo import GRPO, RLOO, online_key_problems
 from tuneline.core.stages.kind import StageKind
 from tuneline.core.stages.kto import KTO
 from tuneline.core.stages.ppo.stage import PPO
@@ -30,7 +31,7 @@ from tuneline.core.templates.catalog import AUTO
 from tuneline.core.templates.options import template_key_problems
 from tuneline.core.training.optimizers.rules import optimizer_problems
 
-KINDS: dict[str, StageKind] = {kind.name: kind for kind in (PT, SFT, RM, DPO, KTO, PPO)}
+KINDS: dict[str, StageKind] = {kind.name: kind for kind in (PT, SFT, RM, DPO, KTO, PPO, GRPO, RLOO)}
 STAGE_NAMES = tuple(KINDS)
 DEFAULT_STAGE = SFT.name  # what `stage` means when a config leaves it out
 
@@ -69,6 +70,7 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
         problems.extend(stage_option_problems(config, kind))
         problems.extend(data_key_problems(config, kind))
         problems.extend(training_loop_problems(config, kind))
+        problems.extend(online_key_problems(config, online=kind in (GRPO, RLOO)))
         problems.extend(kind.config_problems(config))
     if problems:
         raise ConfigError(problems, source=source)

@@ -152,6 +152,11 @@ def log_artifact(uri: str, run_id: str, path: str | Path, *, artifact_path: str 
         client(uri).log_artifact(run_id, str(path), artifact_path=artifact_path)
 
 
+def log_table(uri: str, run_id: str, columns: Mapping[str, list[Any]], name: str) -> None:
+    """Store `columns` (equal-length lists) as the run's table artifact `name`, which MLflow's UI shows as a table."""
+    client(uri).log_table(run_id, data=dict(columns), artifact_file=name)
+
+
 def log_dict(uri: str, run_id: str, values: Mapping[str, Any], name: str) -> None:
     """Store `values`, secrets masked, as a JSON artifact `name` of the run (the resolved stage config)."""
     client(uri).log_dict(run_id, json.loads(json.dumps(redact(values), default=str)), name)

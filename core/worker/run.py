@@ -83,7 +83,8 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         eval_dataset=eval_datasets(datasets),
         finetuning=finetuning, model_config=model_config, args=args, callbacks=callbacks,
         optimizer=optimizer, model_max_length=job.model_max_length,
-        ignore_pad_token_for_loss=data.ignore_pad_token_for_loss, media_rows=media_rows))
+        ignore_pad_token_for_loss=data.ignore_pad_token_for_loss, media_rows=media_rows,
+        generating=GeneratingConfig(**job.generating)))
     LogCallback.replace_printer(trainer)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)
@@ -108,6 +109,10 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                                               media=row_media(trainer)))
     for split, values in results.items() if main else ():
         save_results(job.output_dir, split, values)
+    if main:
+        from tuneline.core.training.completions_log import log_completions_table
+
+        log_completions_table(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id)
     finish_outputs(job, main=main)
     return metrics
 
