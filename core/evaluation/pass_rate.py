@@ -50,7 +50,7 @@ def held_out_rewards(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                                      keep_stop=True)  # as the trainer's completions end
     model.train(was_training)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    columns = {name: rows[name] for name in rows.column_names if name not in ("prompt", "prompt_ids")}
+    columns = {name: rows[name] for name in rows.column_names if name != "prompt"}  # prompt_ids: the reward model reads them
     totals, passes, by_name = weighted_scores(rewards, weights, prompts=rows["prompt"], completions=completions,
                                               completion_ids=completion_ids, columns=columns)
     count = max(len(totals), 1)

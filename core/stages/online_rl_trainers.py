@@ -57,6 +57,7 @@ class TemplatePromptsMixin:
         self._prompt_ids: list[list[int]] | None = None
         self.held_out = held_out
         self.start_scores: dict[str, float] = {}
+        self._sampled_step = -1
         super().__init__(**kwargs)
         if own_reference:
             args.beta = self.beta = beta
@@ -82,8 +83,10 @@ class TemplatePromptsMixin:
         return super().train(*args, **kwargs)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        training = self.model.training
-        sample = self._completions_sample() if training and self.accelerator.is_main_process else []
+        # once per step: the end-of-training summary is logged at the last step again
+        fresh = self.model.training and self.state.global_step != self._sampled_step
+        sample = self._completions_sample() if fresh and self.accelerator.is_main_process else []
+        self._sampled_step = self.state.global_step if fresh else self._sampled_step
         super().log(logs, start_time)
         if sample:
             append_completions(self.args.output_dir, sample)

@@ -50,6 +50,8 @@ LLAMAFACTORY_KEYS = {
     "lr": "learning_rate",
     "epoch": "epoch",
 }
+ONLINE_RL_KEYS = ("reward_std", "frac_reward_zero_std", "kl", "entropy", "rewards/", "completions/", "clip_ratio/")
+"""What the online RL stages log per step besides the reward (keys, or prefixes ending in '/')."""
 THROUGHPUT_KEYS = ("tokens_per_second", "all_tokens_per_second", "padding_ratio", "mfu")
 
 
@@ -122,6 +124,8 @@ class LogCallback(TrainerCallback):
             "remaining_time": str(timedelta(seconds=int(remaining))),
             "grad_norm": logs.get("grad_norm"),
         })
+        record.update({key: value for key, value in logs.items()
+                       if key in ONLINE_RL_KEYS or key.startswith(tuple(k for k in ONLINE_RL_KEYS if k.endswith("/")))})
         if "loss" in logs:
             record.update(self._throughput(processes=args.world_size))
         return {k: v for k, v in record.items() if v is not None}

@@ -147,8 +147,11 @@ class TokenCounter:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         if input_ids is None:
             return
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is not None and attention_mask.shape[-1] != input_ids.shape[-1]:
+            return  # a decoding step of generation (online RL's sampling), which reads cached keys: no training tokens
         self.all_tokens += input_ids.numel()
-        self._non_padding = self._non_padding + self._non_padding_in(input_ids, kwargs.get("attention_mask"))
+        self._non_padding = self._non_padding + self._non_padding_in(input_ids, attention_mask)
 
     def _non_padding_in(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> Any:
         if attention_mask is not None and attention_mask.dim() == 2:
