@@ -123,9 +123,9 @@ def check_rerun(output: str, killed: dict) -> None:
     assert stage_run.info.run_name == killed["stage"] and stage_run.info.status == "FINISHED"
     assert stage_run.data.tags["tuneline.resumed_from_step"] == str(step)
     children = client.search_runs(experiment, f"tags.mlflow.parentRunId = '{stage_run.data.tags['mlflow.parentRunId']}'")
-    hits = [c for c in children if c.data.tags["tuneline.cache_hit"] == "true"]
-    # stages the progress lines name (register, which prints none, may be a hit too)
-    assert sorted(c.info.run_name for c in hits if c.info.run_name in done) == sorted(names[:position])
+    # the artifact stages' hits (a register stage that finds its version registered already is one too)
+    hits = [c for c in children if c.data.tags["tuneline.cache_hit"] == "true" and c.info.run_name in done]
+    assert sorted(c.info.run_name for c in hits) == sorted(names[:position])
     for hit in hits:
         producer = client.get_run(hit.data.tags["tuneline.produced_by_run"])
         assert producer.data.tags["tuneline.cache_hit"] == "false" and producer.info.status == "FINISHED"
