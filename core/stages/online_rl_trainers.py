@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from trl import GRPOTrainer, RLOOTrainer
+from trl.trainer.utils import RepeatSampler
 
 from tuneline.core.training.completions_log import append_completions
 
@@ -77,6 +79,12 @@ class TemplatePromptsMixin:
             raise RuntimeError("the online RL trainer was asked to render prompts outside a batch of tokenized rows")
         return self._prompt_ids, None, {}
 
+    def _get_train_sampler(self, dataset: Any = None) -> RepeatSampler:
+        sampler = super()._get_train_sampler(dataset)
+        resumable = EpochRepeatSampler.__new__(EpochRepeatSampler)
+        resumable.__dict__.update(sampler.__dict__)
+        return resumable
+
     def train(self, *args: Any, **kwargs: Any) -> Any:
         if self.held_out is not None:  # the policy is still the starting one: checkpoints load inside train()
             self.start_scores = self.held_out(self)
@@ -105,6 +113,23 @@ class TemplatePromptsMixin:
                 row["advantage"] = logs["advantages"][index]
             rows.append(row)
         return rows
+
+
+class EpochRepeatSampler(RepeatSampler):
+    """TRL's sampler, whose shuffled order of each epoch is a function of the epoch.
+
+    TRL's draws one permutation per epoch from a generator it seeds once, so a run resumed in its
+    third epoch would read the first epoch's order again. The Trainer calls `set_epoch` before each
+    epoch: the generator is seeded anew and advanced past the earlier epochs' permutations, which gives
+    an uninterrupted run's orders, resumed or not.
+    """
+
+    def set_epoch(self, epoch: int) -> None:
+        if not self.shuffle or self.seed is None:
+            return
+        self.generator.manual_seed(self.seed)
+        for _ in range(epoch):
+            torch.randperm(self.num_samples, generator=self.generator)
 
 
 class TokenizedGRPOTrainer(TemplatePromptsMixin, GRPOTrainer):

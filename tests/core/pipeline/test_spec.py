@@ -156,7 +156,7 @@ def test_evaluate_and_export_of_a_reward_model_are_refused():
     raw = _chain({"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"})
     raw["export"] = {"stage": "rm"}
     problems = _problems(raw)
-    assert problems == ["'export.stage: rm' names an rm stage, whose reward model is not a causal LM; name a pt, sft, dpo, kto or ppo stage."]
+    assert problems == ["'export.stage: rm' names an rm stage, whose reward model is not a causal LM; name a pt, sft, dpo, kto, ppo, grpo or rloo stage."]
 
 
 def test_train_key_follows_the_referenced_stage_key():
@@ -227,3 +227,19 @@ def test_tokenized_path_of_tuneline_train_is_refused_in_a_pipeline_stage():
     with pytest.raises(ConfigError) as caught:
         build_pipeline(raw, overrides={})
     assert [p for p in caught.value.problems if "'tokenized_path: saves/data' is a key of `tuneline train`" in p]
+
+
+def test_shipped_reasoning_pipeline_loads_and_a_grpo_stage_may_read_an_rm_stage():
+    root = Path(__file__).resolve().parents[3]
+    pipeline = build_pipeline(read_yaml(root / "data/reasoning_pipeline.yaml"),
+                              overrides={"dataset_dir": str(root / "data/reasoning_demo")})
+    assert [(s.name, getattr(s, "parent", None)) for s in pipeline.stages] == [
+        ("base", None), ("pt", "base"), ("sft", "pt"), ("grpo", "sft")]
+    assert pipeline.stage("grpo").kind == "grpo"
+    chain = _chain({"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"},
+                   {"name": "grpo", "stage": "grpo", "from": "sft", "ref_model": "sft", "reward_model": "rm",
+                    "dataset": "demo_alpaca", "num_generations": 4})
+    assert build_pipeline(chain, overrides={}).stage("grpo").references == {"ref_model": "sft", "reward_model": "rm"}
+    problems = _problems(_chain({"name": "grpo", "stage": "grpo", "from": "sft", "reward_model": "sft",
+                                 "dataset": "demo_alpaca", "num_generations": 4}))
+    assert any(p.startswith("stage 'grpo' has 'reward_model: sft', but stage 'sft' is a sft stage") for p in problems), problems

@@ -87,3 +87,26 @@ def test_grpo_settings_that_cannot_train_are_named(values: dict, message: str):
     with pytest.raises(ConfigError) as error:
         build_stage_config(grpo(**values))
     assert message in str(error.value)
+
+
+def test_the_prompt_order_of_each_epoch_does_not_depend_on_where_a_run_started():
+    """A run resumed in its third epoch reads the order an uninterrupted run reads there (TRL's own
+    sampler would start again from the first epoch's order)."""
+    from trl.trainer.utils import RepeatSampler
+
+    from tuneline.core.stages.online_rl_trainers import EpochRepeatSampler
+
+    def sampler(kind):
+        return kind(data_source=list(range(12)), mini_repeat_count=2, batch_size=3, repeat_count=1, shuffle=True, seed=7)
+
+    stateful = sampler(RepeatSampler)
+    uninterrupted = [list(stateful) for _ in range(3)]
+    resumed = sampler(EpochRepeatSampler)
+    resumed.set_epoch(2)
+    assert list(resumed) == uninterrupted[2] != uninterrupted[0]
+    again = sampler(EpochRepeatSampler)
+    orders = []
+    for epoch in range(3):
+        again.set_epoch(epoch)
+        orders.append(list(again))
+    assert orders == uninterrupted
