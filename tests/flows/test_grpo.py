@@ -96,11 +96,14 @@ def test_grpo_logs_each_reward_kl_and_a_sample_of_completions(lora_run: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["full", "freeze", "qlora"])
+@pytest.mark.parametrize("method", ["full", "freeze", "qlora", "gspo", "dr_grpo"])
 def test_grpo_trains_with_each_method_against_its_reference(method: str, tiny_base: Path, folder: Path):
-    """beta > 0: full and freeze policies compare with a frozen copy of their start, QLoRA with its adapter off."""
+    """beta > 0: full and freeze policies compare with a frozen copy of their start, QLoRA with its adapter
+    off; and the loss variants GSPO (sequence-level ratios) and Dr. GRPO (unscaled rewards)."""
     values = {"full": {"finetuning_type": "full"}, "freeze": {"finetuning_type": "freeze", "freeze_trainable_layers": 1},
-              "qlora": {"quantization_bit": 4}}[method]
+              "qlora": {"quantization_bit": 4},
+              "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+              "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": False}}[method]
     config = write_config(folder, method, {"model_name_or_path": str(tiny_base), "beta": 0.2, "max_steps": 1, **values})
     result = train(config)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
