@@ -78,6 +78,9 @@ def online_problems(config: StageConfig) -> list[str]:
                         "holds its adapter; remove the key.")
     if not trains(config.training):
         problems.append(f"'do_train: false' leaves stage {stage} nothing to do; remove it.")
+    if config.data.eval_on_each_dataset:
+        problems.append(f"'eval_on_each_dataset: true' is not supported by stage '{stage}', which scores all held-out "
+                        "prompts together (eval_pass_rate, eval_mean_reward); remove the key.")
     batch = int(config.training.get("per_device_train_batch_size", 8)) * int(config.training.get("gradient_accumulation_steps", 1))
     if ft.num_generations >= 2 and batch % ft.num_generations:
         problems.append(f"per_device_train_batch_size x gradient_accumulation_steps ({batch}) must be a multiple of "

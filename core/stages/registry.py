@@ -32,6 +32,11 @@ from tuneline.core.templates.options import template_key_problems
 from tuneline.core.training.optimizers.rules import optimizer_problems
 
 KINDS: dict[str, StageKind] = {kind.name: kind for kind in (PT, SFT, RM, DPO, KTO, PPO, GRPO, RLOO)}
+NOT_OFFERED = {
+    "online_dpo": "online DPO is not offered: TRL 1.16 keeps its OnlineDPOTrainer under trl.experimental, whose API may "
+                  "change without notice; train 'stage: grpo' or 'stage: rloo' on prompts, or 'stage: dpo' on pairs",
+}
+"""Stage names that users of TRL or LLaMA-Factory may try, refused with the reason."""
 STAGE_NAMES = tuple(KINDS)
 DEFAULT_STAGE = SFT.name  # what `stage` means when a config leaves it out
 
@@ -42,6 +47,8 @@ def stage_kind(name: str | None) -> StageKind:
     name = DEFAULT_STAGE if name is None else name
     if name in KINDS:
         return KINDS[name]
+    if name in NOT_OFFERED:
+        raise ConfigError(f"'stage: {name}': {NOT_OFFERED[name]}.")
     guess = nearest(name, KINDS)
     raise ConfigError(f"'stage: {name}' is not a stage kind" + (f"; did you mean '{guess}'?" if guess else "")
                       + f" Choose one of {', '.join(STAGE_NAMES)}.")
@@ -58,7 +65,9 @@ def build_stage_config(raw: Mapping[str, Any], *, source: str | None = None) -> 
     config, problems = read_stage_config(raw)
     if config.finetuning.stage is None:
         config = dataclasses.replace(config, finetuning=dataclasses.replace(config.finetuning, stage=DEFAULT_STAGE))
-    if config.finetuning.stage not in KINDS:
+    if config.finetuning.stage in NOT_OFFERED:
+        problems.append(f"'stage: {config.finetuning.stage}': {NOT_OFFERED[config.finetuning.stage]}.")
+    elif config.finetuning.stage not in KINDS:
         guess = nearest(config.finetuning.stage, KINDS)
         problems.append(f"'stage': got {config.finetuning.stage!r}; choose one of {', '.join(STAGE_NAMES)}"
                         + (f" (did you mean '{guess}'?)" if guess else ""))

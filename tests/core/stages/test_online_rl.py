@@ -110,3 +110,10 @@ def test_the_prompt_order_of_each_epoch_does_not_depend_on_where_a_run_started()
         again.set_epoch(epoch)
         orders.append(list(again))
     assert orders == uninterrupted
+
+
+def test_online_dpo_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="TRL 1.16 keeps its OnlineDPOTrainer under trl.experimental"):
+        build_stage_config(grpo(stage="online_dpo"))
+    with pytest.raises(ConfigError, match="scores all held-out prompts together"):
+        build_stage_config(grpo(eval_on_each_dataset=True, eval_dataset="a,b"))
