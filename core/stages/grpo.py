@@ -33,6 +33,9 @@ ONLINE_KEYS = ("num_generations", "beta", "epsilon", "epsilon_high", "loss_type"
                "use_vllm", "vllm_mode")
 """The keys only the online RL stages read."""
 GRPO_ONLY_KEYS = ("loss_type", "importance_sampling_level", "scale_rewards")
+LOG_KEYS = ("reward_std", "frac_reward_zero_std", "kl", "entropy", "rewards/", "completions/", "clip_ratio/")
+"""What TRL's online trainers log per step besides the reward: each reward's mean and spread, the KL,
+the clip ratios, the completion lengths."""
 
 
 def online_problems(config: StageConfig) -> list[str]:
@@ -249,6 +252,7 @@ def _kind(name: str, summary: str) -> StageKind:
         load_model=load_policy,
         build_trainer=build_online_trainer,
         held_out_metrics=online_metrics,
+        log_keys=LOG_KEYS,
         trainer_modules=("trl", "tuneline.core.stages.online_rl_trainers"),
     )
 

@@ -123,6 +123,8 @@ class StageKind:
     train_loop: Callable[[LoopRequest], dict[str, float]] | None = None
     trains_images: bool = False
     """Whether it trains on image rows (their pixels fed by the image collators)."""
+    log_keys: tuple[str, ...] = ()
+    """Keys of its trainer's logs (or prefixes ending in '/') that trainer_log.jsonl holds beside LLaMA-Factory's."""
     trainer_modules: tuple[str, ...] = ()
     """Modules its trainer imports (TRL's), which a worker started ahead imports while the data is tokenized."""
 

@@ -50,16 +50,19 @@ LLAMAFACTORY_KEYS = {
     "lr": "learning_rate",
     "epoch": "epoch",
 }
-ONLINE_RL_KEYS = ("reward_std", "frac_reward_zero_std", "kl", "entropy", "rewards/", "completions/", "clip_ratio/")
-"""What the online RL stages log per step besides the reward (keys, or prefixes ending in '/')."""
 THROUGHPUT_KEYS = ("tokens_per_second", "all_tokens_per_second", "padding_ratio", "mfu")
 
 
 class LogCallback(TrainerCallback):
     """Writes one JSON line per logging step, prints it compactly, and mirrors it to an MLflow run."""
 
-    def __init__(self, output_dir: str | Path, *, tracking_uri: str | None, run_id: str | None) -> None:
+    def __init__(self, output_dir: str | Path, *, tracking_uri: str | None, run_id: str | None,
+                 log_keys: tuple[str, ...] = ()) -> None:
+        """`log_keys`: the trainer's own log keys (or prefixes ending in '/') that trainer_log.jsonl
+        holds beside LLaMA-Factory's (the stage kind's `log_keys`)."""
         self.log = TrainingLog(output_dir, tracking_uri=tracking_uri, run_id=run_id)
+        self.log_keys = frozenset(k for k in log_keys if not k.endswith("/"))
+        self.log_prefixes = tuple(k for k in log_keys if k.endswith("/"))
         self.counter = TokenCounter(pad_token_id=None)
         self.start = time.monotonic()
         self.start_step = 0
@@ -124,8 +127,7 @@ class LogCallback(TrainerCallback):
             "remaining_time": str(timedelta(seconds=int(remaining))),
             "grad_norm": logs.get("grad_norm"),
         })
-        record.update({key: value for key, value in logs.items()
-                       if key in ONLINE_RL_KEYS or key.startswith(tuple(k for k in ONLINE_RL_KEYS if k.endswith("/")))})
+        record.update({key: value for key, value in logs.items() if key in self.log_keys or key.startswith(self.log_prefixes)})
         if "loss" in logs:
             record.update(self._throughput(processes=args.world_size))
         return {k: v for k, v in record.items() if v is not None}

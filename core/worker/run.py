@@ -64,7 +64,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                                          model_config=model_config, training=job.training, optimizer=optimizer,
                                          model_max_length=job.model_max_length, new_tokens=new_tokens))
     print(trainable_summary(model), flush=True)
-    callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id),
+    callbacks = [LogCallback(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id, log_keys=kind.log_keys),
                  CheckpointRecord(limit=job.training.get("save_total_limit")), *loop_callbacks(finetuning),
                  *profiler_callbacks(RuntimeConfig(**job.runtime), output_dir=job.output_dir, tracking_uri=job.tracking_uri,
                                      run_id=job.run_id)]
