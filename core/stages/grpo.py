@@ -22,6 +22,7 @@ from tuneline.core.config import FinetuningConfig, StageConfig, trains
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
+from tuneline.core.stages.rm import reward_model_key_problems
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -73,12 +74,7 @@ def online_problems(config: StageConfig) -> list[str]:
     if config.model.shift_attn:
         problems.append(f"'shift_attn: true' cannot train stage '{stage}': the policy generates and trains in one loop, "
                         "which S^2-Attn's training-only grouping was not made for; remove shift_attn.")
-    if ft.reward_model_type == "api":
-        problems.append("'reward_model_type: api' is not supported; train a reward model with 'stage: rm' and name its "
-                        "output in 'reward_model'.")
-    if ft.reward_model_adapters:
-        problems.append("'reward_model_adapters' is not supported: 'reward_model' names an rm stage's output, which "
-                        "holds its adapter; remove the key.")
+    problems.extend(reward_model_key_problems(ft))
     if not trains(config.training):
         problems.append(f"'do_train: false' leaves stage {stage} nothing to do; remove it.")
     if config.data.eval_on_each_dataset:

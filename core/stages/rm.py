@@ -100,6 +100,18 @@ def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validat
     return metrics
 
 
+def reward_model_key_problems(finetuning: FinetuningConfig) -> list[str]:
+    """The `reward_model_*` keys a stage scored by an rm stage's output (ppo, grpo, rloo) cannot take."""
+    problems = []
+    if finetuning.reward_model_type == "api":
+        problems.append("'reward_model_type: api' is not supported; train a reward model with 'stage: rm' and name its "
+                        "output in 'reward_model'.")
+    if finetuning.reward_model_adapters:
+        problems.append("'reward_model_adapters' is not supported: 'reward_model' names an rm stage's output, which "
+                        "holds its adapter; remove the key.")
+    return problems
+
+
 RM = StageKind(
     name="rm",
     summary="reward modelling: a scoring head trained to rank the chosen reply of each pair above the rejected",

@@ -142,3 +142,11 @@ def seed_workspace(source: dict, workspace: Path, *, stages: list[str]) -> None:
     for name in stages:
         artifact = Path(source["rows"][name][1])
         shutil.copytree(artifact, workspace / artifact.relative_to(source["workspace"]))
+
+
+def run_uninterrupted(chain: Path, folder: Path, *, what: str) -> dict:
+    """Run `chain` to the end in workspace `folder`/A; what the tests of a chain read of it."""
+    started = time.monotonic()
+    output = run_to_end(chain, folder / "A", folder / "A.log")
+    print(f"uninterrupted {what}: {time.monotonic() - started:.0f} s")
+    return {"chain": chain, "workspace": folder / "A", "output": output, "rows": stage_rows(output)}

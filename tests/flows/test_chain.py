@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import assert_output_layout
-from pipeline_runs import check_rerun, max_difference, run_to_end, run_until_checkpoint, seed_workspace, stage_rows, weights
+from pipeline_runs import (check_rerun, max_difference, run_to_end, run_uninterrupted, run_until_checkpoint, seed_workspace,
+                           stage_rows, weights)
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,10 +64,7 @@ def test_pipeline_stages_checkpoint_unless_told_otherwise():
 def uninterrupted(tmp_path_factory, prefect_server) -> dict:
     folder = tmp_path_factory.mktemp("chain")
     chain = write_small_chain(folder / "chain.yaml")
-    started = time.monotonic()
-    output = run_to_end(chain, folder / "A", folder / "A.log")
-    print(f"uninterrupted chain: {time.monotonic() - started:.0f} s")
-    return {"chain": chain, "workspace": folder / "A", "output": output, "rows": stage_rows(output)}
+    return run_uninterrupted(chain, folder, what="chain")
 
 
 def manifest(rows: dict[str, tuple[str, str]], name: str) -> dict:

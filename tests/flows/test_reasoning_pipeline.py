@@ -11,12 +11,12 @@ grpo from its checkpoint and ends with A's weights.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_runs import check_rerun, max_difference, run_to_end, run_until_checkpoint, seed_workspace, stage_rows, weights
+from pipeline_runs import (check_rerun, max_difference, run_to_end, run_uninterrupted, run_until_checkpoint, seed_workspace,
+                           stage_rows, weights)
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = REPO / "data/reasoning_pipeline.yaml"
@@ -38,10 +38,7 @@ def write_chain(path: Path) -> Path:
 def uninterrupted(tmp_path_factory, prefect_server) -> dict:
     folder = tmp_path_factory.mktemp("reasoning")
     chain = write_chain(folder / "chain.yaml")
-    started = time.monotonic()
-    output = run_to_end(chain, folder / "A", folder / "A.log")
-    print(f"uninterrupted reasoning chain: {time.monotonic() - started:.0f} s")
-    return {"chain": chain, "workspace": folder / "A", "output": output, "rows": stage_rows(output)}
+    return run_uninterrupted(chain, folder, what="reasoning chain")
 
 
 def manifest(rows: dict[str, tuple[str, str]], name: str) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tuneline.core.config import StageConfig, trains
 from tuneline.core.stages.kind import LoopRequest, StageKind
+from tuneline.core.stages.rm import reward_model_key_problems
 
 
 def ppo_problems(config: StageConfig) -> list[str]:
@@ -17,12 +18,7 @@ def ppo_problems(config: StageConfig) -> list[str]:
     if not finetuning.reward_model:
         problems.append("'stage: ppo' needs 'reward_model': the output folder of an rm stage (or, in a pipeline, "
                         "the name of an rm stage).")
-    if finetuning.reward_model_type == "api":
-        problems.append("'reward_model_type: api' is not supported; train a reward model with 'stage: rm' and name its "
-                        "output in 'reward_model'.")
-    if finetuning.reward_model_adapters:
-        problems.append("'reward_model_adapters' is not supported: 'reward_model' names an rm stage's output, which "
-                        "holds its adapter; remove the key.")
+    problems.extend(reward_model_key_problems(finetuning))
     if finetuning.ppo_epochs < 1 or finetuning.ppo_buffer_size < 1:
         problems.append(f"'ppo_epochs' and 'ppo_buffer_size' must be at least 1, got {finetuning.ppo_epochs} and "
                         f"{finetuning.ppo_buffer_size}.")
