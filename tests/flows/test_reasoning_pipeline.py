@@ -25,11 +25,11 @@ PASS_RATE_MARGIN = 0.1  # four of the 40 held-out problems
 
 
 def write_chain(path: Path) -> Path:
-    """The demo chain, its grpo stage logging every step and saving a checkpoint every 20 steps."""
+    """The demo chain, its grpo stage logging every step and saving a checkpoint every 10 steps."""
     chain = yaml.safe_load(CHAIN.read_text())
     chain["defaults"]["dataset_dir"] = str(REPO / "data/reasoning_demo")
     [grpo] = [stage for stage in chain["stages"] if stage["name"] == "grpo"]
-    grpo.update(logging_steps=1, save_steps=20)
+    grpo.update(logging_steps=1, save_steps=10)
     path.write_text(yaml.safe_dump(chain, sort_keys=False))
     return path
 
