@@ -61,6 +61,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# The modules that run whole pipelines, longest first: taken first, they do not leave one worker busy at the end.
+LONGEST_MODULES = ("test_chain.py", "test_reasoning_pipeline.py", "test_demo.py", "test_multimodal_pipeline.py",
+                   "test_vision_families.py")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """The modules that run pipelines end to end first, then the other modules that train, then the
     other command-line modules (a process per test), then the rest, each module's tests kept together
@@ -68,11 +73,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     longest ones must not be left for last."""
     slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
 
-    def rank(item) -> int:
+    def rank(item) -> tuple[int, int]:
         in_flows = item.path.parent.name == "flows"
         if item.path not in slow_modules:
-            return 2 if in_flows else 3
-        return 0 if in_flows else 1
+            return (2 if in_flows else 3), 0
+        longest = LONGEST_MODULES.index(item.path.name) if item.path.name in LONGEST_MODULES else len(LONGEST_MODULES)
+        return (0 if in_flows else 1), longest
 
     items.sort(key=rank)  # stable: collection order within each rank
 
