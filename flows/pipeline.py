@@ -22,7 +22,7 @@ from tuneline.core.config import InferenceConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.tracking.lineage import lineage_tags
 from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
-from tuneline.core.pipeline.stage_runs import export_template
+from tuneline.core.pipeline.stage_runs import ParitySource, export_template
 from tuneline.core.tracking.promotion import candidate_metrics
 from tuneline.core.pipeline.keys import PipelineFingerprints, base_key, evaluate_key, export_key, merge_key, tokenize_key, train_key
 from tuneline.flows.report import change_summary
@@ -182,7 +182,17 @@ def run_export(pipeline: Pipeline, state: ChainState) -> StageResult:
     inference = stage.config.inference if isinstance(stage, TrainingStage) else InferenceConfig()
     key = export_key(settings, model_key=model.key, template=template, inference=inference)
     return call(state, export, f"{stage.name}/export", state.context, settings, key=key, model=model, template=template,
-                inference=inference)
+                inference=inference, parity=parity_source(stage, state, model=model, probes=settings.parity_probes))
+
+
+def parity_source(stage: BaseStage | TrainingStage, state: ChainState, *, model: ModelRef, probes: int) -> ParitySource:
+    """The export's parity gate compares with the tokenizer the stage trained with (saved with its
+    artifact) and, for a LoRA stage, with its adapter on the model it started from."""
+    if not isinstance(stage, TrainingStage):
+        return ParitySource(None, tokenizer_path=model.tokenizer_path, probes=probes)
+    trained = state.produced[stage.name]
+    adapter = (trained.start_model, trained.path) if trained.is_adapter and trained.start_model else None
+    return ParitySource(stage.config, tokenizer_path=trained.path, adapter=adapter, probes=probes)
 
 
 STAGE_RUNNERS = {BaseStage: run_base, TrainingStage: run_training_stage}

@@ -6,19 +6,20 @@ from prefect import task
 
 from tuneline.core.config import InferenceConfig
 from tuneline.core.pipeline.spec import ExportSettings
-from tuneline.core.pipeline.stage_runs import write_export
+from tuneline.core.pipeline.stage_runs import ParitySource, write_export
 from tuneline.core.store.results import ModelRef
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, run_stage
 
 
 @task(name="export", **STAGE_TASK_OPTIONS)
 def export(context: RunContext, settings: ExportSettings, *, key: str, model: ModelRef, template: str,
-           inference: InferenceConfig) -> StageOutcome:
-    """`inference`: the exported stage's infer_dtype (the weights' dtype) and use_kv_cache (the config's use_cache)."""
+           inference: InferenceConfig, parity: ParitySource) -> StageOutcome:
+    """`inference`: the exported stage's infer_dtype (the weights' dtype) and use_kv_cache (the config's use_cache);
+    `parity`: what the train/serve parity gate compares the export with."""
     def work(draft, run_id):
-        write_export(draft.path, model=model.path, template=template, export_size_gb=settings.export_size,
-                     infer_dtype=inference.infer_dtype, use_kv_cache=inference.use_kv_cache)
+        draft.metrics.update(write_export(draft.path, model=model.path, template=template, export_size_gb=settings.export_size,
+                                          infer_dtype=inference.infer_dtype, use_kv_cache=inference.use_kv_cache, parity=parity))
 
     params = {"stage": settings.stage, "export_size": settings.export_size, "template": template,
-              "infer_dtype": inference.infer_dtype, "use_kv_cache": inference.use_kv_cache}
+              "infer_dtype": inference.infer_dtype, "use_kv_cache": inference.use_kv_cache, "parity_probes": settings.parity_probes}
     return run_stage(context, name=f"{settings.stage}/export", kind="export", key=key, params=params, inputs={"model": model.key}, work=work)

@@ -21,11 +21,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-def load_for_inference(model_path: str | Path, *, adapter_path: str | Path | None = None) -> PreTrainedModel:
-    """The model in eval mode, with an unmerged LoRA adapter on top when one is given."""
+def load_for_inference(model_path: str | Path, *, adapter_path: str | Path | None = None,
+                       vocab_size: int | None = None) -> PreTrainedModel:
+    """The model in eval mode, with an unmerged LoRA adapter on top when one is given (`vocab_size`:
+    the adapter's tokenizer length, when training added tokens to the base's embeddings)."""
     from tuneline.core.models.loading import load_model
 
-    model = load_model(model_path)
+    model = load_model(model_path, vocab_size=vocab_size)
     if adapter_path is not None:
         from peft import PeftModel
 

@@ -49,9 +49,11 @@ def write_hf_folder(model_dir: str | Path, out_dir: str | Path, *, template: str
     import torch
 
     from tuneline.core.models.loading import load_tokenizer
-    from tuneline.core.templates.conversation import get_template, stop_token_ids
+    from tuneline.core.templates.conversation import chat_template_jinja, get_template, stop_token_ids
 
     tokenizer = load_tokenizer(model_dir, model=model_config)
+    if not tokenizer.chat_template:  # a server renders prompts with it; training rendered them with `template`
+        tokenizer.chat_template = chat_template_jinja(get_template(template, tokenizer=tokenizer), tokenizer)
     model = _export_model(model_dir, tokenizer, export=export, model_config=model_config or ModelConfig(),
                           model_max_length=model_max_length, use_kv_cache=use_kv_cache)
     if export is None or export.export_quantization_bit is None:  # a quantized model keeps its dtypes

@@ -204,5 +204,6 @@ def merge_key(*, trained_key: str) -> str:
 
 def export_key(settings: ExportSettings, *, model_key: str, template: str, inference: InferenceConfig) -> str:
     return stage_key("export", config={"export_size": settings.export_size, "template": template,
-                                       "infer_dtype": inference.infer_dtype, "use_kv_cache": inference.use_kv_cache},
+                                       "infer_dtype": inference.infer_dtype, "use_kv_cache": inference.use_kv_cache,
+                                       "parity_probes": settings.parity_probes},
                      upstream={"model": model_key})

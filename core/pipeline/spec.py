@@ -91,6 +91,9 @@ class ExportSettings:
     stage: str
     export_dir: str = "export"
     export_size: int = 5
+    parity_probes: int = 4
+    """Conversations of the stage's dataset the train/serve parity gate renders (and, for a merged
+    adapter, answers) both ways before the export is kept; 0 turns the gate off."""
 
 
 @dataclass(frozen=True)

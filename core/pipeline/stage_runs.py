@@ -8,13 +8,16 @@ these, so a setting means the same in both and their artifacts are alike.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import shutil
+from dataclasses import dataclass
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import DataConfig, ExportConfig, ModelConfig, StageConfig
-from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TEMPLATE_WARNING_FILE
+from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TEMPLATE_WARNING_FILE, prepare_tokenizer
+from tuneline.core.evaluation.export_parity import PROBE_COUNT, check_export
 from tuneline.core.models.export import merge_adapter, write_hf_folder
 from tuneline.core.models.hub_push import push_export
 from tuneline.core.pipeline.keys import tokenize_key
@@ -26,6 +29,7 @@ from tuneline.core.store.recency import note_use
 from tuneline.core.store.user_folders import WRITTEN_RECORD, check_user_folder, write_user_folder, written_entries
 from tuneline.core.training.job import TrainJob
 
+_LOG = logging.getLogger(__name__)
 TOKENIZED_KIND = "tokenized"
 TEMPLATE_WARNING = "template_warning"
 """The manifest entry of a tokenized artifact whose template renders differently from the
@@ -151,14 +155,53 @@ def merge_into(output_dir: str | Path, *, start_model: str, adapter: str, model_
     return merge_adapter(start_model, adapter, output_dir, model_config=model_config, model_max_length=model_max_length)
 
 
+@dataclass(frozen=True)
+class ParitySource:
+    """What the export's train/serve parity gate compares with (`core.evaluation.export_parity`): the
+    stage's config (its probe rows and template keys; None for a model no stage trained), the folder
+    of the tokenizer training prepared, and (base model, adapter) when the export merged an adapter."""
+
+    config: StageConfig | None
+    tokenizer_path: str
+    adapter: tuple[str, str] | None = None
+    probes: int = PROBE_COUNT
+
+
 def write_export(output_dir: str | Path, *, model: str, template: str, export_size_gb: int,
                  export: ExportConfig | None = None, model_config: ModelConfig | None = None, infer_dtype: str = "auto",
-                 use_kv_cache: bool = True, model_max_length: int | None = None) -> None:
+                 use_kv_cache: bool = True, model_max_length: int | None = None,
+                 parity: ParitySource | None = None) -> dict[str, float]:
     """A standalone Hugging Face folder of the full-weight `model` in `output_dir` (GPTQ-quantized
-    when `export` asks; see `write_hf_folder` for the other settings)."""
+    when `export` asks; see `write_hf_folder` for the other settings), then the parity gate on it
+    (`parity.probes: 0` skips it; a quantized export's answers are not compared, its weights differ
+    by design). Returns what the gate checked."""
     write_hf_folder(model, output_dir, template=template, export_size_gb=export_size_gb, export=export,
                     model_config=model_config, infer_dtype=infer_dtype, use_kv_cache=use_kv_cache,
                     model_max_length=model_max_length)
+    if parity is None or parity.probes <= 0:
+        return {}
+    tokenizer, trained_template = training_tokenizer(parity.config, parity.tokenizer_path, template=template)
+    quantized = export is not None and export.export_quantization_bit is not None
+    report = check_export(output_dir, config=parity.config, template=trained_template, trained_tokenizer=tokenizer,
+                          adapter=None if quantized else parity.adapter, count=parity.probes)
+    if report.warning:
+        _LOG.warning("%s", report.warning)
+    return report.metrics()
+
+
+def training_tokenizer(config: StageConfig | None, tokenizer_path: str, *, template: str) -> tuple[Any, Any]:
+    """The tokenizer and template as training prepared them from `tokenizer_path` (the stage's own
+    preparation; for no stage, `template` fixed onto the folder's tokenizer)."""
+    if config is not None:
+        prepared = prepare_tokenizer(config, tokenizer_path)
+        return prepared.tokenizer, prepared.template
+    from tuneline.core.models.loading import load_tokenizer
+    from tuneline.core.templates.conversation import fix_tokenizer, get_template
+
+    tokenizer = load_tokenizer(tokenizer_path)
+    named = get_template(template, tokenizer=tokenizer)
+    fix_tokenizer(named, tokenizer)
+    return tokenizer, named
 
 
 def hub_loading(model: ModelConfig) -> ModelConfig:
@@ -180,16 +223,19 @@ def export_folder(config: StageConfig) -> Path:
     check_user_folder(export_dir, key="export_dir", overwrite=overwrite)  # before the merge's work
     loading = hub_loading(config.model)
 
+    adapter = config.model.adapter_name_or_path or None
+    if adapter and config.model.adapter_folder:  # the adapter's files sit in that subfolder of it
+        adapter = str(Path(adapter) / config.model.adapter_folder)
+    parity = ParitySource(config, tokenizer_path=adapter or config.model.model_name_or_path,
+                          adapter=(config.model.model_name_or_path, adapter) if adapter else None)
+
     def export_into(model: str) -> Path:
         return write_user_folder(export_dir, lambda draft: write_export(
             draft, model=model, template=export_template(config), export_size_gb=config.export.export_size,
             export=config.export, model_config=dataclasses.replace(loading, rope_scaling=config.model.rope_scaling),
             infer_dtype=config.inference.infer_dtype, use_kv_cache=config.inference.use_kv_cache,
-            model_max_length=export_length(config)), key="export_dir", overwrite=overwrite)
+            model_max_length=export_length(config), parity=parity), key="export_dir", overwrite=overwrite)
 
-    adapter = config.model.adapter_name_or_path or None
-    if adapter and config.model.adapter_folder:  # the adapter's files sit in that subfolder of it
-        adapter = str(Path(adapter) / config.model.adapter_folder)
     if not adapter:
         folder = export_into(config.model.model_name_or_path)
     else:

@@ -22,7 +22,7 @@ without the `▁` token Meta's ` </s>` puts before each eos, so the trained toke
 from __future__ import annotations
 
 import re
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING
 
 from tuneline.core.errors import TunelineError
@@ -65,25 +65,32 @@ def _matches(ours: list[int], official: list[int], eos_id: int | None) -> bool:
     return ours == official or (official[:-1] == ours and official[-1:] == [eos_id])
 
 
+def first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int | None:
+    """The first position where two id sequences differ (a shorter one ends there), or None when equal."""
+    if list(ours) == list(theirs):
+        return None
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
+
+
+def around(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], at: int) -> str:
+    """The text on either side of position `at` of `ids` and the first ids from there, for a message."""
+    before = tokenizer.decode(ids[max(0, at - _WINDOW):at])
+    after = tokenizer.decode(ids[at:at + _WINDOW])
+    return f"{before!r} + {after!r} (ids {list(ids[at:at + 3])})"
+
+
 def _describe(
     template: Template, tokenizer: PreTrainedTokenizerBase, ours: list[int], official: list[int], system: str | None
 ) -> str:
-    differing = (i for i, (a, b) in enumerate(zip(ours, official, strict=False)) if a != b)
-    at = next(differing, min(len(ours), len(official)))
-
-    def around(ids: list[int]) -> str:
-        before = tokenizer.decode(ids[max(0, at - _WINDOW):at])
-        after = tokenizer.decode(ids[at:at + _WINDOW])
-        return f"{before!r} + {after!r} (ids {ids[at:at + 3]})"
-
+    at = first_difference(ours, official) or 0
     probe = "with a system prompt" if system else "without a system prompt"
     return (
         f"template '{template.name}' does not write what this tokenizer's own chat template writes for a "
         f"two-turn conversation {probe}: the token ids first differ at position {at} "
         f"({len(ours)} ids from the template, {len(official)} from the chat template). "
-        f"Template: {around(ours)}; chat template: {around(official)}. A model trained with this template "
-        "sees another format than the one its chat template prompts it with; name the matching template "
-        "or use 'template: auto'."
+        f"Template: {around(tokenizer, ours, at)}; chat template: {around(tokenizer, official, at)}. A model trained "
+        "with this template sees another format than the one its chat template prompts it with; name the matching "
+        "template or use 'template: auto'."
     )
 
 

@@ -109,6 +109,30 @@ def test_export_merges_the_adapter_into_a_loadable_folder(trained: Path, sft_yam
     torch.testing.assert_close(merged_logits, adapter_logits, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
+def test_export_of_a_broken_chat_template_fails_at_the_first_differing_token(trained: Path, sft_yaml: Path, tmp_path: Path):
+    """The adapter's tokenizer is saved with a chat template that writes 'assistant ' where training's
+    chatml writes 'assistant\\n': the parity gate stops the export, naming the token, and writes nothing."""
+    import shutil
+
+    broken = tmp_path / "broken_adapter"
+    shutil.copytree(trained, broken, ignore=shutil.ignore_patterns("checkpoint-*"))
+    jinja = broken / "chat_template.jinja"
+    text = jinja.read_text(encoding="utf-8")
+    assert "<|im_start|>assistant\\n" in text
+    jinja.write_text(text.replace("<|im_start|>assistant\\n", "<|im_start|>assistant "), encoding="utf-8")
+    export_dir = tmp_path / "exported"
+    result = run_cli_here("export", str(sft_yaml), f"adapter_name_or_path={broken}", f"export_dir={export_dir}",
+                          cwd=sft_yaml.parent)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "failed the train/serve parity check, so it was not written" in result.stderr
+    assert "writes other text than training for the prompt with the generation prefix of row 0 of dataset demo_alpaca" \
+        in result.stderr
+    assert "first differ at token" in result.stderr and "(ids [" in result.stderr
+    assert not export_dir.exists() and not list(tmp_path.glob(".exported*"))
+
+
 def test_data_preview_shows_the_template_warning(shared_dir: Path, tmp_path: Path, monkeypatch, capsys):
     """chatml on Qwen2.5 renders differently from Qwen's own template (no default system prompt):
     LLaMA-Factory trains it, so the preview shows the warning with the first differing tokens, and
