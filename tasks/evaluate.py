@@ -30,13 +30,14 @@ def evaluate(
         adapter = trained.path if trained.is_adapter else None
         model_path = trained.start_model if adapter else trained.path
         rows = heldout_rows(settings, stage.config)
+        plan = settings.benchmark_plan()
         result = score_model(model_path, adapter_path=adapter, config=stage.config, tokenized_path=tokenized_path, rows=rows,
-                             max_new_tokens=settings.max_new_tokens)
+                             max_new_tokens=settings.max_new_tokens, plan=plan)
         draft.metrics.update(result.metrics)
         _write_predictions(draft.path / "generated_predictions.jsonl", result.predictions)
         if baseline_model:
             baseline = score_model(baseline_model, adapter_path=None, config=stage.config, tokenized_path=tokenized_path,
-                                   rows=rows, max_new_tokens=settings.max_new_tokens)
+                                   rows=rows, max_new_tokens=settings.max_new_tokens, plan=plan)
             draft.metrics.update({f"baseline_{k}": v for k, v in baseline.metrics.items()})
 
     return run_stage(context, name=f"{stage.name}/evaluate", kind="evaluation", key=key,

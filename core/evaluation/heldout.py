@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import StageConfig
 from tuneline.core.data.row_media import RowMedia
+from tuneline.core.evaluation.benchmark_plan import BenchmarkPlan, run_benchmarks
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -147,9 +148,10 @@ class Score:
 
 def score_model(
     model_path: str | Path, *, adapter_path: str | Path | None, config: StageConfig, tokenized_path: str | Path,
-    rows: Sequence[dict[str, Any]], max_new_tokens: int,
+    rows: Sequence[dict[str, Any]], max_new_tokens: int, plan: BenchmarkPlan | None = None,
 ) -> Score:
-    """Validation loss of a tokenized dataset plus greedy-answer F1 on the held-out `rows` (standard rows)."""
+    """Validation loss of a tokenized dataset plus greedy-answer F1 on the held-out `rows` (standard rows),
+    and the benchmarks of `plan` on the same loaded model."""
     from tuneline.core.data.tokenization import TOKENIZER_DIR, stage_template
     from tuneline.core.models.loading import load_tokenizer
 
@@ -166,4 +168,6 @@ def score_model(
             {"prompt": row["prompt"][-1]["content"], "predict": answer, "label": row["response"][0]["content"]}
             for row, answer in zip(rows, answers, strict=True)
         ]
+    if plan:
+        metrics.update(run_benchmarks(model, tokenizer, template=stage_template(config, tokenizer), plan=plan))
     return Score(metrics=metrics, predictions=predictions)

@@ -40,6 +40,7 @@ from tuneline.core.config import (
 )
 from tuneline.core.errors import ConfigError, listed, nearest
 from tuneline.core.stages.registry import DEFAULT_STAGE, STAGE_NAMES, build_stage_config, kinds_with, stage_kind
+from tuneline.core.evaluation.benchmark_plan import BenchmarkPlan
 from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, load_promote_function, settings_problems
 
 BASE_KIND = "build_base"  # the pipeline's own stage: the project's tiny base model, built from a corpus
@@ -84,6 +85,41 @@ class EvaluateSettings:
     dataset: str | None = None
     max_new_tokens: int = 32
     max_samples: int | None = None
+    benchmarks: str | None = None
+    """Multiple-choice benchmarks in LLaMA-Factory's evaluation layout under `task_dir`, comma-separated
+    as its `task` key names them (`mmlu_test`, `cmmlu_test`, `ceval_validation`); scored as
+    `<benchmark>_accuracy` and `<benchmark>_<category>_accuracy` (e.g. `mmlu_accuracy`, `mmlu_stem_accuracy`)."""
+    task_dir: str = "evaluation"
+    """The folder holding one folder per benchmark (LLaMA-Factory's `task_dir`)."""
+    n_shot: int = 5
+    """Examples of each subject's dev split put before each question."""
+    lang: str = "en"
+    """The prompt language of the benchmarks: en or zh."""
+    batch_size: int = 4
+    """Questions scored per forward pass."""
+    harness_tasks: str | None = None
+    """lm-evaluation-harness tasks, comma-separated, from `harness_include_path` or the harness's own
+    (with their data on disk); scored as `<task>_<metric>` (e.g. `arith_mc_acc`)."""
+    harness_include_path: str | None = None
+    """A folder of the user's lm-evaluation-harness task YAMLs."""
+    harness_num_fewshot: int | None = None
+    """Few-shot examples for the harness tasks; unset: each task's own setting."""
+    harness_limit: int | None = None
+    """At most this many documents of each harness task."""
+    seed: int = 42
+    """Seeds the benchmarks' few-shot draws."""
+
+    def benchmark_names(self) -> list[str]:
+        return [name.strip() for name in (self.benchmarks or "").split(",") if name.strip()]
+
+    def harness_task_names(self) -> list[str]:
+        return [name.strip() for name in (self.harness_tasks or "").split(",") if name.strip()]
+
+    def benchmark_plan(self) -> BenchmarkPlan:
+        return BenchmarkPlan(benchmarks=tuple(self.benchmark_names()), task_dir=self.task_dir, n_shot=self.n_shot,
+                             lang=self.lang, batch_size=self.batch_size, harness_tasks=tuple(self.harness_task_names()),
+                             harness_include_path=self.harness_include_path, harness_num_fewshot=self.harness_num_fewshot,
+                             harness_limit=self.harness_limit, seed=self.seed)
 
 
 @dataclass(frozen=True)

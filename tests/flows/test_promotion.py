@@ -2,10 +2,11 @@
 `tuneline rollback`: real Prefect (ephemeral API), real MLflow (SQLite), a tiny base → sft chain.
 
 One story per module: the first run registers version 1 as champion; appending rows to the SFT
-data retrains sft (base is served from cache) and version 2 wins on eval_loss with a lenient
-threshold; appending more rows with a strict threshold makes version 3 challenger; an unchanged
-rerun registers nothing. Then the champion loads through MLflow's own API, and promote/rollback
-move it by hand.
+data retrains sft (base is served from cache) and version 2 wins on an lm-evaluation-harness score
+(the project's local `arith_mc` task, run by the `evaluate` section) with a lenient threshold;
+appending more rows with a strict threshold makes version 3 challenger; an unchanged rerun registers
+nothing and evaluates nothing again. Then the champion loads through MLflow's own API, and
+promote/rollback move it by hand.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 MODEL = "promo-demo"
 FIRST_ROWS, APPENDED_ROWS = 24, 8
+METRIC = "arith_mc_acc"
 
 
 def pipeline(data_dir: Path, *, min_improvement: float) -> dict:
@@ -40,8 +42,10 @@ def pipeline(data_dir: Path, *, min_improvement: float) -> dict:
              "dataset": "demo_alpaca", "val_size": 0.25, "per_device_train_batch_size": 4, "learning_rate": 5.0e-3,
              "max_steps": 3},
         ],
+        "evaluate": {"stage": "sft", "harness_tasks": "arith_mc", "harness_include_path": str(REPO_DATA / "harness_tasks"),
+                     "harness_limit": 12},
         "export": {"stage": "sft"},
-        "register": {"model_name": MODEL, "promote_metric": "eval_loss", "min_improvement": min_improvement},
+        "register": {"model_name": MODEL, "promote_metric": METRIC, "min_improvement": min_improvement},
     }
 
 
@@ -117,12 +121,13 @@ def test_retraining_reruns_what_read_the_data_and_promotes_only_a_winner(story):
     assert "version 1 becomes champion: it is the first version" in first["decision"]
     for run in (better, worse):  # rows appended to demo_alpaca: sft and what follows rerun, base does not
         assert run["status"]["base"] == "served from cache"
-        assert {run["status"][s] for s in ("sft/tokenize", "sft", "sft/merge", "sft/export", "register")} == {"computed"}
-    assert re.search(r"version 2 becomes champion: eval_loss \S+ vs champion version 1's \S+ \(lower is better, needs -1000 better\)",
+        assert {run["status"][s] for s in ("sft/tokenize", "sft", "sft/evaluate", "sft/merge", "sft/export", "register")} \
+            == {"computed"}
+    assert re.search(rf"version 2 becomes champion: {METRIC} \S+ vs champion version 1's \S+ \(higher is better, needs -1000 better\)",
                      better["decision"])
-    assert re.search(r"version 3 becomes challenger: eval_loss \S+ vs champion version 2's \S+ \(lower is better, needs 1000 better\)",
+    assert re.search(rf"version 3 becomes challenger: {METRIC} \S+ vs champion version 2's \S+ \(higher is better, needs 1000 better\)",
                      worse["decision"])
-    assert "[eval_loss read from stage 'sft' manifest]" in worse["stdout"]
+    assert f"[{METRIC} read from 'sft/evaluate' (evaluate section)]" in worse["stdout"]
     assert set(unchanged["status"].values()) == {"served from cache"}
     assert "version 3 becomes challenger" in unchanged["decision"]
 
@@ -131,8 +136,24 @@ def test_retraining_reruns_what_read_the_data_and_promotes_only_a_winner(story):
     assert str(registry.get_model_version_by_alias(MODEL, "champion").version) == "2"
     assert str(registry.get_model_version_by_alias(MODEL, "challenger").version) == "3"
     v2, v3 = (registry.get_model_version(MODEL, v) for v in ("2", "3"))
-    assert float(v3.tags["tuneline.metric.eval_loss"]) > float(v2.tags["tuneline.metric.eval_loss"]) - 1000
+    assert 0 <= float(v3.tags[f"tuneline.metric.{METRIC}"]) <= 1 and 0 <= float(v2.tags[f"tuneline.metric.{METRIC}"]) <= 1
     assert json.loads(registry.get_registered_model(MODEL).tags["tuneline.champion_history"]) == ["1", "2"]
+
+
+def test_the_harness_score_is_logged_by_the_evaluate_stage(story):
+    """Each computed evaluation logs the harness metrics to its MLflow run and its manifest; the
+    score is the mean over the task's first `harness_limit` documents, so a multiple of 1/12."""
+    runs = client(story).search_runs(
+        [client(story).get_experiment_by_name("promo").experiment_id], filter_string="tags.mlflow.runName = 'sft/evaluate'")
+    computed = [run for run in runs if run.data.tags.get("tuneline.cache_hit") != "true"]
+    assert len(computed) == 3  # runs 1 to 3; run 4 served it from cache
+    for run in computed:
+        score = run.data.metrics[METRIC]
+        assert {f"{METRIC}_stderr", "arith_mc_acc_norm"} <= set(run.data.metrics)
+        assert abs(score * 12 - round(score * 12)) < 1e-9
+    latest = max(computed, key=lambda run: run.info.start_time)  # run 3's, which run 4 was served
+    manifest = json.loads((Path(stage_path(story, "sft/evaluate")) / "manifest.json").read_text())
+    assert manifest["metrics"][METRIC] == latest.data.metrics[METRIC]
 
 
 def test_each_version_carries_its_lineage(story):
