@@ -1,13 +1,11 @@
 """Golden BLEU-4 and ROUGE-1/2/L of predictions on alpaca_en_demo and alpaca_zh_demo, as LLaMA-Factory
 0.9.5 writes them into predict_results.json (its ComputeSimilarity: jieba, rouge-chinese and NLTK).
 
-The predictions (tests/data/nlg_eval/predictions.jsonl) are written here from the first rows of each
-demo set, so that the scores are neither 0 nor 100 and jieba's segmentation of Chinese matters: the
-label's first part followed by words of the instruction, one prediction equal to its label, one empty.
-(A tiny test model's generations would share almost no word with the labels, and none in Chinese.)
-LLaMA-Factory scores token ids, which it decodes; the ids are Qwen2.5's, whose decoding gives each text
-back exactly (checked). Run with LLaMA-Factory's Python (metrics installed: jieba, nltk, rouge-chinese)
-from the repository root:
+The predictions (tests/data/nlg_eval/predictions.jsonl) are a model's generations, written by
+make_nlg_eval_predictions.py (tuneline running LLaMA-Factory's extras/nlg_eval example on a model it
+trained). LLaMA-Factory scores token ids, which it decodes; the ids are Qwen2.5's, whose decoding gives
+each text back exactly (checked). Run with LLaMA-Factory's Python (metrics installed: jieba, nltk,
+rouge-chinese) from the repository root:
 
     /work/lfvenv/bin/python tests/data/make_nlg_eval_golden.py ../shared
 """
@@ -24,16 +22,6 @@ from llamafactory.train.sft.metric import ComputeSimilarity
 
 OUT = Path("tests/data/nlg_eval")
 DATASETS = ("alpaca_en_demo", "alpaca_zh_demo")
-ROWS = 24
-
-
-def prediction(row: dict, index: int) -> str:
-    label = row["output"]
-    if index == 0:
-        return label
-    if index == 1:
-        return ""
-    return label[: max(1, len(label) * 3 // 5)] + " " + row["instruction"][: 24]
 
 
 def padded(ids: list[list[int]]) -> np.ndarray:
@@ -43,19 +31,16 @@ def padded(ids: list[list[int]]) -> np.ndarray:
 
 def main(shared: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(shared / "tokenizers/qwen2.5")
-    OUT.mkdir(parents=True, exist_ok=True)
-    lines, results = [], {}
+    rows = [json.loads(line) for line in (OUT / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+    results = {}
     for name in DATASETS:
-        rows = json.loads((shared / "llamafactory/data" / f"{name}.json").read_text(encoding="utf-8"))[:ROWS]
-        predictions = [prediction(row, i) for i, row in enumerate(rows)]
-        labels = [row["output"] for row in rows]
+        predictions = [row["predict"] for row in rows if row["dataset"] == name]
+        labels = [row["label"] for row in rows if row["dataset"] == name]
         encoded = [[tokenizer.encode(text, add_special_tokens=False) for text in texts] for texts in (predictions, labels)]
         for texts, ids in zip((predictions, labels), encoded):
             assert tokenizer.batch_decode(ids, skip_special_tokens=True) == texts  # LLaMA-Factory reads these texts
         scores = ComputeSimilarity(tokenizer=tokenizer)(EvalPrediction(predictions=padded(encoded[0]), label_ids=padded(encoded[1])))
         results[name] = {f"predict_{key}": value for key, value in scores.items()}
-        lines += [json.dumps({"dataset": name, "predict": p, "label": l}, ensure_ascii=False) for p, l in zip(predictions, labels)]
-    (OUT / "predictions.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (OUT / "llamafactory_predict_results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(results, indent=1))
 

@@ -1,5 +1,7 @@
 """BLEU-4 and ROUGE-1/2/L of predictions: LLaMA-Factory 0.9.5's own scores of the same predictions
-(tests/data/make_nlg_eval_golden.py, on alpaca_en_demo and alpaca_zh_demo), to 4 decimals."""
+(tests/data/make_nlg_eval_golden.py), to 4 decimals. The predictions are a trained model's generations
+on alpaca_en_demo and alpaca_zh_demo (tests/data/make_nlg_eval_predictions.py: LLaMA-Factory's
+extras/nlg_eval example run by tuneline), whose predict_results.json gave these same numbers."""
 
 from __future__ import annotations
 
