@@ -1,8 +1,9 @@
 """LLaMA-Factory's keys that a stage does not run, each named with the reason, never "unknown key".
 
 Four kinds, each a small table of frozen values:
-- `REFUSED`: features tuneline does not offer, with what to use instead. These keys are not
-  fields of any config; set to LLaMA-Factory's default they ask for nothing and pass.
+- `REFUSED`: features a stage does not run, with what to use instead (another command, where
+  one reads them: `command`). These keys are not fields of any stage config; set to
+  LLaMA-Factory's default they ask for nothing and pass.
 - `NEEDS_CUDA`: kernels and precisions that only run on a CUDA GPU; on a machine without one,
   asking for them is an error that says so (never silently ignored).
 - `PENDING`: keys that are fields of the config, with LLaMA-Factory's name and default, whose
@@ -31,6 +32,7 @@ class Refused:
     what: str
     instead: str
     defaults: Mapping[str, Any]  # each key with LLaMA-Factory's default
+    command: str | None = None  # the tuneline command that reads these keys, where one does
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,10 @@ REFUSED: tuple[Refused, ...] = (
                                                                                  "hyper_parallel_args": None}),
     Refused("the rendezvous address as YAML keys", "set MASTER_ADDR and MASTER_PORT in the environment of `tuneline "
             "train`, which torchrun reads", {"master_addr": None, "master_port": None}),
-    Refused("benchmark evaluation (llamafactory-cli eval)", "evaluate held-out data with the pipeline's `evaluate` section",
-            {"task": None, "task_dir": "evaluation", "lang": "en", "n_shot": 5, "save_dir": None, "batch_size": 4}),
+    Refused("benchmark evaluation (llamafactory-cli eval)", "run it with `tuneline eval CONFIG.yaml`, which reads these "
+            "keys beside the model, adapter and template keys",
+            {"task": None, "task_dir": "evaluation", "lang": "en", "n_shot": 5, "save_dir": None, "batch_size": 4,
+             "download_mode": "reuse_dataset_if_exists"}, command="tuneline eval"),
 )
 
 NEEDS_CUDA: tuple[Unavailable, ...] = (
@@ -85,9 +89,13 @@ REFUSED_KEYS: Mapping[str, Refused] = {key: refused for refused in REFUSED for k
 
 def refusal_problems(raw: Mapping[str, Any]) -> list[str]:
     """One line for each refused key of `raw` that asks for its feature."""
-    return [f"'{key}: {value}' asks for {REFUSED_KEYS[key].what}, which tuneline does not offer; {REFUSED_KEYS[key].instead}. "
-            "Remove the key."
+    return [_refusal(key, value, REFUSED_KEYS[key])
             for key, value in raw.items() if key in REFUSED_KEYS and value != REFUSED_KEYS[key].defaults[key]]
+
+
+def _refusal(key: str, value: Any, refused: Refused) -> str:
+    offered = "which `tuneline train` and pipelines do not run" if refused.command else "which tuneline does not offer"
+    return f"'{key}: {value}' asks for {refused.what}, {offered}; {refused.instead}. Remove the key."
 
 
 def unavailable_problems(config: StageConfig, *, has_cuda: Callable[[], bool]) -> list[str]:

@@ -35,7 +35,7 @@ def _prepared(load, template_name: str, tokenizer_name: str):
 
 
 @pytest.mark.parametrize(("template_name", "tokenizer_name"), [
-    ("qwen", "qwen2.5"), ("llama3", "llama3"), ("mistral", "mistral-v0.3"), ("phi", "phi3.5"), ("alpaca", "gpt2"),
+    ("qwen", "qwen2.5"), ("llama3", "llama3"), ("mistral", "mistral-v0.3"), ("phi", "phi3.5"), ("chatml", "gpt2"),
 ])
 def test_the_chat_template_training_writes_passes(load, template_name, tokenizer_name):
     template, tokenizer = _prepared(load, template_name, tokenizer_name)
