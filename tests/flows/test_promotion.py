@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from benchmark_files import write_mmlu
 from conftest import run_cli_here
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
@@ -32,6 +33,7 @@ METRIC = "arith_mc_acc"
 
 
 def pipeline(data_dir: Path, *, min_improvement: float) -> dict:
+    task_dir = data_dir.parent / "evaluation"
     return {
         "name": "promo",
         "defaults": {"dataset_dir": str(data_dir), "template": "default", "cutoff_len": 64, "seed": 7, "logging_steps": 1},
@@ -43,7 +45,7 @@ def pipeline(data_dir: Path, *, min_improvement: float) -> dict:
              "max_steps": 3},
         ],
         "evaluate": {"stage": "sft", "harness_tasks": "arith_mc", "harness_include_path": str(REPO_DATA / "harness_tasks"),
-                     "harness_limit": 12},
+                     "harness_limit": 12, "benchmarks": "mmlu_test", "task_dir": str(task_dir), "n_shot": 2},
         "export": {"stage": "sft"},
         "register": {"model_name": MODEL, "promote_metric": METRIC, "min_improvement": min_improvement},
     }
@@ -82,6 +84,7 @@ def story(tmp_path_factory) -> dict:
     shutil.copy(REPO_DATA / "demo_pretrain.jsonl", data_dir)
     rows = json.loads((REPO_DATA / "demo_alpaca.json").read_text())
     (data_dir / "demo_alpaca.json").write_text(json.dumps(rows[:FIRST_ROWS], ensure_ascii=False))
+    write_mmlu(project / "evaluation")  # LLaMA-Factory's layout: 3 subjects of 8 test questions
     yaml_path = project / "pipeline.yaml"
     commit = None
     if shutil.which("git"):
@@ -140,9 +143,10 @@ def test_retraining_reruns_what_read_the_data_and_promotes_only_a_winner(story):
     assert json.loads(registry.get_registered_model(MODEL).tags["tuneline.champion_history"]) == ["1", "2"]
 
 
-def test_the_harness_score_is_logged_by_the_evaluate_stage(story):
-    """Each computed evaluation logs the harness metrics to its MLflow run and its manifest; the
-    score is the mean over the task's first `harness_limit` documents, so a multiple of 1/12."""
+def test_the_benchmark_scores_are_logged_by_the_evaluate_stage(story):
+    """Each computed evaluation logs the harness metrics and the multiple-choice benchmark's accuracies
+    to its MLflow run and its manifest; the harness score is the mean over the task's first
+    `harness_limit` documents (a multiple of 1/12), MMLU's over 24 questions, 16 of them STEM."""
     runs = client(story).search_runs(
         [client(story).get_experiment_by_name("promo").experiment_id], filter_string="tags.mlflow.runName = 'sft/evaluate'")
     computed = [run for run in runs if run.data.tags.get("tuneline.cache_hit") != "true"]
@@ -151,6 +155,10 @@ def test_the_harness_score_is_logged_by_the_evaluate_stage(story):
         score = run.data.metrics[METRIC]
         assert {f"{METRIC}_stderr", "arith_mc_acc_norm"} <= set(run.data.metrics)
         assert abs(score * 12 - round(score * 12)) < 1e-9
+        mmlu = {k: v for k, v in run.data.metrics.items() if k.startswith("mmlu_")}
+        assert set(mmlu) == {"mmlu_accuracy", "mmlu_stem_accuracy", "mmlu_humanities_accuracy"}
+        assert abs(mmlu["mmlu_accuracy"] * 24 - round(mmlu["mmlu_accuracy"] * 24)) < 1e-9
+        assert abs(mmlu["mmlu_stem_accuracy"] * 16 - round(mmlu["mmlu_stem_accuracy"] * 16)) < 1e-9
     latest = max(computed, key=lambda run: run.info.start_time)  # run 3's, which run 4 was served
     manifest = json.loads((Path(stage_path(story, "sft/evaluate")) / "manifest.json").read_text())
     assert manifest["metrics"][METRIC] == latest.data.metrics[METRIC]
