@@ -11,7 +11,7 @@ Two checks, run on the export's draft before it is moved into place (a failing e
   prompts must equal the base model's with the adapter on top, token for token.
 
 Rows with tool descriptions or media are not probed: the exported Jinja template renders neither
-(docs/ARCHITECTURE.md, "Serving").
+(docs/ARCHITECTURE.md, "The train/serve parity gate").
 """
 
 from __future__ import annotations
