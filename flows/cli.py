@@ -7,7 +7,8 @@
     tuneline data preprocess CONFIG.yaml --output DIR [key=value ...]
     tuneline data preview CONFIG.yaml [--count N] [key=value ...]
     tuneline export CONFIG.yaml [key=value ...]
-    tuneline chat PATH [--system TEXT] [--max-new-tokens N] [--do-sample] [--temperature T] ...
+    tuneline chat PATH|CONFIG.yaml [--system TEXT] [--max-new-tokens N] [--do-sample] [--temperature T] ...
+    tuneline api|webchat CONFIG.yaml|MODEL_PATH|models:/NAME@ALIAS [--host H] [--port P] [key=value ...]
     tuneline promote MODEL_NAME VERSION [--workspace DIR | --tracking-uri URI]
     tuneline rollback MODEL_NAME [--workspace DIR | --tracking-uri URI]
     tuneline verify [--workspace DIR]
@@ -26,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+from tuneline.flows.eval_command import add_eval_parser
+from tuneline.flows.serve_commands import add_serve_parsers
 
 if TYPE_CHECKING:
     from tuneline.core.config import GeneratingConfig
@@ -118,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("overrides", nargs="*", metavar="key=value")
     export.set_defaults(handler=run_export)
     add_chat_parser(commands)
+    add_eval_parser(commands)
     add_registry_parsers(commands)
     add_store_parsers(commands)
+    add_serve_parsers(commands)
     return parser
 
 
@@ -161,7 +166,8 @@ def add_chat_parser(commands: argparse._SubParsersAction) -> None:
 
     defaults = GeneratingConfig()
     chat = commands.add_parser("chat", help="chat with a model, adapter or stage artifact in the terminal (reads stdin line by line)")
-    chat.add_argument("path", help="model folder, adapter folder, or a stage's artifact folder in a workspace")
+    chat.add_argument("path", help="model folder, adapter folder, a stage's artifact folder in a workspace, or a "
+                                   "LLaMA-Factory inference YAML (its generation keys apply where no flag is given)")
     chat.add_argument("--system", default=None, help="system prompt")
     chat.add_argument("--template", default=None, help="render with this tuneline template instead of the tokenizer's own")
     chat.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"(default {defaults.max_new_tokens})")
@@ -294,15 +300,17 @@ def _registry_uri(args: argparse.Namespace) -> str:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from tuneline.core.inference.chat import ChatSession, chat_loop, chat_media, load_chat_model, resolve_source
+    from tuneline.core.inference.chat import ChatSession, chat_loop, chat_media, load_chat_model
     from tuneline.core.config import GeneratingConfig
+    from tuneline.flows.serve_commands import chat_target
 
     generating = GeneratingConfig(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
+    target = chat_target(args.path, template=args.template, generating=generating)
+    source, generating = target.source, target.generating
     _check_generating(generating)
-    source = resolve_source(args.path)
-    media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=args.template)
-    model, tokenizer = load_chat_model(source, template=args.template)
+    media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=target.template)
+    model, tokenizer = load_chat_model(source, template=target.template, keys=target.keys, model_config=target.model_config)
     shown = {column: [str(Path(path).resolve()) for path in paths]
              for column, paths in (("images", args.image), ("videos", args.video), ("audios", args.audio)) if paths}
     session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system, media=media, shown=shown)

@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "training": {"errors", "config", "store", "templates", "models", "data", "tracking"},
     "evaluation": {"errors", "config", "templates", "models", "data"},
     "inference": {"errors", "config", "store", "templates", "models", "data", "evaluation"},
+    "serving": {"errors", "config", "store", "templates", "models", "data", "evaluation", "inference", "tracking"},
     "stages": {"errors", "config", "store", "templates", "models", "data", "tracking", "training", "evaluation"},
     "worker": {"errors", "config", "store", "templates", "models", "data", "tracking", "training", "evaluation", "stages"},
     "pipeline": {"errors", "config", "store", "templates", "models", "data", "tracking", "training", "evaluation", "stages",

@@ -26,11 +26,13 @@ from transformers import TextStreamer
 from tuneline.core.data.media_rows import SECONDS_SPACED, MediaRows, media_rows_for_model
 from tuneline.core.data.media_tokens import PLACEHOLDERS, placeholder_counts
 from tuneline.core.store.artifacts import read_manifest
-from tuneline.core.config import GeneratingConfig
+from tuneline.core.config import DataConfig, GeneratingConfig, ModelConfig
 from tuneline.core.errors import ConfigError, unknown_name_message
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from tuneline.core.templates.spec import Template
 
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
@@ -50,16 +52,17 @@ class ModelSource:
         return f"{self.adapter} (adapter on {self.model})" if self.adapter else self.model
 
 
-def resolve_source(path: str | Path) -> ModelSource:
-    """The model, adapter and tokenizer that PATH names, or a ConfigError saying what PATH must be."""
+def resolve_source(path: str | Path, *, what: str = "chat PATH") -> ModelSource:
+    """The model, adapter and tokenizer that PATH names, or a ConfigError saying what PATH must be;
+    `what` names PATH in the messages (the command's argument, or the YAML key that holds it)."""
     folder = Path(path)
     if not folder.is_dir():
-        what = "is a file" if folder.exists() else "does not exist"
-        raise ConfigError(f"chat PATH '{path}' {what}; pass a model folder (config.json), an adapter folder "
+        problem = "is a file" if folder.exists() else "does not exist"
+        raise ConfigError(f"{what} '{path}' {problem}; pass a model folder (config.json), an adapter folder "
                           "(adapter_config.json) or a stage's artifact folder in a workspace (manifest.json).")
     manifest = read_manifest(folder)
     if manifest is None and folder.name.endswith(".partial"):
-        raise ConfigError(f"chat PATH '{path}' is an unfinished artifact (no manifest.json): its stage did not "
+        raise ConfigError(f"{what} '{path}' is an unfinished artifact (no manifest.json): its stage did not "
                           "complete; rerun the pipeline, or pass the finished artifact folder.")
     if (folder / ADAPTER_CONFIG).is_file():
         base = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
@@ -70,35 +73,40 @@ def resolve_source(path: str | Path) -> ModelSource:
         return ModelSource(model=base, adapter=folder, tokenizer=tokenizer)
     if (folder / MODEL_CONFIG).is_file():
         return ModelSource(model=str(folder), adapter=None, tokenizer=str(folder))
-    raise ConfigError(_no_model_message(folder, manifest))
+    raise ConfigError(_no_model_message(folder, manifest, what=what))
 
 
-def _no_model_message(folder: Path, manifest: dict[str, Any] | None) -> str:
+def _no_model_message(folder: Path, manifest: dict[str, Any] | None, *, what: str) -> str:
     if manifest is not None:
-        return (f"chat PATH '{folder}' is a '{manifest.get('kind')}' artifact, which holds no model; pass a "
+        return (f"{what} '{folder}' is a '{manifest.get('kind')}' artifact, which holds no model; pass a "
                 "trained, merged or export artifact folder.")
     found = sorted(str(p.parent) for p in folder.glob("artifacts/*/*/manifest.json")
                    if (p.parent / MODEL_CONFIG).is_file() or (p.parent / ADAPTER_CONFIG).is_file())
     if found:
         listed = ", ".join(found[:8]) + (", ..." if len(found) > 8 else "")
-        return f"chat PATH '{folder}' is a workspace; pass one of its model artifact folders: {listed}."
-    return (f"chat PATH '{folder}' holds neither {MODEL_CONFIG} (a model) nor {ADAPTER_CONFIG} (an adapter); "
+        return f"{what} '{folder}' is a workspace; pass one of its model artifact folders: {listed}."
+    return (f"{what} '{folder}' holds neither {MODEL_CONFIG} (a model) nor {ADAPTER_CONFIG} (an adapter); "
             "pass a model, adapter or artifact folder.")
 
 
-def load_chat_model(source: ModelSource, *, template: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model (adapter applied, eval mode, on the GPU when there is one) and a tokenizer with a chat template."""
+def load_chat_model(source: ModelSource, *, template: str | None = None, keys: DataConfig | None = None,
+                    model_config: ModelConfig | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model (adapter applied, eval mode, on the GPU when there is one) and a tokenizer with a chat template.
+
+    `template` renders with that tuneline template (with the template keys of `keys`: default_system,
+    tool_format, enable_thinking) instead of the tokenizer's own; `model_config` holds the loading keys
+    of an inference YAML (trust_remote_code, hub token, revision)."""
     import torch
 
     from tuneline.core.models.loading import load_model, load_tokenizer
 
-    tokenizer = load_tokenizer(source.tokenizer)
+    tokenizer = load_tokenizer(source.tokenizer, model=model_config)
     if template is not None:
-        _use_template(tokenizer, template)
+        _use_template(tokenizer, chat_template(template, tokenizer, keys=keys))
     if not tokenizer.chat_template:
         raise ConfigError(f"the tokenizer of '{source.describe()}' has no chat template; pass --template NAME "
                           "(a tuneline template such as chatml), or chat with a model that tuneline trained or exported.")
-    model = load_model(source.model, vocab_size=len(tokenizer))
+    model = load_model(source.model, model=model_config, vocab_size=len(tokenizer))
     if source.adapter is not None:
         from peft import PeftModel
 
@@ -108,10 +116,22 @@ def load_chat_model(source: ModelSource, *, template: str | None = None) -> tupl
     return model.eval(), tokenizer
 
 
-def _use_template(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
-    from tuneline.core.templates.conversation import chat_template_jinja, fix_tokenizer, get_template
+def chat_template(name: str, tokenizer: PreTrainedTokenizerBase, *, keys: DataConfig | None = None) -> Template:
+    """The tuneline template `name` with the template keys of `keys` applied, as a stage that trains with
+    them renders its conversations."""
+    from tuneline.core.templates.conversation import get_template
+    from tuneline.core.templates.options import with_template_keys
 
     template = get_template(name, tokenizer=tokenizer)
+    if keys is None:
+        return template
+    return with_template_keys(template, default_system=keys.default_system, tool_format=keys.tool_format,
+                              enable_thinking=keys.enable_thinking, preserve_thinking=keys.preserve_thinking)
+
+
+def _use_template(tokenizer: PreTrainedTokenizerBase, template: Template) -> None:
+    from tuneline.core.templates.conversation import chat_template_jinja, fix_tokenizer
+
     fix_tokenizer(template, tokenizer)
     tokenizer.chat_template = chat_template_jinja(template, tokenizer)
 

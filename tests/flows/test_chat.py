@@ -129,3 +129,21 @@ def test_chat_paths_resolve_for_artifacts_and_workspaces(trained: Path, tmp_path
     (partial / "manifest.json").unlink()
     with pytest.raises(ConfigError, match="unfinished artifact"):
         resolve_source(partial)
+
+
+def test_chat_reads_a_llamafactory_inference_yaml(tiny_base: Path, tmp_path: Path, monkeypatch):
+    """`tuneline chat CONFIG.yaml`: the YAML's model, template, template keys (default_system) and generation
+    keys (greedy, repetition_penalty) apply; the answer is the model's greedy generate() on the training prompt."""
+    import io
+
+    from conftest import run_cli_here
+    from serving_server import greedy_reference, inference_yaml
+
+    config = yaml.safe_load(inference_yaml(tiny_base, tmp_path).read_text())
+    (tmp_path / "chat.yaml").write_text(yaml.safe_dump({**config, "default_system": "Be brief."}))
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is 2 plus 2?\nexit\n"))
+    result = run_cli_here("chat", str(tmp_path / "chat.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    replies = [line.removeprefix("Assistant: ") for line in result.stdout.splitlines() if line.startswith("Assistant: ")]
+    _, _, expected = greedy_reference(tiny_base)([{"role": "user", "content": "What is 2 plus 2?"}], "Be brief.")
+    assert replies == [expected.strip()] and expected.strip()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from benchmark_files import write_mmlu
-from conftest import run_cli_here
+from conftest import run_cli_here, stop_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
@@ -204,6 +204,48 @@ def test_champion_loads_through_mlflow_and_answers_a_demo_prompt(story, monkeypa
     generated = pipe(messages, max_new_tokens=12, do_sample=False)[0]["generated_text"][-1]
     print(f"reply (mlflow.transformers pipeline): {generated['content']!r}")
     assert generated["role"] == "assistant"
+
+
+def test_the_champion_is_served_from_the_registry_as_training_rendered_it(story):
+    """`tuneline api models:/promo-demo@champion` serves version 2's exported folder; the answer equals the
+    exported model's greedy generate() on the prompt ids training's template encoder writes, and the usage
+    block counts exactly those ids (the export's parity gate made its chat template write them)."""
+    import torch
+    from openai import OpenAI
+    from serving_server import start_server
+
+    from tuneline.core.models.loading import load_model, load_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_prompt, fix_tokenizer, get_template
+
+    server = start_server("api", f"models:/{MODEL}@champion", folder=story["project"]).wait()
+    try:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "Give three tips for staying healthy."}]
+        completion = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10)
+    finally:
+        stop_process(server.process)
+    log = server.log.read_text()
+    assert "version 2" in log and "exported folder" in log, log[-2000:]
+    exported = stage_path_of_version(story, "2")
+    tokenizer = load_tokenizer(exported)
+    template = get_template("default", tokenizer=tokenizer)
+    fix_tokenizer(template, tokenizer)
+    prompt = encode_prompt(template, tokenizer, Conversation(messages))
+    model = load_model(exported).eval()
+    with torch.no_grad():
+        output = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                max_new_tokens=10, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    expected = tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True)
+    print(f"served champion (version 2) answered {completion.choices[0].message.content!r}")
+    assert completion.usage.prompt_tokens == len(prompt)
+    assert completion.choices[0].message.content.strip() == expected.strip()
+
+
+def stage_path_of_version(story, version: str) -> Path:
+    """The exported folder a registered version came from (its registering run's `export` parameter)."""
+    registry = client(story)
+    run = registry.get_run(registry.get_model_version(MODEL, version).run_id)
+    return Path(run.data.params["export"])
 
 
 def stage_path(story, name: str) -> str:

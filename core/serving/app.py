@@ -1,0 +1,171 @@
+"""The OpenAI-compatible HTTP app: `GET /v1/models`, `POST /v1/chat/completions`, and with
+`page` the web chat at `/` (`webchat.html`).
+
+As LLaMA-Factory's API: when `api_key` is set (API_KEY), every /v1 request must carry
+`Authorization: Bearer <key>` or gets 401. Errors are answered in OpenAI's shape
+(`{"error": {"message", "type", "param", "code"}}`), malformed requests with 400. A streamed answer
+is server-sent events: `data: {chunk}` lines, the first with the assistant role, the last with the
+finish reason (then a usage chunk with `stream_options.include_usage`), then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from tuneline.core.errors import TunelineError
+from tuneline.core.serving.protocol import (ChatRequest, RequestError, chunk_body, completion_body, error_body,
+                                            parse_chat_request, usage_body)
+from tuneline.core.serving.tool_calls import read_tool_calls
+
+if TYPE_CHECKING:
+    from tuneline.core.serving.engine import Answer, HuggingFaceEngine, Prepared
+
+PAGE = Path(__file__).with_name("webchat.html")
+
+
+def create_app(engine: HuggingFaceEngine, *, model_name: str, api_key: str | None, page: bool = False,
+               root_path: str = "") -> FastAPI:
+    """The app serving `engine` as `model_name`."""
+    app = FastAPI(title="tuneline", root_path=root_path, docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handlers(app)
+    created = int(time.time())
+
+    async def check_key(request: Request) -> None:
+        if api_key and not _authorized(request, api_key):
+            raise RequestError("Invalid API key: send the key the server was started with (API_KEY) as "
+                               "'Authorization: Bearer <key>'.", code="invalid_api_key", status=401)
+
+    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "tuneline"}]}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    async def chat_completions(request: Request) -> Any:
+        chat = parse_chat_request(await request.body())
+        if chat.stream and (chat.n > 1 or chat.tools):
+            raise RequestError("Streaming answers only one choice without tools; send 'stream': false for 'n' > 1 or "
+                               "for 'tools'.", param="stream")
+        prepared = await run_in_threadpool(engine.prepare, chat)  # a template that cannot write the tools: 400
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        if chat.stream:
+            events = _events(engine, prepared, completion_id=completion_id, model=model_name, include_usage=chat.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        answers = [await run_in_threadpool(engine.generate, prepared) for _ in range(chat.n)]
+        choices = [_choice(i, answer, chat, engine) for i, answer in enumerate(answers)]
+        return completion_body(completion_id=completion_id, model=model_name, choices=choices,
+                               prompt_tokens=len(prepared.prompt), completion_tokens=sum(a.completion_tokens for a in answers))
+
+    if page:
+        @app.get("/", response_class=HTMLResponse)
+        async def chat_page() -> HTMLResponse:
+            return HTMLResponse(PAGE.read_text(encoding="utf-8").replace("{{MODEL_NAME}}", _html(model_name)))
+
+    return app
+
+
+def _authorized(request: Request, api_key: str) -> bool:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), api_key.encode())
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def _choice(index: int, answer: Answer, chat: ChatRequest, engine: HuggingFaceEngine) -> dict[str, Any]:
+    """A choice of a whole answer; with tools, an answer in the template's tool-call format becomes `tool_calls`."""
+    template = engine.renderer.template
+    calls = read_tool_calls(answer.text, tool_format=template.tool_format) if chat.tools and template else None
+    if calls:
+        tool_calls = [{"id": f"call_{uuid.uuid4().hex}", "type": "function", "function": {"name": name, "arguments": arguments}}
+                      for name, arguments in calls]
+        return {"index": index, "message": {"role": "assistant", "content": None, "tool_calls": tool_calls},
+                "finish_reason": "tool_calls"}
+    return {"index": index, "message": {"role": "assistant", "content": answer.text}, "finish_reason": answer.finish_reason}
+
+
+def _sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+async def _events(engine: HuggingFaceEngine, prepared: Prepared, *, completion_id: str, model: str,
+                  include_usage: bool) -> AsyncIterator[str]:
+    """The answer's chunks as it is generated (in a thread of its own, which waits for the model's lock);
+    a client that goes away stops its generation."""
+    loop, queue, cancelled = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
+
+    def put(kind: str, value: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+
+    def work() -> None:
+        try:
+            put("done", engine.generate(prepared, write=lambda text: put("text", text), cancelled=cancelled))
+        except Exception as e:  # reported to the client in the stream: the response has begun
+            put("error", e)
+
+    threading.Thread(target=work, name=f"generate-{completion_id}", daemon=True).start()
+    chunk = {"completion_id": completion_id, "model": model}
+    try:
+        yield _sse(chunk_body(**chunk, delta={"role": "assistant", "content": ""}))
+        while True:
+            kind, value = await queue.get()
+            if kind == "text" and value:
+                yield _sse(chunk_body(**chunk, delta={"content": value}))
+            elif kind == "done":
+                yield _sse(chunk_body(**chunk, delta={}, finish_reason=value.finish_reason))
+                if include_usage:
+                    yield _sse(chunk_body(**chunk, delta=None, usage=usage_body(value.prompt_tokens, value.completion_tokens)))
+                break
+            elif kind == "error":
+                yield _sse(error_body(f"Generation failed: {type(value).__name__}: {value}", kind="server_error"))
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        cancelled.set()
+
+
+def _error(error: RequestError) -> JSONResponse:
+    kind = "invalid_request_error" if error.status < 500 else "server_error"
+    return JSONResponse(error_body(error.message, kind=kind, param=error.param, code=error.code), status_code=error.status)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape: ours, tuneline's input errors (a template that cannot write the
+    request's tools), FastAPI's validation (400, not 422) and HTTP errors (404, 405)."""
+
+    async def request_error(_: Request, error: RequestError) -> JSONResponse:
+        return _error(error)
+
+    async def input_error(_: Request, error: TunelineError) -> JSONResponse:
+        return _error(RequestError(f"{error}", code="invalid_input"))
+
+    async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        return _error(RequestError(f"Invalid request{f' at {where}' if where else ''}: {first.get('msg', 'malformed')}."))
+
+    async def http_error(_: Request, error: HTTPException) -> JSONResponse:
+        return _error(RequestError(f"{error.detail}.", status=error.status_code))
+
+    async def server_error(_: Request, error: Exception) -> JSONResponse:  # logged by uvicorn as well
+        return _error(RequestError(f"The server failed: {type(error).__name__}: {error}", code="server_error", status=500))
+
+    app.add_exception_handler(RequestError, request_error)
+    app.add_exception_handler(TunelineError, input_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, server_error)
