@@ -294,12 +294,15 @@ def load_evaluated_model(stage: StageConfig) -> tuple[PreTrainedModel, PreTraine
         raise ConfigError(problems)
     path = stage.model.model_name_or_path
     assert path is not None  # required by the config
-    prepared = prepare_tokenizer(stage, path)
+    adapters = adapter_paths(stage.model)
+    # an adapter saved with its tokenizer holds the tokens its training added (the embeddings grew by them)
+    saved = [a for a in adapters if (Path(a) / "tokenizer_config.json").is_file()]
+    prepared = prepare_tokenizer(stage, saved[-1] if saved else path)
     dtype = stage.inference.infer_dtype
     precision = {"bfloat16": {"bf16": True}, "float16": {"fp16": True}}.get(dtype, {})
     model = load_model(path, model=stage.model, vocab_size=len(prepared.tokenizer), training=precision)
     quantized = getattr(model, "hf_quantizer", None) is not None  # placed on its device already
-    for adapter in adapter_paths(stage.model):
+    for adapter in adapters:
         model = load_adapter(model, adapter, model_config=stage.model, trainable=False)
         if not quantized:
             model = model.merge_and_unload()

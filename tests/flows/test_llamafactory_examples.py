@@ -1,5 +1,5 @@
 """LLaMA-Factory 0.9.5's example configs (`examples/{train_lora,train_full,train_qlora,extras,merge_lora}`)
-run through `tuneline train` (`tuneline export` for merge_lora), each one as it ships but for:
+run through `tuneline train` (`tuneline export` for merge_lora, `tuneline eval` for the eval example), each one as it ships but for:
 
 - `model_name_or_path`: a tiny model of the config's family, built here from a real tokenizer
   (llama3 configs: a tiny LLaMA with the Llama-3 tokenizer; qwen configs: a tiny Qwen2 with the Qwen2.5
@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 import yaml
+from benchmark_files import write_mmlu
 from conftest import assert_output_layout, train_in_this_process
 
 FOLDERS = ("train_lora", "train_full", "train_qlora", "extras", "merge_lora")
@@ -73,8 +74,9 @@ EXAMPLES: dict[str, Example] = {
                                                overrides={"max_new_tokens": 8}),
     "train_lora/llama3_preprocess.yaml": Example("trains", "tokenizes to tokenized_path (moved to the run's folder), "
                                                  "then trains"),
-    "train_lora/llama3_lora_eval.yaml": Example("refused: benchmark evaluation", "llamafactory-cli eval (task: mmlu_test)",
-                                                chain=SFT_ADAPTER),
+    "train_lora/llama3_lora_eval.yaml": Example("trains", "`tuneline eval` (llamafactory-cli eval) of the SFT example's "
+                                                "adapter on mmlu_test, 5-shot, template fewshot; task_dir: a small MMLU "
+                                                "in LLaMA-Factory's layout written here", chain=SFT_ADAPTER),
     "train_lora/llama3_lora_sft_ds3.yaml": Example("refused: DeepSpeed", "DeepSpeed ZeRO-3: not installed, needs CUDA"),
     "train_lora/llama4_lora_sft_ds3.yaml": Example("refused: DeepSpeed", "DeepSpeed ZeRO-3 (its mllm_demo images are "
                                                    "never read: refused before any data)"),
@@ -156,6 +158,7 @@ LEFT_OUT = {
 TRAIN_EDITS = {"max_steps": 2, "max_samples": 16, "cutoff_len": 128, "gradient_accumulation_steps": 1,
                "preprocessing_num_workers": None, "dataloader_num_workers": 0}
 OUTPUT_KEYS = ("output_dir", "export_dir", "tokenized_path")
+EVALUATED_FILES = ("results.json", "results.log")
 TRAINED_FILES = ("all_results.json", "train_results.json")  # logging_steps 10 > max_steps: no log lines
 PREDICTED_FILES = ("generated_predictions.jsonl", "predict_results.json")
 EXPORTED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
@@ -309,12 +312,15 @@ class ExampleRuns:
 
         example = EXAMPLES[name]
         config = yaml.safe_load((self.lf_root / "examples" / name).read_text())
-        command = "export" if name.startswith("merge_lora/") else "train"
+        command = "export" if name.startswith("merge_lora/") else "eval" if "task" in config else "train"
         folder = self.root / re.sub(r"\W", "_", name.removesuffix(".yaml"))
         data = self.media_data() if example.base == "qwen2_5vl" else self.lf_root / "data"
         edits: dict[str, Any] = {"model_name_or_path": str(self.bases.path(example.base)), "dataset_dir": str(data)}
         if command == "train":
             edits.update(TRAIN_EDITS)
+        if command == "eval":
+            write_mmlu(folder / "evaluation")
+            edits.update({"task_dir": str(folder / "evaluation"), "save_dir": str(folder / "save_dir")})
         edits.update({key: str(folder / key) for key in OUTPUT_KEYS if key in config})
         for key, producer in example.chain.items():
             upstream = self.run(producer)
@@ -330,7 +336,7 @@ class ExampleRuns:
                 code = main([command, str(path)])
         except Exception:  # what the command would have ended with status 1 on
             return Outcome(1, stderr.getvalue() + traceback.format_exc(), None)
-        output = edits.get("output_dir" if command == "train" else "export_dir")
+        output = edits.get({"train": "output_dir", "export": "export_dir", "eval": "save_dir"}[command])
         return Outcome(code, stderr.getvalue(), Path(output) if output else None)
 
 
@@ -411,6 +417,8 @@ def expected_files(config: Mapping[str, Any]) -> tuple[str, ...]:
     """What a finished example leaves in its output folder."""
     if "export_dir" in config and "output_dir" not in config:
         return EXPORTED_FILES
+    if "task" in config:
+        return EVALUATED_FILES
     if config.get("do_predict") and not config.get("do_train"):
         return PREDICTED_FILES
     weights = "model.safetensors" if config.get("finetuning_type") in ("full", "freeze") else "adapter_model.safetensors"

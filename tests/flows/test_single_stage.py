@@ -124,6 +124,7 @@ def test_export_of_a_broken_chat_template_fails_at_the_first_differing_token(tra
     export_dir = tmp_path / "exported"
     result = run_cli_here("export", str(sft_yaml), f"adapter_name_or_path={broken}", f"export_dir={export_dir}",
                           cwd=sft_yaml.parent)
+    print(f"tuneline export with a broken chat template -> exit {result.returncode}:\n{result.stderr.strip()}")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "failed the train/serve parity check, so it was not written" in result.stderr

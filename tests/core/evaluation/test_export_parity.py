@@ -35,7 +35,7 @@ def _prepared(load, template_name: str, tokenizer_name: str):
 
 
 @pytest.mark.parametrize(("template_name", "tokenizer_name"), [
-    ("qwen", "qwen2.5"), ("llama3", "llama3"), ("mistral", "mistral-v0.3"), ("phi", "phi3.5"), ("chatml", "gpt2"),
+    ("qwen", "qwen2.5"), ("llama3", "llama3"), ("mistral", "mistral-v0.3"), ("chatml", "gpt2"),
 ])
 def test_the_chat_template_training_writes_passes(load, template_name, tokenizer_name):
     template, tokenizer = _prepared(load, template_name, tokenizer_name)
@@ -43,7 +43,7 @@ def test_the_chat_template_training_writes_passes(load, template_name, tokenizer
     assert check_rendering(tokenizer, template=template, trained=tokenizer, probes=probes) == RenderingCheck()
 
 
-@pytest.mark.parametrize("template_name", ["llama2", "vicuna"])
+@pytest.mark.parametrize("template_name", ["llama2"])
 def test_sentencepiece_segmentation_of_separately_encoded_messages_is_a_warning(load, template_name):
     """Training encodes each message apart (LLaMA-Factory's rule); one string segments otherwise around a
     message's first word, with the same text: recorded, not a failure."""
