@@ -26,7 +26,8 @@ MULTI_TURN = Probe("a three-turn chat", Conversation(
 
 
 def _prepared(load, template_name: str, tokenizer_name: str):
-    """The tokenizer as training prepares it: the template fixed onto it, its chat template written from it."""
+    """The tokenizer as training prepares it: the template fixed onto it, its chat template written from it
+    (a copy; the tests that break its chat template put the written one back)."""
     tokenizer = copy.deepcopy(load(tokenizer_name))
     template = get_template(template_name, tokenizer=tokenizer)
     fix_tokenizer(template, tokenizer)
@@ -34,44 +35,64 @@ def _prepared(load, template_name: str, tokenizer_name: str):
     return template, tokenizer
 
 
+@pytest.fixture(scope="module")
+def prepared(load):
+    """`prepared(template, tokenizer)`, each prepared once for the module (a deep copy takes a second or two)."""
+    made = {}
+
+    def get(template_name: str, tokenizer_name: str):
+        if (template_name, tokenizer_name) not in made:
+            made[template_name, tokenizer_name] = _prepared(load, template_name, tokenizer_name)
+        template, tokenizer = made[template_name, tokenizer_name]
+        return template, tokenizer
+
+    return get
+
+
 @pytest.mark.parametrize(("template_name", "tokenizer_name"), [
-    ("qwen", "qwen2.5"), ("llama3", "llama3"), ("mistral", "mistral-v0.3"), ("chatml", "gpt2"),
+    ("qwen", "qwen2.5"), ("llama3", "llama3"), ("mistral", "mistral-v0.3"),
 ])
-def test_the_chat_template_training_writes_passes(load, template_name, tokenizer_name):
-    template, tokenizer = _prepared(load, template_name, tokenizer_name)
+def test_the_chat_template_training_writes_passes(prepared, template_name, tokenizer_name):
+    template, tokenizer = prepared(template_name, tokenizer_name)
     probes = [*probe_conversations(None), MULTI_TURN]
     assert check_rendering(tokenizer, template=template, trained=tokenizer, probes=probes) == RenderingCheck()
 
 
 @pytest.mark.parametrize("template_name", ["llama2"])
-def test_sentencepiece_segmentation_of_separately_encoded_messages_is_a_warning(load, template_name):
+def test_sentencepiece_segmentation_of_separately_encoded_messages_is_a_warning(prepared, template_name):
     """Training encodes each message apart (LLaMA-Factory's rule); one string segments otherwise around a
     message's first word, with the same text: recorded, not a failure."""
-    template, tokenizer = _prepared(load, template_name, "llama2")
+    template, tokenizer = prepared(template_name, "llama2")
     check = check_rendering(tokenizer, template=template, trained=tokenizer, probes=[MULTI_TURN])
     assert check.problem is None
     assert check.warning is not None and "writes the text training wrote" in check.warning
 
 
-def test_a_changed_chat_template_is_reported_at_its_first_differing_token(load):
-    template, trained = _prepared(load, "qwen", "qwen2.5")
-    exported = copy.deepcopy(trained)
-    exported.chat_template = trained.chat_template.replace("<|im_start|>assistant\\n", "<|im_start|>assistant ")
-    assert exported.chat_template != trained.chat_template
+def test_a_changed_chat_template_is_reported_at_its_first_differing_token(prepared):
+    """The training encoder never reads the chat template, so one tokenizer with a broken one plays both sides."""
+    template, tokenizer = prepared("qwen", "qwen2.5")
+    written = tokenizer.chat_template
+    tokenizer.chat_template = written.replace("<|im_start|>assistant\\n", "<|im_start|>assistant ")
+    assert tokenizer.chat_template != written
     one_turn = Probe("a one-turn chat", Conversation(PROBE[:1], PROBE[1:2], system=PROBE_SYSTEM))
-    problem = check_rendering(exported, template=template, trained=trained, probes=[one_turn]).problem
-    prompt = encode_prompt(template, trained, Conversation(PROBE[:1], system=PROBE_SYSTEM))
+    try:
+        problem = check_rendering(tokenizer, template=template, trained=tokenizer, probes=[one_turn]).problem
+    finally:
+        tokenizer.chat_template = written
+    prompt = encode_prompt(template, tokenizer, Conversation(PROBE[:1], system=PROBE_SYSTEM))
     assert problem is not None
     assert "writes other text than training for the prompt with the generation prefix of a one-turn chat" in problem
     assert f"first differ at token {len(prompt) - 1} " in problem  # the newline after 'assistant'
     assert "'assistant\\n'" not in problem and "(ids [198])" in problem and "' '" in problem
 
 
-def test_a_lost_chat_template_is_reported(load):
-    template, trained = _prepared(load, "llama3", "llama3")
-    exported = copy.deepcopy(trained)
-    exported.chat_template = None
-    problem = check_rendering(exported, template=template, trained=trained, probes=probe_conversations(None)).problem
+def test_a_lost_chat_template_is_reported(prepared):
+    template, tokenizer = prepared("llama3", "llama3")
+    written, tokenizer.chat_template = tokenizer.chat_template, None
+    try:
+        problem = check_rendering(tokenizer, template=template, trained=tokenizer, probes=probe_conversations(None)).problem
+    finally:
+        tokenizer.chat_template = written
     assert problem is not None and "no chat template" in problem
 
 
