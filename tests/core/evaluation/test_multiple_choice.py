@@ -196,6 +196,14 @@ def test_predictions_and_accuracies_equal_the_models_logits_read_by_hand(n_shot,
     expected = hand_predictions(reference, mmlu, MMLU_SUBJECTS, n_shot=n_shot, lang="en")
     written = json.loads((save_dir / "results.json").read_text(encoding="utf-8"))
     assert {s: [v[str(i)] for i in range(len(v))] for s, v in written.items()} == expected
+
+    def accuracy(predicted: dict[str, list[str]]) -> dict[str, float]:
+        return {subject: float(np.mean([p == row["answer"] for p, row in zip(letters, mmlu[subject]["test"], strict=True)]))
+                for subject, letters in predicted.items()}
+
+    by_hand, evaluated = accuracy(expected), accuracy({s: list(v.values()) for s, v in written.items()})
+    print(f"n_shot {n_shot}: per-subject accuracy of tuneline eval {evaluated}, by hand from the logits {by_hand}")
+    assert evaluated == by_hand
     log = expected_log(expected, mmlu, MMLU_SUBJECTS)
     assert (save_dir / "results.log").read_text(encoding="utf-8") == log
     assert [line.split(":")[0].strip() for line in log.splitlines()] == ["Average", "STEM", "Humanities"]
