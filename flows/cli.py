@@ -166,8 +166,13 @@ def add_chat_parser(commands: argparse._SubParsersAction) -> None:
 
     defaults = GeneratingConfig()
     chat = commands.add_parser("chat", help="chat with a model, adapter or stage artifact in the terminal (reads stdin line by line)")
-    chat.add_argument("path", help="model folder, adapter folder, a stage's artifact folder in a workspace, or a "
-                                   "LLaMA-Factory inference YAML (its generation keys apply where no flag is given)")
+    chat.add_argument("path", help="model folder, adapter folder, a stage's artifact folder in a workspace, a "
+                                   "LLaMA-Factory inference YAML (its generation keys apply where no flag is given), or a "
+                                   "registered version models:/NAME@ALIAS")
+    store = chat.add_mutually_exclusive_group()
+    store.add_argument("--workspace", default="workspace",
+                       help="for models:/ paths: workspace whose mlflow.db holds the registry (default: ./workspace)")
+    store.add_argument("--tracking-uri", default=None, help="for models:/ paths: MLflow tracking/registry URI")
     chat.add_argument("--system", default=None, help="system prompt")
     chat.add_argument("--template", default=None, help="render with this tuneline template instead of the tokenizer's own")
     chat.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"(default {defaults.max_new_tokens})")
@@ -306,7 +311,7 @@ def run_chat(args: argparse.Namespace) -> int:
 
     generating = GeneratingConfig(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
-    target = chat_target(args.path, template=args.template, generating=generating)
+    target = chat_target(args.path, template=args.template, generating=generating, tracking_uri=lambda: _registry_uri(args))
     source, generating = target.source, target.generating
     _check_generating(generating)
     media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=target.template)

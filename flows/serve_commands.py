@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,13 +79,19 @@ class ChatTarget:
     generating: GeneratingConfig
 
 
-def chat_target(path: str, *, template: str | None, generating: GeneratingConfig) -> ChatTarget:
-    """PATH as `tuneline chat` had it (a folder), or an inference YAML: its model, adapter, template and
+def chat_target(path: str, *, template: str | None, generating: GeneratingConfig,
+                tracking_uri: Callable[[], str] | None = None) -> ChatTarget:
+    """PATH as `tuneline chat` had it (a folder); a registered version (`models:/NAME@ALIAS`, looked up in
+    the registry `tracking_uri()` gives); or an inference YAML: its model, adapter, template and
     template keys, and its generation keys where the command's flags were left at their defaults."""
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.inference.chat import resolve_source
     from tuneline.core.serving.sources import YAML_SUFFIXES, served_model
+    from tuneline.core.tracking.model_uris import is_model_uri
 
+    if is_model_uri(path):
+        served = served_model(path, template=template, tracking_uri=tracking_uri, command="tuneline chat")
+        return ChatTarget(served.source, served.template, served.keys, served.model_config, generating)
     if Path(path).suffix.lower() not in YAML_SUFFIXES:
         return ChatTarget(resolve_source(path), template, None, None, generating)
     served = served_model(path, template=template, command="tuneline chat")

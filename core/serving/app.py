@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP app: `GET /v1/models`, `POST /v1/chat/completions`, and with
-`page` the web chat at `/` (`webchat.html`).
+`page` the web chat at `/` (`webchat.html`); for a reward model, LLaMA-Factory's
+`POST /v1/score/evaluation` instead of chat completions (`scoring.py`).
 
 As LLaMA-Factory's API: when `api_key` is set (API_KEY), every /v1 request must carry
 `Authorization: Bearer <key>` or gets 401. Errors are answered in OpenAI's shape
@@ -29,17 +30,19 @@ from starlette.exceptions import HTTPException
 from tuneline.core.errors import TunelineError
 from tuneline.core.serving.protocol import (ChatRequest, RequestError, chunk_body, completion_body, error_body,
                                             parse_chat_request, usage_body)
+from tuneline.core.serving.scoring import parse_score_request
 from tuneline.core.serving.tool_calls import read_tool_calls
 
 if TYPE_CHECKING:
     from tuneline.core.serving.engine import Answer, HuggingFaceEngine, Prepared
+    from tuneline.core.serving.scoring import ScoringEngine
 
 PAGE = Path(__file__).with_name("webchat.html")
 
 
-def create_app(engine: HuggingFaceEngine, *, model_name: str, api_key: str | None, page: bool = False,
-               root_path: str = "") -> FastAPI:
-    """The app serving `engine` as `model_name`."""
+def create_app(engine: HuggingFaceEngine | None, *, model_name: str, api_key: str | None, page: bool = False,
+               root_path: str = "", scorer: ScoringEngine | None = None) -> FastAPI:
+    """The app serving `engine` (a model that generates) or `scorer` (a reward model) as `model_name`."""
     app = FastAPI(title="tuneline", root_path=root_path, docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
     created = int(time.time())
@@ -53,8 +56,20 @@ def create_app(engine: HuggingFaceEngine, *, model_name: str, api_key: str | Non
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "tuneline"}]}
 
+    @app.post("/v1/score/evaluation", dependencies=[Depends(check_key)])
+    async def score_evaluation(request: Request) -> dict[str, Any]:
+        if scorer is None:
+            raise RequestError("Not allowed: this server serves a model that generates; /v1/score/evaluation scores texts "
+                               "with a reward model (serve an rm stage's output).", status=405)
+        asked = parse_score_request(await request.body())
+        scores = await run_in_threadpool(scorer.score, asked)
+        return {"id": f"scoreeval-{uuid.uuid4().hex}", "model": model_name, "scores": scores}
+
     @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
     async def chat_completions(request: Request) -> Any:
+        if engine is None:
+            raise RequestError("Not allowed: this server serves a reward model, which scores texts and writes none; "
+                               "POST them to /v1/score/evaluation.", status=405)
         chat = parse_chat_request(await request.body())
         if chat.stream and (chat.n > 1 or chat.tools):
             raise RequestError("Streaming answers only one choice without tools; send 'stream': false for 'n' > 1 or "

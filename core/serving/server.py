@@ -94,14 +94,23 @@ def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
 
     from tuneline.core.serving.app import create_app
 
+    from tuneline.core.serving.scoring import is_reward_model, load_scoring_engine
+
+    rewarding = is_reward_model(served.source)
+    if rewarding and page:
+        raise ConfigError(f"'{served.source.describe()}' is a reward model, which scores texts and writes none, so there is "
+                          "nothing to chat with; serve it with `tuneline api` (POST /v1/score/evaluation).")
     sock = bind(settings)
-    engine = load_engine(served)
+    engine, scorer = (None, load_scoring_engine(served.source, model_config=served.model_config)) if rewarding \
+        else (load_engine(served), None)
     name = settings.model_name or served.name
     if served.origin:
         print(f"tuneline {'webchat' if page else 'api'}: {served.name} is {served.origin}", flush=True)
-    app = create_app(engine, model_name=name, api_key=settings.api_key, page=page, root_path=settings.root_path)
+    app = create_app(engine, model_name=name, api_key=settings.api_key, page=page, root_path=settings.root_path,
+                     scorer=scorer)
     url = url_of(sock, settings.host)
     announce = (f"tuneline webchat: chat with {name} at {url}/" if page
+                else f"tuneline api: scoring with the reward model {name} at {url}/v1/score/evaluation" if rewarding
                 else f"tuneline api: serving {name} at {url}/v1 (OpenAI-compatible)")
 
     class AnnouncingServer(uvicorn.Server):

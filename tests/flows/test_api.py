@@ -127,6 +127,12 @@ def test_a_wrong_or_missing_api_key_gets_401(server, tiny_base: Path):
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
 
 
+def test_a_generating_model_refuses_the_reward_score_endpoint(server):
+    response = httpx.post(f"{server.url}/v1/score/evaluation", json={"messages": ["a text"]},
+                          headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 405 and "serves a model that generates" in response.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(("body", "message"), [
     (b"{not json", "The request body is not valid JSON"),
     (b'{"model": "m"}', "'messages' must be a non-empty list of {role, content} objects; it is missing."),

@@ -51,11 +51,11 @@ def pipeline(data_dir: Path, *, min_improvement: float) -> dict:
     }
 
 
-def tuneline(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def tuneline(*args: str, cwd: Path, timeout: float = 600, input: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TUNELINE_CACHE": str(cwd / "cache")}
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=env, input=input)
 
 
 def stage_status(stdout: str) -> dict[str, str]:
@@ -239,6 +239,10 @@ def test_the_champion_is_served_from_the_registry_as_training_rendered_it(story)
     print(f"served champion (version 2) answered {completion.choices[0].message.content!r}")
     assert completion.usage.prompt_tokens == len(prompt)
     assert completion.choices[0].message.content.strip() == expected.strip()
+    chat = tuneline("chat", f"models:/{MODEL}@champion", "--workspace", "workspace", "--no-do-sample", "--max-new-tokens", "10",
+                    cwd=story["project"], input=messages[0]["content"] + "\n")
+    assert chat.returncode == 0, chat.stderr[-2000:]
+    assert f"Assistant: {expected.strip()}" in chat.stdout, chat.stdout  # `tuneline chat` talks to the same champion
 
 
 def stage_path_of_version(story, version: str) -> Path:
