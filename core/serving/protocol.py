@@ -65,8 +65,8 @@ def error_body(message: str, *, kind: str = "invalid_request_error", param: str 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """The request in `raw` (a JSON body), or a RequestError naming what is wrong with it."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """The JSON object a request body holds, or a RequestError saying it holds none."""
     try:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as e:
@@ -74,6 +74,12 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     if not isinstance(body, dict):
         raise RequestError("The request body must be a JSON object with 'messages', not "
                            f"{type(body).__name__ if body is not None else 'empty'}.")
+    return body
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """The request in `raw` (a JSON body), or a RequestError naming what is wrong with it."""
+    body = json_object(raw)
     _refuse_unsupported(body)
     system, messages = read_messages(body.get("messages"))
     stop = body.get("stop")

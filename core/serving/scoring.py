@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuneline.core.serving.protocol import RequestError
+from tuneline.core.serving.protocol import RequestError, json_object
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -38,12 +38,7 @@ class ScoreRequest:
 
 def parse_score_request(raw: bytes) -> ScoreRequest:
     """The request in `raw`, or a RequestError naming the field that is wrong."""
-    try:
-        body = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"The request body is not valid JSON ({e}); send a JSON object with 'messages'.") from None
-    if not isinstance(body, dict):
-        raise RequestError("The request body must be a JSON object with 'messages', a list of texts to score.")
+    body = json_object(raw)
     texts = body.get("messages")
     if not isinstance(texts, list) or not texts or not all(isinstance(text, str) and text for text in texts):
         raise RequestError("'messages' must be a non-empty list of non-empty strings, each a text to score.", param="messages")
