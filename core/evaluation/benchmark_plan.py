@@ -57,18 +57,31 @@ def run_benchmarks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *
 
 
 def plan_problems(plan: BenchmarkPlan) -> list[str]:
-    """What is missing on disk, found before any model loads (the layout itself is checked as it is read)."""
+    """What cannot be read, found before any model loads: each benchmark read as `tuneline eval` reads it
+    (its task name, folder, mapping and files), and the harness tasks' folder."""
+    from tuneline.core.evaluation.benchmark_data import read_benchmark
+
     problems = []
     for task in plan.benchmarks:
-        folder = Path(plan.task_dir) / task.split("_")[0]
-        if not folder.is_dir():
-            problems.append(f"'evaluate.benchmarks': benchmark '{task}' reads the folder {folder.resolve()}, which does not "
-                            "exist; set 'evaluate.task_dir' to the folder holding LLaMA-Factory's evaluation layout "
-                            "(mmlu/, cmmlu/, ceval/ with mapping.json).")
+        try:
+            read_benchmark(task_dir=plan.task_dir, task=task, with_examples=plan.n_shot > 0)
+        except ConfigError as e:
+            problems += [f"'evaluate.benchmarks': {problem}" for problem in e.problems]
     if plan.harness_include_path and not Path(plan.harness_include_path).is_dir():
         problems.append(f"'evaluate.harness_include_path': {Path(plan.harness_include_path).resolve()} is not a folder; "
                         "point it at the folder of your lm-evaluation-harness task YAMLs.")
     return problems
+
+
+def benchmark_folders(plan: BenchmarkPlan) -> dict[str, Path]:
+    """The folders the plan's benchmarks and harness tasks read, by lineage name (`benchmark:mmlu`, `harness_tasks`)."""
+    from tuneline.core.evaluation.benchmark_data import parse_task
+
+    names = [parse_task(task)[0] for task in plan.benchmarks]
+    folders = {f"benchmark:{name}": Path(plan.task_dir) / name for name in names}
+    if plan.harness_include_path:
+        folders["harness_tasks"] = Path(plan.harness_include_path)
+    return folders
 
 
 def check_plan(plan: BenchmarkPlan, *, source: str | None = None) -> None:

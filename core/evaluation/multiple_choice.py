@@ -286,7 +286,7 @@ def load_evaluated_model(stage: StageConfig) -> tuple[PreTrainedModel, PreTraine
     import torch
 
     from tuneline.core.data.tokenization import prepare_tokenizer
-    from tuneline.core.models.adapters import adapter_paths, load_adapter
+    from tuneline.core.models.adapters import adapter_paths, with_adapters
     from tuneline.core.models.loading import load_model, method_problems
 
     problems = method_problems(stage.model, stage.finetuning)
@@ -302,10 +302,7 @@ def load_evaluated_model(stage: StageConfig) -> tuple[PreTrainedModel, PreTraine
     precision = {"bfloat16": {"bf16": True}, "float16": {"fp16": True}}.get(dtype, {})
     model = load_model(path, model=stage.model, vocab_size=len(prepared.tokenizer), training=precision)
     quantized = getattr(model, "hf_quantizer", None) is not None  # placed on its device already
-    for adapter in adapters:
-        model = load_adapter(model, adapter, model_config=stage.model, trainable=False)
-        if not quantized:
-            model = model.merge_and_unload()
+    model = with_adapters(model, stage.model)
     if not quantized and dtype == "float32":
         model = model.float()
     if not quantized and torch.cuda.is_available():

@@ -209,6 +209,17 @@ def adapter_paths(model_config: ModelConfig) -> list[str]:
     return _names(model_config.adapter_name_or_path)
 
 
+def with_adapters(model: PreTrainedModel, model_config: ModelConfig) -> PreTrainedModel:
+    """`model` with the adapters of `adapter_name_or_path` applied for inference, each merged in turn;
+    a quantized base keeps its one adapter beside it (as LLaMA-Factory does)."""
+    quantized = getattr(model, "hf_quantizer", None) is not None
+    for path in adapter_paths(model_config):
+        model = load_adapter(model, path, model_config=model_config, trainable=False)
+        if not quantized:
+            model = model.merge_and_unload()
+    return model
+
+
 def load_adapter(model: PreTrainedModel, path: str, *, model_config: ModelConfig, trainable: bool,
                  any_task: bool = False) -> PeftModel:
     """A saved adapter on `model` (from the `adapter_folder` subfolder of `path` when set); local

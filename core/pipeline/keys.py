@@ -18,7 +18,7 @@ from tuneline.core.config.added_tokens import added_tokens
 from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, media_datasets, read_rows
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
 from tuneline.core.data.sources import dataset_file_paths
-from tuneline.core.evaluation.benchmark_plan import check_plan
+from tuneline.core.evaluation.benchmark_plan import benchmark_folders, check_plan
 from tuneline.core.store.fingerprints import stage_key, tree_fingerprint
 from tuneline.core.training.optimizers.rules import chosen_optimizers
 from tuneline.core.pipeline.spec import BaseStage, EvaluateSettings, ExportSettings, Pipeline, TrainingStage
@@ -76,19 +76,11 @@ def pipeline_dataset_fingerprints(pipeline: Pipeline) -> PipelineFingerprints:
     return PipelineFingerprints(stages=stages, heldout=heldout)
 
 
-def benchmark_folders(settings: EvaluateSettings) -> dict[str, Path]:
-    """The folders the evaluate section's benchmarks and harness tasks read, by lineage name
-    (`benchmark:mmlu`, `harness_tasks`)."""
-    folders = {f"benchmark:{name.split('_')[0]}": Path(settings.task_dir) / name.split("_")[0]
-               for name in settings.benchmark_names()}
-    if settings.harness_include_path:
-        folders["harness_tasks"] = Path(settings.harness_include_path)
-    return folders
-
-
 def benchmark_fingerprints(settings: EvaluateSettings) -> dict[str, str]:
-    """Content digests of `benchmark_folders`, so that changed questions evaluate again."""
-    return {name: tree_fingerprint([folder]) for name, folder in benchmark_folders(settings).items() if folder.exists()}
+    """Content digests of the folders the evaluate section's benchmarks and harness tasks read, so that
+    changed questions evaluate again."""
+    folders = benchmark_folders(settings.benchmark_plan())
+    return {name: tree_fingerprint([folder]) for name, folder in folders.items() if folder.exists()}
 
 
 def check_pipeline_datasets(pipeline: Pipeline) -> None:

@@ -126,7 +126,7 @@ def run_prediction(job: TrainJob, args) -> dict[str, float]:
 
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.evaluation.predict import do_predict, predict_set
-    from tuneline.core.models.adapters import adapter_paths, load_adapter
+    from tuneline.core.models.adapters import with_adapters
     from tuneline.core.models.loading import load_model, load_tokenizer
 
     if args.process_index != 0:
@@ -138,10 +138,7 @@ def run_prediction(job: TrainJob, args) -> dict[str, float]:
     model = load_model(job.model_path, model=model_config, vocab_size=len(tokenizer), training=job.training,
                        pure_bf16=job.finetuning.get("pure_bf16", False), model_max_length=job.model_max_length)
     quantized = getattr(model, "hf_quantizer", None) is not None  # placed on its device already
-    for path in adapter_paths(model_config):
-        model = load_adapter(model, path, model_config=model_config, trainable=False)
-        if not quantized:  # a quantized base keeps its one adapter beside it (as LLaMA-Factory does)
-            model = model.merge_and_unload()
+    model = with_adapters(model, model_config)
     if not quantized:
         model = model.to(args.device)
     metrics = do_predict(model, tokenizer, predict_set(datasets), output_dir=job.output_dir,
