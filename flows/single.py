@@ -19,6 +19,7 @@ from tuneline.core.store.artifacts import Artifact
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root, trains
+from tuneline.core.stages.ignored_keys import ignored_keys
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.converters import MEDIA_COLUMNS
 from tuneline.core.data.dataset_info import get_dataset_attrs
@@ -46,6 +47,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     config = load_stage_config(config_path, overrides)
+    warn_of_ignored_keys(config)
     # a prediction config (do_predict without do_train) reads only its predict set
     _require(config, ("model_name_or_path", "dataset", "output_dir") if trains(config.training) else
              ("model_name_or_path", "output_dir"), source=config_path)
@@ -73,6 +75,12 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
                         output_dir=str(output_dir), training=config.training,
                         overwrite_output_dir=config.output.overwrite_output_dir)
         return launch_training(job, started=worker)
+
+
+def warn_of_ignored_keys(config: StageConfig) -> None:
+    """One line for each key the stage's kind does not read although it is set (it trains, as in LLaMA-Factory)."""
+    for ignored in ignored_keys(config):
+        print(f"warning: {ignored.line}", flush=True)
 
 
 @contextmanager
@@ -148,6 +156,7 @@ def preprocess(config_path: str, overrides: list[str], *, output: str) -> dict[s
     even then only what an earlier preprocess wrote there is replaced."""
     config = load_stage_config(config_path, overrides)
     _require(config, ("model_name_or_path", "dataset"), source=config_path)
+    warn_of_ignored_keys(config)
     counters: dict[str, int] = {}
 
     def write(draft: Path) -> None:

@@ -14,8 +14,9 @@ from tuneline.core.training.checkpoints import checkpoint_step, resume_point
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.pipeline.stage_runs import train_job, with_checkpointing
+from tuneline.core.stages.ignored_keys import IGNORED_KEYS_TAG, ignored_keys, tag_value
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
-from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, link_resumed_attempt, run_stage
+from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, announce, link_resumed_attempt, run_stage
 
 
 @task(name="train", **STAGE_TASK_OPTIONS)
@@ -26,8 +27,16 @@ def train(
     """`references` maps `ref_model`/`reward_model` to the resolved path of the stage they name."""
     logger = get_run_logger()
     training = with_checkpointing(stage.config.training)
+    ignored = ignored_keys(stage.config)
+
+    def record_ignored(run_id: str) -> None:  # on the run that computes the stage and on each cache hit's
+        if ignored:
+            for item in ignored:
+                announce(f"{stage.name}: warning: {item.line}")
+            tracking.set_tags(context.tracking_uri, run_id, {IGNORED_KEYS_TAG: tag_value(ignored)})
 
     def work(draft, run_id):
+        record_ignored(run_id)
         previous_run_id = previous_attempt(draft.path)
         if previous_run_id and previous_run_id != run_id:
             step = resumed_step(draft.path, training)
@@ -42,7 +51,8 @@ def train(
             tracking.log_artifact(context.tracking_uri, run_id, draft.path / LOSS_PLOT)
 
     params = {**stage.config.flat(), **(references or {}), "model_name_or_path": start_model}
-    return run_stage(context, name=stage.name, kind="trained", key=key, params=params, inputs=upstream, work=work, keep_partial=True)
+    return run_stage(context, name=stage.name, kind="trained", key=key, params=params, inputs=upstream, work=work, keep_partial=True,
+                     on_hit=lambda artifact, run_id: record_ignored(run_id))
 
 
 def previous_attempt(draft: Path) -> str | None:

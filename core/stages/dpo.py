@@ -26,6 +26,7 @@ from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
+from tuneline.core.stages.stage_keys import PER_DATASET_EVALUATION_KEYS, PREFERENCE_KEYS, REFERENCE_KEYS, TRAINER_KEYS
 from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
@@ -133,6 +134,12 @@ def _config_problems(config: StageConfig) -> list[str]:
     return dpo_problems(config.finetuning)
 
 
+def _unread_keys(config: StageConfig) -> dict[str, str]:
+    """SimPO's margin means nothing to the other losses (the other combinations are refused by `dpo_problems`)."""
+    loss = config.finetuning.pref_loss
+    return {} if loss == "simpo" else {"simpo_gamma": f"stage dpo reads it only with 'pref_loss: simpo', not '{loss}'"}
+
+
 DPO = StageKind(
     name="dpo",
     summary="direct preference optimisation on pairs (DPO, IPO, hinge, ORPO, SimPO), against a reference model",
@@ -140,6 +147,8 @@ DPO = StageKind(
     references=frozenset({"ref_model"}),
     trains_images=True,
     config_problems=_config_problems,
+    reads=frozenset({*TRAINER_KEYS, *PER_DATASET_EVALUATION_KEYS, *PREFERENCE_KEYS, *REFERENCE_KEYS}),
+    unread_keys=_unread_keys,
     load_model=load_policy,
     build_trainer=build_dpo_trainer,
     held_out_metrics=preference_metrics,

@@ -23,17 +23,13 @@ from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.rm import reward_model_key_problems
+from tuneline.core.stages.stage_keys import GRPO_ONLY_KEYS, ONLINE_KEYS, REFERENCE_KEYS, SAMPLING_KEYS, TRAINER_KEYS
 
 if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase, Trainer
 
 GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # TRL 1.16's loss_type values
-ONLINE_KEYS = ("num_generations", "beta", "epsilon", "epsilon_high", "loss_type", "importance_sampling_level", "scale_rewards",
-               "num_iterations", "max_completion_length", "mask_truncated_completions", "reward_funcs", "reward_weights",
-               "use_vllm", "vllm_mode")
-"""The keys only the online RL stages read."""
-GRPO_ONLY_KEYS = ("loss_type", "importance_sampling_level", "scale_rewards")
 LOG_KEYS = ("reward_std", "frac_reward_zero_std", "kl", "entropy", "rewards/", "completions/", "clip_ratio/")
 """What TRL's online trainers log per step besides the reward: each reward's mean and spread, the KL,
 the clip ratios, the completion lengths."""
@@ -238,13 +234,33 @@ def online_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validat
     return metrics
 
 
-def _kind(name: str, summary: str) -> StageKind:
+def _unread_keys(config: StageConfig) -> dict[str, str]:
+    """The generation keys that sampling groups does not take, and the reference model when 'beta: 0'
+    (the default) leaves out the KL penalty, the reference's only use."""
+    stage = config.finetuning.stage
+    unread = {**dict.fromkeys(("max_new_tokens", "max_length"), f"stage {stage} bounds its completions with "
+                                                                 "'max_completion_length' instead"),
+              **dict.fromkeys(("num_beams", "length_penalty"), f"stage {stage} samples its completions without beam search"),
+              "skip_special_tokens": f"stage {stage} decodes completions for the rewards without special tokens always"}
+    if config.finetuning.beta == 0:
+        unread.update(dict.fromkeys(REFERENCE_KEYS, f"stage {stage} loads a reference model only for the KL penalty, "
+                                                    "and 'beta' is 0 (set beta > 0 to use it)"))
+    return unread
+
+
+# reward_model_adapters is refused (reward_model_key_problems); an rm output loads whatever its type
+REWARD_KEYS = ("reward_model", "reward_model_quantization_bit")
+
+
+def _kind(name: str, summary: str, *, reads: frozenset[str]) -> StageKind:
     return StageKind(
         name=name,
         summary=summary,
         examples="unsupervised",
         references=frozenset({"ref_model", "reward_model"}),
         config_problems=online_problems,
+        reads=reads,
+        unread_keys=_unread_keys,
         load_model=load_policy,
         build_trainer=build_online_trainer,
         held_out_metrics=online_metrics,
@@ -253,7 +269,9 @@ def _kind(name: str, summary: str) -> StageKind:
     )
 
 
+# eval_on_each_dataset is refused (online_problems): the held-out prompts are scored together
+ONLINE_READS = frozenset({*TRAINER_KEYS, *ONLINE_KEYS, *REFERENCE_KEYS, *REWARD_KEYS, *SAMPLING_KEYS})
 GRPO = _kind("grpo", "group relative policy optimisation: groups of sampled completions scored by verifiable rewards "
-                     "or a reward model (GRPO, Dr. GRPO, DAPO, GSPO)")
+                     "or a reward model (GRPO, Dr. GRPO, DAPO, GSPO)", reads=ONLINE_READS)
 RLOO = _kind("rloo", "REINFORCE leave-one-out: sampled completions scored by verifiable rewards or a reward model, "
-                     "each against its group's other completions")
+                     "each against its group's other completions", reads=ONLINE_READS - set(GRPO_ONLY_KEYS))

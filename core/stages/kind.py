@@ -98,6 +98,10 @@ def no_problems(config: StageConfig) -> list[str]:
     return []
 
 
+def all_read(config: StageConfig) -> dict[str, str]:
+    return {}
+
+
 @dataclass(frozen=True)
 class StageKind:
     """One kind of training stage, as the registry holds it."""
@@ -115,6 +119,13 @@ class StageKind:
     """Whether `do_predict` with `predict_with_generate` can answer held-out prompts after training."""
     config_problems: Callable[[StageConfig], list[str]] = no_problems
     """Settings this kind cannot train with, one line each, found when the config is read."""
+    reads: frozenset[str] = frozenset()
+    """The keys of `core.stages.stage_keys.STAGE_KEYS` it reads; any other of them set away from its
+    default is ignored by this kind, and said so (`core.stages.ignored_keys`)."""
+    unread_keys: Callable[[StageConfig], dict[str, str]] = all_read
+    """Keys this config leaves unread, each with why in the kind's own words: keys of `reads` that its
+    other settings leave unread (`simpo_gamma` without 'pref_loss: simpo'), or keys it never reads whose
+    reason says more than the list of the kinds that do (ppo always samples: `do_sample`)."""
     load_model: Callable[[ModelRequest], PreTrainedModel] | None = None
     build_trainer: Callable[[TrainerRequest], Trainer] | None = None
     held_out_metrics: Callable[..., dict[str, float]] | None = None

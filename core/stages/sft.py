@@ -6,9 +6,11 @@ Its loss is the replies' cross-entropy, or one of LLaMA-Factory's variants (`use
 
 from __future__ import annotations
 
-from tuneline.core.config import FinetuningConfig, StageConfig
+from tuneline.core.config import FinetuningConfig, StageConfig, trains
 from tuneline.core.stages.causal_lm import build_language_model_trainer, load_policy, perplexity_metrics
 from tuneline.core.stages.kind import StageKind
+from tuneline.core.stages.stage_keys import (LANGUAGE_MODEL_KEYS, PACKING_KEYS, PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS,
+                                               REFERENCE_KEYS, SFT_LOSS_KEYS, SUPERVISED_LABEL_KEYS, TRAINER_KEYS)
 
 LOSS_VARIANTS = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")
 
@@ -37,6 +39,15 @@ def _config_problems(config: StageConfig) -> list[str]:
     return loss_variant_problems(config.finetuning)
 
 
+def _unread_keys(config: StageConfig) -> dict[str, str]:
+    """The generation keys answer held-out prompts after training, which only `do_predict` asks for."""
+    if config.training.get("do_predict") and config.training.get("predict_with_generate"):
+        return {}
+    return dict.fromkeys(PREDICTION_KEYS, "stage sft generates only to predict ('do_predict: true' with "
+                                          "'predict_with_generate: true'), and this run " +
+                         ("trains without predicting" if trains(config.training) else "does not predict"))
+
+
 SFT = StageKind(
     name="sft",
     summary="supervised fine-tuning: replies of conversations trained, prompts masked",
@@ -44,6 +55,9 @@ SFT = StageKind(
     predicts=True,
     trains_images=True,
     config_problems=_config_problems,
+    reads=frozenset({*PACKING_KEYS, *SUPERVISED_LABEL_KEYS, *TRAINER_KEYS, *PER_DATASET_EVALUATION_KEYS,
+                     *LANGUAGE_MODEL_KEYS, *SFT_LOSS_KEYS, *REFERENCE_KEYS, *PREDICTION_KEYS}),
+    unread_keys=_unread_keys,
     load_model=load_policy,
     build_trainer=build_language_model_trainer,
     held_out_metrics=perplexity_metrics,

@@ -9,6 +9,10 @@ from __future__ import annotations
 from tuneline.core.config import StageConfig, trains
 from tuneline.core.stages.kind import LoopRequest, StageKind
 from tuneline.core.stages.rm import reward_model_key_problems
+from tuneline.core.stages.stage_keys import GENERATION_KEYS, PPO_KEYS, REFERENCE_KEYS
+
+# ppo always samples its rollouts, and scores their token ids (never decoded text)
+ROLLOUT_KEYS = tuple(key for key in GENERATION_KEYS if key not in ("do_sample", "skip_special_tokens"))
 
 
 def ppo_problems(config: StageConfig) -> list[str]:
@@ -40,6 +44,11 @@ def ppo_problems(config: StageConfig) -> list[str]:
     return problems
 
 
+def _unread_keys(config: StageConfig) -> dict[str, str]:
+    return {"do_sample": "stage ppo always samples its rollouts",
+            "skip_special_tokens": "stage ppo scores the token ids of its rollouts and decodes no text"}
+
+
 def _train(request: LoopRequest) -> dict[str, float]:
     from tuneline.core.stages.ppo.trainer import train_ppo  # torch and accelerate load only when ppo trains
 
@@ -52,6 +61,10 @@ PPO = StageKind(
     examples="unsupervised",
     references=frozenset({"ref_model", "reward_model"}),
     config_problems=ppo_problems,
+    # reward_model_adapters is refused (reward_model_key_problems)
+    reads=frozenset({*PPO_KEYS, *REFERENCE_KEYS, "reward_model", "reward_model_quantization_bit",
+                     "reward_model_type", *ROLLOUT_KEYS}),
+    unread_keys=_unread_keys,
     train_loop=_train,
     trainer_modules=("accelerate", "trl.trainer.utils", "tuneline.core.stages.ppo.trainer"),
 )
