@@ -61,7 +61,7 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
     ft = config.finetuning
     without_bitsandbytes = not needs_bitsandbytes(model=dataclasses.asdict(config.model), training=config.training,
-                                                  finetuning=dataclasses.asdict(ft),
+                                                  finetuning=dataclasses.asdict(ft), optimizer=dataclasses.asdict(config.optimizer),
                                                   model_paths=[config.model.model_name_or_path, ft.ref_model, ft.reward_model])
     # the worker imports while we tokenize: the process's warm worker (a later train in this process, as in a
     # notebook, starts at once), or for a job that needs bitsandbytes a worker started ahead for it alone

@@ -21,6 +21,9 @@ GALORE_8BIT_OPTIMS = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit")
 """The `optim` values GaLore steps with galore-torch's 8-bit AdamW, which synchronises CUDA at every
 step and so runs only on a CUDA GPU (bitsandbytes' own 8-bit AdamW, without GaLore, runs on a CPU)."""
 APOLLO_OPTIMS = ("adamw_torch", "adamw_torch_fused")
+OPTIMIZER_PACKAGES = {"use_galore": "galore_torch", "use_apollo": "apollo_torch", "use_badam": "badam",
+                      "use_adam_mini": "adam_mini"}
+"""The package each `use_*` key's optimizer is imported from (Muon is torch's own)."""
 DEFAULT_OPTIM = "adamw_torch_fused"  # transformers' default `optim`
 NEVER_SWITCH = -1
 """`badam_switch_interval` that keeps BAdam's first block for the whole run."""
@@ -31,6 +34,11 @@ def chosen_optimizers(optimizer: OptimizerConfig) -> list[str]:
     flags = {"use_galore": optimizer.use_galore, "use_apollo": optimizer.use_apollo, "use_badam": optimizer.use_badam,
              "use_adam_mini": optimizer.use_adam_mini, "use_muon": optimizer.use_muon}
     return [key for key, on in flags.items() if on]
+
+
+def optimizer_packages(optimizer: Mapping[str, Any]) -> list[str]:
+    """The packages the `use_*` keys set in `optimizer` (an `OptimizerConfig` as a dict) import."""
+    return [package for key, package in OPTIMIZER_PACKAGES.items() if optimizer.get(key)]
 
 
 def optimizer_problems(config: StageConfig) -> list[str]:
