@@ -12,11 +12,10 @@ from tuneline.core.evaluation.heldout import perplexity
 from tuneline.core.stages.kind import ModelRequest, TrainerRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    import torch
     from datasets import Dataset
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
+
+    from tuneline.core.training.losses import LogitsLoss
 
 
 def load_policy(request: ModelRequest) -> PreTrainedModel:
@@ -38,19 +37,15 @@ def uses_loss_variant(finetuning: FinetuningConfig) -> bool:
     return finetuning.use_dft_loss or finetuning.use_eaft_loss or finetuning.use_asft_loss
 
 
-def loss_function(finetuning: FinetuningConfig) -> Callable[..., torch.Tensor] | None:
+def loss_function(finetuning: FinetuningConfig) -> LogitsLoss | None:
     """transformers' `compute_loss_func` for DFT or EAFT (None: the model's own cross-entropy, or ASFT,
     which needs the batch's inputs and so is `sft_trainers.AnchoredSFTTrainer`)."""
-    from tuneline.core.training.losses import dft_loss, eaft_loss
-
-    def loss_of(loss: Callable[..., torch.Tensor], outputs: Any, labels: torch.Tensor,
-                num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
-        return loss(outputs["logits"], labels, num_items_in_batch=num_items_in_batch)
+    from tuneline.core.training.losses import LogitsLoss, dft_loss, eaft_loss
 
     if finetuning.use_dft_loss:
-        return partial(loss_of, dft_loss)
+        return LogitsLoss(dft_loss)
     if finetuning.use_eaft_loss:
-        return partial(loss_of, partial(eaft_loss, alpha=finetuning.eaft_alpha))
+        return LogitsLoss(partial(eaft_loss, alpha=finetuning.eaft_alpha))
     return None
 
 

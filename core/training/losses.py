@@ -17,6 +17,11 @@ ASFT takes the mean of one batch, as LLaMA-Factory does.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -75,3 +80,21 @@ def _reduce(weighted: torch.Tensor, num_items_in_batch: torch.Tensor | int | Non
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(weighted.device)
     return weighted.sum() / num_items_in_batch
+
+
+@dataclass(frozen=True)
+class LogitsLoss:
+    """`dft_loss` or `eaft_loss` (with its keywords, through `functools.partial`) as transformers'
+    `compute_loss_func`, which passes the model's outputs; printed, it names the function the run
+    trains with."""
+
+    loss: Callable[..., torch.Tensor]
+
+    def __call__(self, outputs: Mapping[str, Any], labels: torch.Tensor,
+                 num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        return self.loss(outputs["logits"], labels, num_items_in_batch=num_items_in_batch)
+
+    def __str__(self) -> str:
+        function, keywords = (self.loss.func, self.loss.keywords) if isinstance(self.loss, partial) else (self.loss, {})
+        arguments = ", ".join(f"{key}={value!r}" for key, value in keywords.items())
+        return f"{function.__module__}.{function.__qualname__}" + (f"({arguments})" if arguments else "")

@@ -56,6 +56,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
     from tuneline.core.training.callbacks import LogCallback, loop_callbacks
     from tuneline.core.training.throughput import effective_tokens_per_second
     from tuneline.core.training.checkpoint_record import CheckpointRecord
+    from tuneline.core.training.method_record import MethodRecordCallback, trainer_loss
     from tuneline.core.training.profiler import profiler_callbacks
 
     optimizer = OptimizerConfig(**job.optimizer)
@@ -86,6 +87,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         ignore_pad_token_for_loss=data.ignore_pad_token_for_loss, media_rows=media_rows,
         generating=GeneratingConfig(**job.generating)))
     LogCallback.replace_printer(trainer)
+    trainer.add_callback(MethodRecordCallback(loss=trainer_loss(trainer), tracking_uri=job.tracking_uri, run_id=job.run_id))
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(job.output_dir)
     main = trainer.is_world_process_zero()
