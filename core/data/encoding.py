@@ -1,19 +1,16 @@
-"""Encode batches of standard rows into examples for one stage, in this process or a pool.
+"""Encode batches of standard rows into examples for one stage.
 
-`encode_batch` is a pure function of (rows, spec, tokenizer); `pool_map` runs it over batches
-in `workers` processes that each hold the tokenizer, and yields results in input order.
+`encode_batch` is a pure function of (rows, spec, tokenizer); `encoding_pool.pool_map` runs it over
+a stage's batches in order, in this process or in several.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import re
 import threading
 import weakref
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -61,10 +58,15 @@ class EncodingSpec:
                                  train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history),
             packing=config.data.packing,
             neat_packing=config.data.neat_packing,
-            predict=bool(training.get("do_predict")) and not trains(training),
+            predict=predicts_only(training),
             batch_size=int(training.get("per_device_train_batch_size", 8)),
             media_token_ids=media_token_ids,
         )
+
+
+def predicts_only(training: Mapping[str, Any]) -> bool:
+    """Whether the rows are prompts for generation (`do_predict` without training), whatever the stage."""
+    return bool(training.get("do_predict")) and not trains(training)
 
 
 @dataclass
@@ -378,52 +380,3 @@ def _count_padding(all_lengths: list[int], batch_size: int, counters: Counter) -
         lengths = all_lengths[start : start + batch_size]
         counters["padded_positions"] += max(lengths) * len(lengths)
         counters["pad_positions"] += max(lengths) * len(lengths) - sum(lengths)
-
-
-# -- worker pool -------------------------------------------------------------------------------
-
-_WORKER_STATE: dict[str, Any] = {}
-
-
-def _init_worker(spec: EncodingSpec, tokenizer) -> None:
-    _WORKER_STATE.update(spec=spec, tokenizer=tokenizer)
-
-
-def _encode_in_worker(batch: Batch) -> tuple[str, Encoded]:
-    split, rows = batch
-    return split, encode_batch(rows, spec=_WORKER_STATE["spec"], tokenizer=_WORKER_STATE["tokenizer"])
-
-
-def pool_map(batches: Iterable[Batch], *, spec: EncodingSpec, tokenizer, workers: int) -> Iterator[tuple[str, Encoded]]:
-    """Encode `batches` in order, in `workers` processes when more than one is asked for."""
-    if workers <= 1:
-        yield from _overlapped(batches, spec=spec, tokenizer=tokenizer)
-        return
-    # Each worker encodes single-threaded; the Rust tokenizer's own threads would oversubscribe.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(spec, tokenizer)) as pool:
-        # A window of 2 batches per worker: Pool.imap would read the whole input ahead.
-        in_flight: deque = deque()
-        for batch in batches:
-            in_flight.append(pool.apply_async(_encode_in_worker, (batch,)))
-            if len(in_flight) >= 2 * workers:
-                yield in_flight.popleft().get()
-        while in_flight:
-            yield in_flight.popleft().get()
-
-
-def _overlapped(batches: Iterable[Batch], *, spec: EncodingSpec, tokenizer) -> Iterator[tuple[str, Encoded]]:
-    """Encode in this process: the Rust tokenizer encodes one batch in a thread (without the GIL)
-    while this thread finishes the batch before it, hands it on, and reads and renders the next."""
-    lock = threading.Lock()  # the tokenizer is used by one thread at a time, except lock-free reads
-    pending = None
-    with ThreadPoolExecutor(1, thread_name_prefix="tuneline-encode") as executor:
-        for split, rows in batches:
-            prepared = prepare_batch(rows, spec=spec, tokenizer=tokenizer)
-            future = executor.submit(encode_texts, tokenizer, prepared.texts, lock)
-            if pending is not None:
-                yield pending[0], finish_batch(pending[1], pending[2].result(), spec=spec, tokenizer=tokenizer, lock=lock)
-            pending = (split, prepared, future)
-        if pending is not None:
-            yield pending[0], finish_batch(pending[1], pending[2].result(), spec=spec, tokenizer=tokenizer, lock=lock)

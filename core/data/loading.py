@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem, convert_row
 from tuneline.core.data.media import resolved_media
+from tuneline.core.data.provenance import RowOrigin
 from tuneline.core.data.readers import Record
 from tuneline.core.data.sources import entry_label, open_records
 from tuneline.core.errors import ConfigError, DataError
@@ -78,18 +79,20 @@ def load_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRo
 def load_rows_with_report(attr: DatasetAttr, dataset_dir: str | Path, *,
                           on_bad_row: OnBadRow = "error",
                           max_samples: int | None = None, token: str | None = None,
-                          media_dir: str | Path | None = None) -> tuple[list[dict], LoadReport]:
-    """The dataset's standard rows and what was read and dropped; see `load_rows`."""
+                          media_dir: str | Path | None = None, origins: bool = False) -> tuple[list[Any], LoadReport]:
+    """The dataset's standard rows (with `origins`, their `RowOrigin`s) and what was read and
+    dropped; see `load_rows`."""
     entry = entry_label(attr, dataset_dir)
     media = Path(media_dir if media_dir is not None else dataset_dir)
     records, source = _open(attr, dataset_dir, entry=entry, on_bad_row=on_bad_row,
                             streaming=False, token=token)
     report = LoadReport(dataset=attr.name)
-    rows: list[dict] = []
+    rows: list[Any] = []
     for record in _selected(records, num_samples=attr.num_samples, max_samples=max_samples):
         report.rows_read += 1
         try:
-            rows.append(_convert(record, attr, media_dir=media))
+            row = _convert(record, attr, media_dir=media)
+            rows.append(RowOrigin(entry, record.where()) if origins else row)
         except RowProblem as e:
             report.add_drop(f"{record.where()}: {e}", reason=e.reason)
     report.rows_kept = len(rows)
@@ -99,8 +102,10 @@ def load_rows_with_report(attr: DatasetAttr, dataset_dir: str | Path, *,
 
 def iter_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRow = "error",
               max_samples: int | None = None, report: LoadReport | None = None,
-              token: str | None = None, media_dir: str | Path | None = None) -> Iterator[dict]:
-    """The dataset's standard rows one at a time, in bounded memory (for `streaming: true`).
+              token: str | None = None, media_dir: str | Path | None = None,
+              origins: bool = False) -> Iterator[dict] | Iterator[RowOrigin]:
+    """The dataset's standard rows one at a time, in bounded memory (for `streaming: true`); with
+    `origins`, the `RowOrigin` of each of those rows instead (see `core.data.provenance`).
 
     JSON lines, JSON lists (incrementally, by ijson), CSV, Parquet, Arrow and text files are read
     a row or a batch at a time. Hub datasets stream through `load_dataset(streaming=True)`. With
@@ -112,12 +117,12 @@ def iter_rows(attr: DatasetAttr, dataset_dir: str | Path, *, on_bad_row: OnBadRo
                             streaming=True, token=token)
     return _iter_rows(attr, records, entry=entry, source=source, on_bad_row=on_bad_row,
                       max_samples=max_samples, media_dir=Path(media_dir if media_dir is not None else dataset_dir),
-                      report=report if report is not None else LoadReport(dataset=attr.name))
+                      report=report if report is not None else LoadReport(dataset=attr.name), origins=origins)
 
 
 def _iter_rows(attr: DatasetAttr, records: Callable[[], Iterator[Record]], *, entry: str,
                source: str, on_bad_row: OnBadRow, max_samples: int | None, media_dir: Path,
-               report: LoadReport) -> Iterator[dict]:
+               report: LoadReport, origins: bool) -> Iterator[dict] | Iterator[RowOrigin]:
     for record in _selected(records, num_samples=attr.num_samples, max_samples=max_samples):
         report.rows_read += 1
         try:
@@ -129,7 +134,7 @@ def _iter_rows(attr: DatasetAttr, records: Callable[[], Iterator[Record]], *, en
             report.add_drop(f"{record.where()}: {e}", reason=e.reason)
             continue
         report.rows_kept += 1
-        yield row
+        yield RowOrigin(entry, record.where()) if origins else row
     _check_result(report, entry=entry, source=source, on_bad_row=on_bad_row)
 
 

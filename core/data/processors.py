@@ -27,9 +27,11 @@ SFT packs and KTO's mismatched pairs are formed within a batch, never across two
 
 Message = dict[str, str]
 _RESPONSE_SHAPES = {
-    "supervised": (1, "exactly one response message"),
-    "pairwise": (2, "exactly two response messages, [chosen, rejected]"),
-    "feedback": (1, "exactly one response message and a boolean 'kto_tag'"),
+    "supervised": (1, "exactly one response message (alpaca: the entry's \"response\" column; sharegpt: the "
+                      "conversation's last assistant message)"),
+    "pairwise": (2, "exactly two response messages, [chosen, rejected] (the entry's \"chosen\" and \"rejected\" "
+                    "columns, with \"ranking\": true)"),
+    "feedback": (1, "exactly one response message and a boolean 'kto_tag' (the entry's \"kto_tag\" column)"),
 }
 
 
@@ -61,7 +63,8 @@ def _check_row(row: dict[str, Any], *, kind: str = "supervised") -> None:
     count, shape = _RESPONSE_SHAPES[kind]
     response = row.get("response")
     if not isinstance(response, list) or len(response) != count:
-        raise DataError(f"a {kind} row needs {shape}, got response {response!r}")
+        got = f"{len(response)}: {response!r:.200}" if isinstance(response, list) and response else "none"
+        raise DataError(f"a {kind} row needs {shape}, got {got}")
     if kind == "feedback" and not isinstance(row.get("kto_tag"), bool):
         raise DataError(f"a feedback row needs {shape}, got kto_tag {row.get('kto_tag')!r}")
 

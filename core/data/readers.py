@@ -39,7 +39,7 @@ class Record:
     source: str
     """The file (or hub dataset) the row is in, as shown in messages."""
     index: int
-    """Row number in the source, from 0; unreadable rows count too."""
+    """Position of the row in its file, from 0; unreadable rows count too (messages count rows from 1)."""
     line: int | None
     """Line number in the file, from 1, where the format has lines."""
     data: Mapping[str, Any]
@@ -49,9 +49,10 @@ class Record:
     """Short key for `problem`, used to count dropped rows."""
 
     def where(self) -> str:
-        """`row 3 (line 4) of /data/x.jsonl`."""
+        """`row 3 (line 4) of /data/x.jsonl`: the row counted from 1, as a user counts it, and its line
+        where the format has lines (a JSON lines file's blank lines and a CSV file's header make them differ)."""
         line_text = f" (line {self.line})" if self.line is not None else ""
-        return f"row {self.index}{line_text} of {self.source}"
+        return f"row {self.index + 1}{line_text} of {self.source}"
 
 
 def file_type(path: Path) -> str | None:

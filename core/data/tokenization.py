@@ -12,13 +12,11 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
-import itertools
 import json
 import logging
-import random
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,21 +24,23 @@ from typing import Any, NamedTuple
 from tuneline.core.config import StageConfig, trains
 from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
-from tuneline.core.data.encoding import EncodingSpec, pool_map
+from tuneline.core.data.encoding import EncodingSpec, predicts_only
+from tuneline.core.data.encoding_pool import pool_map
 from tuneline.core.data.media import READ_COLUMNS as MEDIA_READ
 from tuneline.core.data.frame_tiles import FRAME_TILED_PLUGINS
 from tuneline.core.data.media_rows import MediaRows
 from tuneline.core.data.eval_splits import VALIDATION, split_name
-from tuneline.core.data.mixing import mix_rows
-from tuneline.core.data.streaming import shuffled_stream, take_validation
+from tuneline.core.data.provenance import RowRefused
+from tuneline.core.data.row_shapes import check_shapes
+from tuneline.core.data.row_streams import dataset_names, origin_at, routed_rows
+from tuneline.core.data.row_streams import iter_rows, read_rows  # noqa: F401  (read through this module by callers)
 from tuneline.core.data.dataset_info import (
     LoadReport,
     dataset_file_paths,
     get_dataset_attrs,
     load_rows_with_report,
 )
-from tuneline.core.data.dataset_info import iter_rows as registry_iter_rows
-from tuneline.core.errors import ConfigError
+from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.models.vocabulary import NewTokens, describe_new_tokens
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.templates.check import check_template, vocabulary_problems
@@ -54,10 +54,6 @@ PREVIEW_FILE = "preview.txt"
 TEMPLATE_WARNING_FILE = "template_warning.txt"
 """Written when the template renders differently from the tokenizer's own chat template."""
 DEFAULT_TEMPLATE = "default"
-
-
-def dataset_names(value: str | None) -> list[str]:
-    return [name.strip() for name in (value or "").split(",") if name.strip()]
 
 
 def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
@@ -86,41 +82,6 @@ def entry_fingerprint(attr, dataset_dir: str, *, token: str | None = None) -> st
     entry = hashlib.sha256(json.dumps(dataclasses.asdict(attr), sort_keys=True, default=str).encode()).hexdigest()
     files = dataset_file_paths(attr, dataset_dir, token=token)
     return hashlib.sha256(f"{entry}:{tree_fingerprint(files)}".encode()).hexdigest()
-
-
-def read_rows(names: Sequence[str], config: StageConfig) -> list[dict[str, Any]]:
-    """All rows of the named datasets, `max_samples` of each, mixed as configured."""
-    return list(iter_rows(names, config))
-
-
-def iter_rows(names: Sequence[str], config: StageConfig, *, reports: list[LoadReport] | None = None,
-              media_rows: MediaRows | None = None) -> Iterator[dict[str, Any]]:
-    """Rows of the named datasets: streamed one after another (concat), or mixed in memory; with
-    `media_rows`, their image placeholders expanded."""
-    data = config.data
-    attrs = get_dataset_attrs(names, data.dataset_dir)
-    reports = reports if reports is not None else []
-    rows = _loaded_rows(attrs, config, reports=reports)
-    yield from rows if media_rows is None else media_rows.expand_all(rows)
-
-
-def _loaded_rows(attrs: Sequence[Any], config: StageConfig, *, reports: list[LoadReport]) -> Iterator[dict[str, Any]]:
-    data = config.data
-    media_dir = data.media_dir or data.dataset_dir
-    if data.mix_strategy == "concat" or len(attrs) == 1:
-        for attr in attrs:
-            reports.append(LoadReport(dataset=attr.name))
-            yield from registry_iter_rows(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
-                                          report=reports[-1], token=config.model.hf_hub_token, media_dir=media_dir)
-        return
-    per_dataset = []
-    for attr in attrs:
-        rows, report = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
-                                             token=config.model.hf_hub_token, media_dir=media_dir)
-        per_dataset.append(rows)
-        reports.append(report)
-    probs = [float(p) for p in data.interleave_probs.split(",")] if data.interleave_probs else None
-    yield from mix_rows(per_dataset, strategy=data.mix_strategy, probs=probs, seed=int(config.training.get("seed", 42)))
 
 
 def stage_template(config: StageConfig, tokenizer, *, named: Template | None = None) -> Template:
@@ -195,6 +156,7 @@ def tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str 
     tokenizer to `output_dir`; return the counters."""
     if not config.data.dataset and trains(config.training):  # a prediction config may name only eval_dataset
         raise ConfigError("'dataset' is not set; name one or more entries of dataset_info.json.")
+    check_shapes(config, examples="unsupervised" if predicts_only(config.training) else examples)  # before the tokenizer loads
     with _cyclic_gc_paused():
         return _tokenize_dataset(config, examples=examples, tokenizer_path=tokenizer_path, output_dir=output_dir)
 
@@ -222,25 +184,22 @@ def _tokenize_dataset(config: StageConfig, *, examples: str, tokenizer_path: str
     counters: Counter = Counter()
     writers = {"train": SplitWriter(output_dir / "train", fingerprint=output_dir.name)}
     reports: list[LoadReport] = []
-    seed = int(config.training.get("seed", 42))
-    train_rows = iter_rows(dataset_names(config.data.dataset), config, reports=reports, media_rows=media_rows)
-    if config.data.streaming:
-        train_rows = shuffled_stream(train_rows, buffer_size=config.data.buffer_size, seed=seed)
-        routed = take_validation(train_rows, count=int(config.data.val_size))
-    else:
-        routed = route_validation(train_rows, val_size=config.data.val_size, seed=seed, total=_count_if_needed(config))
+    routed = routed_rows(config, reports=reports)
+    if media_rows is not None:
+        routed = _media_expanded(routed, media_rows)
     for split in eval_split_names(config):
         writers[split] = SplitWriter(output_dir / split, fingerprint=output_dir.name + ("v" if split == VALIDATION else split))
-    if config.data.eval_dataset:
-        routed = itertools.chain(routed, _eval_rows(config, reports=reports, media_rows=media_rows))
     first_example = None
     batches = _batches_by_split(routed, config.data.preprocessing_batch_size)
-    for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
-                                                       workers=config.data.preprocessing_num_workers or 1):
-        writers[split].write(examples)
-        counters.update({f"{split}_{k}" if split != "train" else k: v for k, v in batch_counters.items()})
-        if first_example is None and examples and (split == "train" or not trains(config.training)):
-            first_example = examples[0]  # what the preview shows: a training example, or one to predict
+    try:
+        for split, (examples, batch_counters) in pool_map(batches, spec=spec, tokenizer=tokenizer,
+                                                           workers=config.data.preprocessing_num_workers or 1):
+            writers[split].write(examples)
+            counters.update({f"{split}_{k}" if split != "train" else k: v for k, v in batch_counters.items()})
+            if first_example is None and examples and (split == "train" or not trains(config.training)):
+                first_example = examples[0]  # what the preview shows: a training example, or one to predict
+    except RowRefused as refused:
+        raise _located(refused, config) from None
     for writer in writers.values():
         writer.close()
     for report in reports:
@@ -325,39 +284,27 @@ def eval_split_names(config: StageConfig) -> list[str]:
     return [VALIDATION] if data.val_size or data.eval_dataset else []
 
 
-def _eval_rows(config: StageConfig, *, reports: list[LoadReport], media_rows: MediaRows | None) -> Iterator[tuple[dict, str]]:
-    """(row, split) of the evaluation datasets: mixed into `validation`, or each into its own split."""
-    names, data = dataset_names(config.data.eval_dataset), config.data
-    if not data.eval_on_each_dataset:
-        rows = iter_rows(names, config, reports=reports, media_rows=media_rows)
-        if data.streaming:  # LLaMA-Factory shuffles a streamed evaluation set too, unless split per dataset
-            rows = shuffled_stream(rows, buffer_size=data.buffer_size, seed=int(config.training.get("seed", 42)))
-        yield from ((row, VALIDATION) for row in rows)
-        return
-    for name in names:
-        yield from ((row, split_name(name)) for row in iter_rows([name], config, reports=reports, media_rows=media_rows))
+def _media_expanded(routed: Iterable[tuple[dict, str]], media_rows: MediaRows) -> Iterator[tuple[dict, str]]:
+    """`routed` with each row's image, video and audio placeholders expanded; a row the expansion
+    refuses is raised as `RowRefused`, at its place in its split."""
+    positions: Counter = Counter()
+    for row, split in routed:
+        try:
+            expanded = media_rows.expand(row)
+        except DataError as e:
+            raise RowRefused(str(e), split, positions[split]) from None
+        positions[split] += 1
+        yield expanded, split
 
 
-def route_validation(rows: Iterable[dict], *, val_size: float, seed: int, total: int | None) -> Iterator[tuple[dict, str]]:
-    """(row, split) pairs: a seeded draw holds out `val_size` (a share, or a count of `total` rows)."""
-    if not val_size:
-        yield from ((row, "train") for row in rows)
-        return
-    if val_size >= 1:
-        assert total is not None
-        if int(val_size) >= total:
-            raise ConfigError(f"'val_size: {val_size}' leaves no training rows out of {total}.")
-        held = set(random.Random(seed).sample(range(total), int(val_size)))
-        yield from ((row, "validation" if i in held else "train") for i, row in enumerate(rows))
-        return
-    draw = random.Random(seed)
-    yield from ((row, "validation" if draw.random() < val_size else "train") for row in rows)
-
-
-def _count_if_needed(config: StageConfig) -> int | None:
-    if config.data.val_size < 1:
-        return None
-    return sum(1 for _ in iter_rows(dataset_names(config.data.dataset), config))
+def _located(refused: RowRefused, config: StageConfig) -> DataError:
+    """`refused` naming its row's dataset, file and row number (found again from its position)."""
+    names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
+    try:
+        origin = origin_at(config, split=refused.split, position=refused.position)
+    except DataError:  # the files changed since they were read
+        origin = None
+    return refused.located(origin, datasets="dataset " + ", ".join(repr(name) for name in names))
 
 
 def _batches_by_split(routed: Iterable[tuple[dict, str]], size: int) -> Iterator[tuple[str, list[dict]]]:

@@ -52,33 +52,33 @@ class Case:
 CASES = {
     "malformed_json_line": Case(
         {"file_name": "d.jsonl"}, {"d.jsonl": json.dumps(GOOD_ALPACA) + '\n{"instruction": "Q",\n'},
-        ["row 1 (line 2) of {dir}/d.jsonl: is not valid JSON", "fix the line"]),
+        ["row 2 (line 2) of {dir}/d.jsonl: is not valid JSON", "fix the line"]),
     "invalid_json_file": Case(
         {"file_name": "d.json"}, {"d.json": '[\n  {"instruction": "Q",}\n]'},
         ["{dir}/d.json is not valid JSON", "at line 2", "Fix the file at that line"]),
     "row_not_an_object": Case(
         {"file_name": "d.jsonl"}, {"d.jsonl": json.dumps(GOOD_ALPACA) + '\n["Q", "A"]\n'},
-        ["row 1 (line 2) of {dir}/d.jsonl: is a JSON list", "every row must be an object"]),
+        ["row 2 (line 2) of {dir}/d.jsonl: is a JSON list", "every row must be an object"]),
     "missing_column": Case(
         {"file_name": "d.json"}, {"d.json": [GOOD_ALPACA, {"instruction": "Q", "input": ""}]},
-        ["row 1 of {dir}/d.json: no column 'output' (mapped as response",
+        ["row 2 of {dir}/d.json: no column 'output' (mapped as response",
          "add it to every row or change the mapping"]),
     "wrong_role_order": Case(
         {"file_name": "d.json", **SHAREGPT},
         {"d.json": [GOOD_CHAT, chat(turn("gpt", "A"), turn("human", "Q"))]},
-        ["row 1 of {dir}/d.json: message 0 has from 'gpt' where a user turn",
+        ["row 2 of {dir}/d.json: message 0 has from 'gpt' where a user turn",
          "messages must alternate user and assistant"]),
     "unknown_role": Case(
         {"file_name": "d.json", **SHAREGPT}, {"d.json": [chat(turn("bot", "Q"), turn("gpt", "A"))]},
-        ["row 0 of {dir}/d.json: message 0 has from 'bot', which is not a role of this entry",
+        ["row 1 of {dir}/d.json: message 0 has from 'bot', which is not a role of this entry",
          "set the entry's \"tags\""]),
     "empty_turn_content": Case(
         {"file_name": "d.json", **SHAREGPT},
         {"d.json": [chat(turn("human", "Q"), turn("gpt", " "))]},
-        ["row 0 of {dir}/d.json: message 1 has an empty 'value'", "fill it in or remove the row"]),
+        ["row 1 of {dir}/d.json: message 1 has an empty 'value'", "fill it in or remove the row"]),
     "empty_alpaca_prompt": Case(
         {"file_name": "d.json"}, {"d.json": [{"instruction": "", "input": None, "output": "A"}]},
-        ["row 0 of {dir}/d.json: the user turn is empty", "fill it in or remove the row"]),
+        ["row 1 of {dir}/d.json: the user turn is empty", "fill it in or remove the row"]),
     "no_prompt_column": Case(
         {"file_name": "d.json", "columns": {"response": "output"}}, {"d.json": [GOOD_ALPACA]},
         ["dataset 'd' in " + INFO + " maps neither prompt nor query",
@@ -88,41 +88,41 @@ CASES = {
         {"d.jsonl": json.dumps({"messages": [
             {"role": "user", "content": [{"type": "text", "value": "Q"}]},
             {"role": "assistant", "content": "A"}]}) + "\n"},
-        ["row 0 (line 1) of {dir}/d.jsonl: message 0 has a list as 'content', not a string",
+        ["row 1 (line 1) of {dir}/d.jsonl: message 0 has a list as 'content', not a string",
          "text-only messages"]),
     "non_string_alpaca_value": Case(
         {"file_name": "d.json"}, {"d.json": [{"instruction": "Q", "input": "", "output": 12}]},
-        ["row 0 of {dir}/d.json: column 'output' (response) must be a string, got 12"]),
+        ["row 1 of {dir}/d.json: column 'output' (response) must be a string, got 12"]),
     "odd_message_count": Case(
         {"file_name": "d.json", **SHAREGPT},
         {"d.json": [chat(turn("human", "Q"), turn("gpt", "A"), turn("human", "Q2"))]},
-        ["row 0 of {dir}/d.json: has 3 messages besides the system message",
+        ["row 1 of {dir}/d.json: has 3 messages besides the system message",
          "needs an even number (user/assistant pairs)"]),
     "ranking_missing_rejected": Case(
         {"file_name": "d.json", **RANKING},
         {"d.json": [{"conversations": [turn("human", "Q")], "chosen": turn("gpt", "A")}]},
-        ["row 0 of {dir}/d.json: no column 'rejected' (mapped as rejected",
+        ["row 1 of {dir}/d.json: no column 'rejected' (mapped as rejected",
          "add it to every row"]),
     "ranking_even_message_count": Case(
         {"file_name": "d.json", **RANKING},
         {"d.json": [{**chat(turn("human", "Q"), turn("gpt", "A")), "chosen": turn("gpt", "B"),
                      "rejected": turn("gpt", "C")}]},
-        ["row 0 of {dir}/d.json: has 2 messages", "a ranking row needs an odd number"]),
+        ["row 1 of {dir}/d.json: has 2 messages", "a ranking row needs an odd number"]),
     "kto_tag_not_boolean": Case(
         {"file_name": "d.jsonl", **KTO},
         {"d.jsonl": json.dumps({"messages": [{"role": "user", "content": "Q"},
                                              {"role": "assistant", "content": "A"}],
                                 "label": "yes"}) + "\n"},
-        ["row 0 (line 1) of {dir}/d.jsonl: column 'label' (kto_tag) must be true or false",
+        ["row 1 (line 1) of {dir}/d.jsonl: column 'label' (kto_tag) must be true or false",
          "mark desirable responses true"]),
     "bad_history": Case(
         {"file_name": "d.json", "columns": {"prompt": "instruction", "response": "output",
                                             "history": "history"}},
         {"d.json": [{"instruction": "Q", "output": "A", "history": [["only one"]]}]},
-        ["row 0 of {dir}/d.json: history item 0 in column 'history' must be a [query, response]"]),
+        ["row 1 of {dir}/d.json: history item 0 in column 'history' must be a [query, response]"]),
     "csv_wrong_field_count": Case(
         {"file_name": "d.csv"}, {"d.csv": "instruction,input,output\nQ,,A\nQ,x,A,extra\n"},
-        ["row 1 (line 3) of {dir}/d.csv: has 4 field(s) but the header has 3",
+        ["row 2 (line 3) of {dir}/d.csv: has 4 field(s) but the header has 3",
          "quote values that contain commas"]),
     "not_utf8": Case(
         {"file_name": "d.jsonl"}, {"d.jsonl": '{"instruction": "caf\xe9"}\n'.encode("latin-1")},
@@ -274,9 +274,9 @@ def test_error_mode_lists_five_bad_rows_and_counts_all(tmp_path: Path) -> None:
     assert message.startswith(f"dataset 'd' in {folder / 'dataset_info.json'}: 10 row(s) "
                               "cannot be used (empty_content: 1, invalid_json: 1, message_count: "
                               "1, missing_column: 1, non_string_content: 1, wrong_role_order: 5)")
-    assert f"row 1 (line 2) of {folder / 'd.jsonl'}: message 0 has from 'gpt'" in message
-    assert f"row 5 (line 6) of {folder / 'd.jsonl'}" in message
-    assert "row 7 (line 8)" not in message and "and 5 more" in message
+    assert f"row 2 (line 2) of {folder / 'd.jsonl'}: message 0 has from 'gpt'" in message
+    assert f"row 6 (line 6) of {folder / 'd.jsonl'}" in message
+    assert "row 8 (line 8)" not in message and "and 5 more" in message
     assert "or set on_bad_row: skip to drop them" in message
 
 
@@ -289,7 +289,7 @@ def test_skip_mode_drops_and_counts_by_reason(tmp_path: Path) -> None:
     assert report.dropped == {"wrong_role_order": 5, "message_count": 1, "empty_content": 1,
                               "missing_column": 1, "non_string_content": 1, "invalid_json": 1}
     assert (report.rows_read, report.rows_kept, report.rows_dropped) == (12, 2, 10)
-    assert len(report.examples) == 5 and report.examples[0].startswith("row 1 (line 2) of ")
+    assert len(report.examples) == 5 and report.examples[0].startswith("row 2 (line 2) of ")
     assert report.summary() == (
         "dataset 'd': kept 2 of 12 rows; dropped 10 (empty_content: 1, invalid_json: 1, "
         "message_count: 1, missing_column: 1, non_string_content: 1, wrong_role_order: 5)")
@@ -311,4 +311,4 @@ def test_skip_mode_still_refuses_when_every_row_is_bad(tmp_path: Path) -> None:
         load_rows(get_dataset_attrs(["d"], folder)[0], folder, on_bad_row="skip")
     message = str(info.value)
     assert "all 3 rows are bad and were dropped (wrong_role_order: 3)" in message
-    assert f"first: row 0 of {folder / 'd.json'}" in message
+    assert f"first: row 1 of {folder / 'd.json'}" in message

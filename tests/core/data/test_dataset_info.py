@@ -230,7 +230,7 @@ def test_invalid_jsonl_names_the_line(tmp_path: Path) -> None:
                   {"p.jsonl": '{"text": "one"}\n\n{"text": "two"\n'})
     with pytest.raises(DataError) as info:
         load(tmp_path, "p")
-    assert f"row 1 (line 3) of {tmp_path / 'p.jsonl'}: is not valid JSON" in str(info.value)
+    assert f"row 2 (line 3) of {tmp_path / 'p.jsonl'}: is not valid JSON" in str(info.value)
 
 
 def test_folder_of_files_is_read_in_name_order(tmp_path: Path) -> None:
@@ -282,7 +282,7 @@ def test_missing_required_column_names_the_row(tmp_path: Path) -> None:
         load(tmp_path, "a")
     message = str(info.value)
     assert f"dataset 'a' in {tmp_path / 'dataset_info.json'}" in message
-    assert f"row 1 of {tmp_path / 'a.json'}: no column 'output' (mapped as response" in message
+    assert f"row 2 of {tmp_path / 'a.json'}: no column 'output' (mapped as response" in message
     assert "1 row(s)" in message
 
 
@@ -355,9 +355,9 @@ def test_sharegpt_bad_rows_are_refused_with_index_and_count(tmp_path: Path) -> N
     message = str(info.value)
     path = tmp_path / "s.json"
     assert message.startswith(f"dataset 's' in {tmp_path / 'dataset_info.json'}: 7 row(s)")
-    assert f"row 1 of {path}: message 0 has from 'gpt' where a user turn" in message
-    assert f"row 2 of {path}: has 3 messages" in message
-    assert f"row 5 of {path}" in message and f"row 6 of {path}" not in message
+    assert f"row 2 of {path}: message 0 has from 'gpt' where a user turn" in message
+    assert f"row 3 of {path}: has 3 messages" in message
+    assert f"row 6 of {path}" in message and f"row 7 of {path}" not in message
     assert "and 2 more" in message
 
 
@@ -387,13 +387,13 @@ def test_rows_must_be_objects_in_a_list_or_lines(tmp_path: Path) -> None:
         load(tmp_path, "obj")
     with pytest.raises(DataError) as info:
         load(tmp_path, "row")
-    assert f"row 1 (line 2) of {tmp_path / 'row.jsonl'}: is a JSON list" in str(info.value)
+    assert f"row 2 (line 2) of {tmp_path / 'row.jsonl'}: is a JSON list" in str(info.value)
 
 
 def test_system_only_conversation_is_refused(tmp_path: Path) -> None:
     write_dataset(tmp_path, {"s": {"file_name": "s.json", "formatting": "sharegpt"}},
                   {"s.json": [{"conversations": conversation(("system", "S"))}]})
-    with pytest.raises(DataError, match="row 0 of .*s.json: has no messages besides the system"):
+    with pytest.raises(DataError, match="row 1 of .*s.json: has no messages besides the system"):
         load(tmp_path, "s")
 
 

@@ -213,7 +213,7 @@ def test_streaming_reads_lazily(tmp_path: Path) -> None:
     path.write_text(path.read_text() + "{broken\n")
     attr = get_dataset_attrs(["n"], tmp_path)[0]
     assert texts(islice(iter_rows(attr, tmp_path), 3)) == ["t0", "t1", "t2"]
-    with pytest.raises(DataError, match=r"row 3 \(line 4\) of .*n\.jsonl: is not valid JSON"):
+    with pytest.raises(DataError, match=r"row 4 \(line 4\) of .*n\.jsonl: is not valid JSON"):
         list(iter_rows(attr, tmp_path))
 
 

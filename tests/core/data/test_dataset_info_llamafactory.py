@@ -162,7 +162,7 @@ def test_the_media_demos_name_their_missing_files(info: dict, lf_data: Path, nam
         load_rows(info[name], lf_data)
     message = " ".join(str(error.value).split())
     assert f"{rows} row(s) cannot be used (media_missing: {rows})" in message
-    assert f"row 0 of {lf_data / (name + '.json')}: {first} is neither in media_dir ({lf_data}) nor at that path" in message
+    assert f"row 1 of {lf_data / (name + '.json')}: {first} is neither in media_dir ({lf_data}) nor at that path" in message
 
 
 @pytest.mark.parametrize("name", HUB_ONLY)

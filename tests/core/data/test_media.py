@@ -131,7 +131,7 @@ def test_a_bad_media_row_is_named_or_dropped_and_counted(dataset, case: str):
     with pytest.raises(DataError) as caught:
         load_rows(attr(folder), folder, media_dir=media)
     message = " ".join(str(caught.value).split())
-    assert f"row 1 of {folder / 'rows.json'}" in message and fragment in message and f"({reason}: 1)" in message, message
+    assert f"row 2 of {folder / 'rows.json'}" in message and fragment in message and f"({reason}: 1)" in message, message
     rows, report = load_rows_with_report(attr(folder), folder, media_dir=media, on_bad_row="skip")
     assert len(rows) == 1 and report.dropped == {reason: 1}
 
@@ -152,5 +152,5 @@ def test_data_preprocess_exits_2_naming_the_bad_image_and_writes_nothing(dataset
         "model_name_or_path": str(model), "stage": "sft", "dataset": "d",
         "dataset_dir": str(folder), "media_dir": str(media), "template": "qwen2_vl"}))
     result = run_cli_here("data", "preprocess", str(tmp_path / "stage.yaml"), "--output", str(tmp_path / "out"), cwd=tmp_path)
-    assert_refused(result, f"row 1 of {folder / 'rows.json'}", "notes.txt' cannot be read as an image")
+    assert_refused(result, f"row 2 of {folder / 'rows.json'}", "notes.txt' cannot be read as an image")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
