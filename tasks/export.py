@@ -17,8 +17,11 @@ def export(context: RunContext, settings: ExportSettings, *, key: str, model: Mo
     """`inference`: the exported stage's infer_dtype (the weights' dtype) and use_kv_cache (the config's use_cache);
     `parity`: what the train/serve parity gate compares the export with."""
     def work(draft, run_id):
-        draft.metrics.update(write_export(draft.path, model=model.path, template=template, export_size_gb=settings.export_size,
-                                          infer_dtype=inference.infer_dtype, use_kv_cache=inference.use_kv_cache, parity=parity))
+        report = write_export(draft.path, model=model.path, template=template, export_size_gb=settings.export_size,
+                              infer_dtype=inference.infer_dtype, use_kv_cache=inference.use_kv_cache, parity=parity)
+        draft.metrics.update(report.metrics)
+        if report.modelfile_obstacle is not None:  # the manifest says why the folder has no Ollama Modelfile
+            draft.extra["ollama_modelfile_obstacle"] = report.modelfile_obstacle
 
     params = {"stage": settings.stage, "export_size": settings.export_size, "template": template,
               "infer_dtype": inference.infer_dtype, "use_kv_cache": inference.use_kv_cache, "parity_probes": settings.parity_probes}

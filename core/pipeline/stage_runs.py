@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import DataConfig, ExportConfig, ModelConfig, StageConfig
-from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TEMPLATE_WARNING_FILE, prepare_tokenizer
+from tuneline.core.data.tokenization import DEFAULT_TEMPLATE, TEMPLATE_WARNING_FILE, prepare_tokenizer, stage_template
 from tuneline.core.evaluation.export_parity import PROBE_COUNT, check_export
 from tuneline.core.models.export import merge_adapter, write_hf_folder
 from tuneline.core.models.hub_push import push_export
@@ -167,26 +167,58 @@ class ParitySource:
     probes: int = PROBE_COUNT
 
 
+@dataclass(frozen=True)
+class ExportReport:
+    """What an export checked (the parity gate's metrics) and, when the folder has no Ollama
+    Modelfile, why Ollama cannot express its template (None when the Modelfile was written)."""
+
+    metrics: dict[str, float]
+    modelfile_obstacle: str | None = None
+
+
 def write_export(output_dir: str | Path, *, model: str, template: str, export_size_gb: int,
                  export: ExportConfig | None = None, model_config: ModelConfig | None = None, infer_dtype: str = "auto",
                  use_kv_cache: bool = True, model_max_length: int | None = None,
-                 parity: ParitySource | None = None) -> dict[str, float]:
+                 parity: ParitySource | None = None) -> ExportReport:
     """A standalone Hugging Face folder of the full-weight `model` in `output_dir` (GPTQ-quantized
-    when `export` asks; see `write_hf_folder` for the other settings), then the parity gate on it
-    (`parity.probes: 0` skips it; a quantized export's answers are not compared, its weights differ
-    by design). Returns what the gate checked."""
+    when `export` asks; see `write_hf_folder` for the other settings) with LLaMA-Factory's Ollama
+    Modelfile (`write_modelfile`), then the parity gate on it (`parity.probes: 0` skips it; a
+    quantized export's answers are not compared, its weights differ by design)."""
     write_hf_folder(model, output_dir, template=template, export_size_gb=export_size_gb, export=export,
                     model_config=model_config, infer_dtype=infer_dtype, use_kv_cache=use_kv_cache,
                     model_max_length=model_max_length)
+    obstacle = write_modelfile(output_dir, template=template, config=parity.config if parity is not None else None)
     if parity is None or parity.probes <= 0:
-        return {}
+        return ExportReport({}, obstacle)
     tokenizer, trained_template = training_tokenizer(parity.config, parity.tokenizer_path, template=template)
     quantized = export is not None and export.export_quantization_bit is not None
     report = check_export(output_dir, config=parity.config, template=trained_template, trained_tokenizer=tokenizer,
                           adapter=None if quantized else parity.adapter, count=parity.probes)
     if report.warning:
         _LOG.warning("%s", report.warning)
-    return report.metrics()
+    return ExportReport(report.metrics(), obstacle)
+
+
+def write_modelfile(folder: str | Path, *, template: str, config: StageConfig | None) -> str | None:
+    """The Ollama Modelfile LLaMA-Factory's export writes, in `folder` (`core.templates.ollama`): the
+    template `template` with the stage's template keys (`config`; None: the template as registered),
+    over the exported tokenizer fixed for it. When Ollama cannot express the template, no file: the
+    reason is logged as one line and returned."""
+    from tuneline.core.models.loading import load_tokenizer
+    from tuneline.core.templates.conversation import fix_tokenizer, get_template
+    from tuneline.core.templates.ollama import MODELFILE, ollama_modelfile, ollama_obstacle
+
+    tokenizer = load_tokenizer(folder)
+    named = get_template(template, tokenizer=tokenizer)
+    if config is not None:
+        named = stage_template(config, tokenizer, named=named)
+    obstacle = ollama_obstacle(named)
+    if obstacle is not None:
+        _LOG.warning("No Ollama Modelfile in the export: %s.", obstacle)
+        return obstacle
+    fix_tokenizer(named, tokenizer)  # the copy loaded here; the folder's tokenizer was saved as training fixed it
+    (Path(folder) / MODELFILE).write_text(ollama_modelfile(named, tokenizer), encoding="utf-8", newline="")
+    return None
 
 
 def training_tokenizer(config: StageConfig | None, tokenizer_path: str, *, template: str) -> tuple[Any, Any]:

@@ -102,6 +102,13 @@ def test_export_merges_the_adapter_into_a_loadable_folder(trained: Path, sft_yam
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True,
                                         return_dict=False)
     assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+    # LLaMA-Factory's Ollama Modelfile beside the model: chatml's, as LLaMA-Factory 0.9.5 writes it (its golden was
+    # written over Qwen2.5's tokenizer, whose ids order the two stop lines; the text before them names no token)
+    modelfile = (exported / "Modelfile").read_text(encoding="utf-8")
+    golden = (REPO_ROOT / "tests/data/golden_modelfiles/qwen2.5__chatml.Modelfile").read_text(encoding="utf-8")
+    assert modelfile.split("PARAMETER stop")[0] == golden.split("PARAMETER stop")[0]
+    assert sorted(modelfile.splitlines()[-3:]) == sorted(golden.splitlines()[-3:])
+    assert "Modelfile" in json.loads((exported / "tuneline_files.json").read_text())["entries"]
     base = AutoModelForCausalLM.from_pretrained(yaml.safe_load(sft_yaml.read_text())["model_name_or_path"])
     with torch.no_grad():
         merged_logits = AutoModelForCausalLM.from_pretrained(exported)(torch.tensor([ids])).logits
