@@ -22,6 +22,10 @@ def raises(prompts, completions, **columns):
 
 def one_score(prompts, completions, **columns):
     return [1.0]
+
+
+def characters(prompts, completions, **columns):
+    return [len(completion) / 32 for completion in completions]
 '''
 
 
@@ -95,15 +99,22 @@ def test_grpo_logs_each_reward_kl_and_a_sample_of_completions(lora_run: Path):
 @pytest.mark.parametrize("method", ["freeze", "qlora", "gspo"])
 def test_grpo_trains_with_each_method_against_its_reference(method: str, tiny_base: Path, folder: Path):
     """beta > 0: a freeze policy compares with a frozen copy of its start (full tuning takes the same path,
-    in the reasoning chain), QLoRA with its adapter off; and GSPO (sequence-level ratios, unscaled rewards)."""
+    in the reasoning chain), QLoRA with its adapter off; and GSPO (sequence-level ratios, unscaled rewards).
+
+    The KL a step logs is computed before that step's update: 0 at the first step, where the policy is
+    its reference, and above 0 at the second, once the first update has moved it. The reward is the
+    completion's length, which differs between completions (the random tiny model earns no verifiable
+    reward, and equal rewards give no advantage, so nothing would move)."""
     values = {"freeze": {"finetuning_type": "freeze", "freeze_trainable_layers": 1}, "qlora": {"quantization_bit": 4},
               "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4,
                        "scale_rewards": False}}[method]
-    config = write_config(folder, method, {"model_name_or_path": str(tiny_base), "beta": 0.2, "max_steps": 1, **values})
+    config = write_config(folder, method, {"model_name_or_path": str(tiny_base), "reward_funcs": "my_rewards:characters",
+                                           "beta": 0.2, "max_steps": 2, **values})
     result = train(config)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    log = log_records(folder / method)
-    assert log[0]["kl"] == log[0]["kl"]  # computed against the reference (not NaN)
+    first, second = log_records(folder / method)
+    assert first["reward_std"] > 0  # the first update has advantages to follow
+    assert first["kl"] == 0.0 and second["kl"] > 0.0, (first["kl"], second["kl"])
 
 
 @pytest.mark.slow
