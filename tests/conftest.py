@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,15 @@ def find_shared_dir() -> Path | None:
     return candidate if (candidate / "tokenizers").is_dir() else None
 
 
+def missing_asset(reason: str) -> NoReturn:
+    """Skip the test for want of something outside the repository (shared assets, a browser, an
+    installed extra); with TUNELINE_REQUIRE_ASSETS=1 (CI), where everything is there, fail instead."""
+    __tracebackhide__ = True  # reported at the test's line, not here
+    if os.environ.get("TUNELINE_REQUIRE_ASSETS") == "1":
+        pytest.fail(f"{reason} (TUNELINE_REQUIRE_ASSETS=1)")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The shared assets folder; skips (or fails with TUNELINE_REQUIRE_ASSETS=1) when absent."""
@@ -39,10 +48,7 @@ def shared_dir() -> Path:
     if found is not None:
         return found
     where = os.environ.get("TUNELINE_ASSETS") or str(REPO_ROOT.parent / "shared")
-    reason = f"shared test assets not found: no tokenizers/ folder in {where} (set TUNELINE_ASSETS)"
-    if os.environ.get("TUNELINE_REQUIRE_ASSETS") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    missing_asset(f"shared test assets not found: no tokenizers/ folder in {where} (set TUNELINE_ASSETS)")
 
 
 QUIET_ENV = {

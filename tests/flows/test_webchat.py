@@ -8,14 +8,13 @@ TUNELINE_REQUIRE_ASSETS=1 (CI).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import httpx
 import pytest
 from serving_server import inference_yaml, start_server
 
-from conftest import stop_process
+from conftest import missing_asset, stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +25,8 @@ SYSTEM = "Answer in one word."
 
 
 def require_chromium() -> None:
-    if CHROMIUM.is_file():
-        return
-    reason = f"Debian's chromium is not installed at {CHROMIUM}: apt-get install -y --no-install-recommends chromium"
-    if os.environ.get("TUNELINE_REQUIRE_ASSETS") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    if not CHROMIUM.is_file():
+        missing_asset(f"Debian's chromium is not installed at {CHROMIUM}: apt-get install -y --no-install-recommends chromium")
 
 
 @pytest.fixture(scope="module")

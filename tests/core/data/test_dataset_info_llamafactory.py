@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import missing_asset
 
 from tuneline.core.data.dataset_info import (
     dataset_file_paths,
@@ -50,7 +51,7 @@ def offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def lf_data(shared_dir: Path) -> Path:
     folder = shared_dir / "llamafactory" / "data"
     if not (folder / "dataset_info.json").is_file():
-        pytest.skip(f"LLaMA-Factory demo data not found in {folder}")
+        missing_asset(f"LLaMA-Factory demo data not found: no dataset_info.json in {folder}")
     return folder
 
 

@@ -4,11 +4,13 @@ functions `module:function`, weights, and errors that name the reward and the ro
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import missing_asset
 
 from tuneline.core.errors import ConfigError
 from tuneline.core.evaluation.reward_functions import RewardError, reward_functions, reward_weights
@@ -36,7 +38,8 @@ def test_answers_are_compared_after_normalisation():
 
 
 def test_math_equivalence_accepts_the_same_number_written_otherwise():
-    pytest.importorskip("math_verify", reason="math-verify is tuneline's 'rl' extra")
+    if importlib.util.find_spec("math_verify") is None:
+        missing_asset("math-verify is not installed: it is tuneline's 'rl' extra (pip install -e '.[rl]')")
     completions = ["<answer>0.5</answer>", "<answer>\\frac{2}{4}</answer>", "<answer>0.6</answer>", "\\boxed{12}"]
     assert math_equivalence([""] * 4, completions, answer=["\\frac{1}{2}", "0.5", "0.5", "12.0"]) == [1.0, 1.0, 0.0, 1.0]
 

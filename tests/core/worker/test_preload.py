@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import missing_asset
 
 from tuneline.core.worker.launch import worker_started_ahead
 from tuneline.core.training.optimizers.rules import OPTIMIZER_PACKAGES
@@ -81,7 +82,7 @@ def test_kept_out_bitsandbytes_reads_as_not_installed():
              "import importlib.util, sys; print(importlib.util.find_spec('bitsandbytes') is None, "
              "sys.modules['bitsandbytes'] is None)")
     if importlib.util.find_spec("bitsandbytes") is None:
-        pytest.skip("bitsandbytes is not installed here")
+        missing_asset("bitsandbytes, a dependency of tuneline, is not installed here")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["True", "True"]
 
