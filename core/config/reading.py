@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from tuneline.core.config.coercion import coerce_all, coerce_fields
-from tuneline.core.config.llamafactory import REFUSED_KEYS, refusal_problems, unavailable_problems
+from tuneline.core.config.llamafactory import REFUSED_KEYS, refusal_problems, refused_value, unavailable_problems
 from tuneline.core.config.rules import conflicts
 from tuneline.core.config.stage import GROUPS, StageConfig
 from tuneline.core.errors import ConfigError, nearest
@@ -127,6 +127,8 @@ def read_stage_config(raw: Mapping[str, Any]) -> tuple[StageConfig, list[str]]:
     training: dict[str, Any] = {}
     group_of = {f.name: name for name, group in GROUPS.items() for f in dataclasses.fields(group)}
     for key, value in raw.items():
+        if refused_value(key, value) is not None:  # named in its feature's refusal, not as a field's unknown choice
+            continue
         if key in group_of:
             grouped[group_of[key]][key] = value
         elif key in REFUSED_KEYS or key in _IGNORED_TRAINING_KEYS or (key in _RENAMED_TRAINING_KEYS and not _RENAMED_TRAINING_KEYS[key]):

@@ -17,6 +17,7 @@ from typing import Any
 
 from tuneline.core.config import (DataConfig, GeneratingConfig, InferenceConfig, ModelConfig, cache_root, parse_overrides,
                                   read_stage_config, read_yaml)
+from tuneline.core.config.llamafactory import refused_value
 from tuneline.core.errors import ConfigError
 from tuneline.core.inference.chat import ADAPTER_CONFIG, TOKENIZER_CONFIG, ModelSource, resolve_source
 from tuneline.core.serving.backends import BACKENDS, backend_problems
@@ -76,11 +77,12 @@ def _inference_config(raw: Mapping[str, Any], *, source: str) -> Any:
     """The stage config of an inference mapping (every LLaMA-Factory key read and checked as a training
     YAML's are), the backend checked for serving rather than for training."""
     backend = raw.get("infer_backend", "huggingface")
-    config, problems = read_stage_config({key: value for key, value in raw.items() if key != "infer_backend"})
-    if backend not in BACKENDS:
+    refused = refused_value("infer_backend", backend) is not None  # named in the refusal of its feature (KTransformers)
+    config, problems = read_stage_config({key: value for key, value in raw.items() if key != "infer_backend" or refused})
+    if backend not in BACKENDS and not refused:
         problems.append(f"'infer_backend: {backend}' is not an engine tuneline serves with; use one of "
                         f"{', '.join(BACKENDS)} (huggingface runs everywhere).")
-    else:
+    elif backend in BACKENDS:
         problems += backend_problems(backend)
     if problems:
         raise ConfigError(problems, source=source)

@@ -1,4 +1,4 @@
-"""LLaMA-Factory 0.9.5's example configs (`examples/{train_lora,train_full,train_qlora,extras,merge_lora}`)
+"""LLaMA-Factory 0.9.5's example configs (`examples/{train_lora,train_full,train_qlora,extras,merge_lora,megatron}`)
 run through `tuneline train` (`tuneline export` for merge_lora, `tuneline eval` for the eval example), each one as it ships but for:
 
 - `model_name_or_path`: a tiny model of the config's family, built here from a real tokenizer
@@ -42,7 +42,7 @@ import yaml
 from benchmark_files import write_mmlu
 from conftest import assert_output_layout, train_in_this_process
 
-FOLDERS = ("train_lora", "train_full", "train_qlora", "extras", "merge_lora")
+FOLDERS = ("train_lora", "train_full", "train_qlora", "extras", "merge_lora", "megatron")
 NO_CHAIN: Mapping[str, str] = {}
 SFT_ADAPTER = {"adapter_name_or_path": "train_lora/llama3_lora_sft.yaml"}
 
@@ -149,6 +149,12 @@ EXAMPLES.update({
     "merge_lora/qwen2_5vl_lora_sft.yaml": Example("trains", "merges the multimodal SFT example's adapter; the image "
                                                   "processor travels with it", base="qwen2_5vl",
                                                   chain={"adapter_name_or_path": "train_lora/qwen2_5vl_lora_sft.yaml"}),
+    # megatron: LLaMA-Factory runs these with USE_MCA=1 through MCoreAdapter; refused before any model loads, so the
+    # tiny LLaMA stands in for Qwen2-VL and Qwen3-MoE
+    "megatron/qwen2_vl_full.yaml": Example("refused: ask for Megatron-Core training (MCoreAdapter)",
+                                           "Megatron-Core's parallelism and fused kernels (another engine, CUDA only)"),
+    "megatron/qwen3_moe_full.yaml": Example("refused: ask for Megatron-Core training (MCoreAdapter)",
+                                            "Megatron-Core's pipeline and expert parallelism (another engine, CUDA only)"),
 })
 
 LEFT_OUT = {

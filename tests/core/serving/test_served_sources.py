@@ -49,8 +49,9 @@ def test_the_shipped_llamafactory_examples_read_or_name_what_is_missing(shared_d
         served_model(str(examples / "llama3_lora_sft.yaml"))
     with pytest.raises(ConfigError) as raised:
         served_model(str(examples / "deepseek3_kt.yaml"))
-    assert "'infer_backend: ktransformers' is not an engine tuneline serves with" in str(raised.value)
-    assert "'use_kt: True' asks for KTransformers" in str(raised.value)
+    assert raised.value.problems == [problem for problem in raised.value.problems if "KTransformers" in problem]
+    assert "'infer_backend: ktransformers', 'use_kt: True' and 'kt_optimize_rule: " in str(raised.value)
+    assert "ask for KTransformers' CPU offloading" in str(raised.value) and "unknown" not in str(raised.value)
 
 
 def test_folders_and_their_mistakes(tmp_path: Path):
