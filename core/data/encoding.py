@@ -33,6 +33,7 @@ from tuneline.core.templates.encode import merge_starts, message_pieces
 from tuneline.core.templates.conversation import Conversation, Template, encode_turns, pair_turns, turn_pieces
 
 Batch = tuple[str, list[dict[str, Any]]]
+PACKED_SHAPES = ("pretrain", "supervised")  # the shapes `packing` applies to
 Encoded = tuple[list[dict[str, Any]], Counter]
 
 
@@ -56,7 +57,8 @@ class EncodingSpec:
             examples=examples,
             encoding=RowEncoding(template=template, cutoff_len=config.data.cutoff_len,
                                  train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history),
-            packing=config.data.packing,
+            # pairs, feedback rows and prompts are never packed: `packing` is ignored for them (and warned of)
+            packing=config.data.packing if examples in PACKED_SHAPES else None,
             neat_packing=config.data.neat_packing,
             predict=predicts_only(training),
             batch_size=int(training.get("per_device_train_batch_size", 8)),

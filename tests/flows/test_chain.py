@@ -37,9 +37,15 @@ STAGES = ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/merge", "rm/t
           "ppo/tokenize", "ppo"]
 
 
+IGNORED_BY_RM = {"packing": True}  # a key stage rm does not read: it trains, warned of and tagged
+RM_WARNING = ("rm: warning: 'packing: true' has no effect in stage 'rm' and is ignored: only stages pt and sft read it. "
+              "What it does: Pack examples into full-length sequences (default: on for pt).")
+
+
 def write_small_chain(path: Path) -> Path:
     """The example chain with a tiny base model, and every stage trained for STEPS steps with a
-    checkpoint every SAVE_STEPS (the stages' own lengths and batch sizes give way to SMALL)."""
+    checkpoint every SAVE_STEPS (the stages' own lengths and batch sizes give way to SMALL); the rm
+    stage also sets IGNORED_BY_RM."""
     chain = yaml.safe_load(CHAIN.read_text())
     chain["defaults"].update(SMALL)
     for stage in chain["stages"]:
@@ -47,6 +53,8 @@ def write_small_chain(path: Path) -> Path:
             stage.pop(key, None)
         if stage["stage"] == "build_base":
             stage.update(TINY_BASE)
+        if stage["stage"] == "rm":
+            stage.update(IGNORED_BY_RM)
     assert set(KILLED_STAGES) <= {stage["name"] for stage in chain["stages"]}
     path.write_text(yaml.safe_dump(chain, sort_keys=False))
     return path
@@ -111,11 +119,39 @@ def test_ppo_scores_with_the_rm_stage_and_reports_reward_before_and_after(uninte
     assert {"eval_ppo_reward_before", "eval_ppo_reward", "eval_ppo_kl", "train_reward", "train_kl"} <= set(metrics)
 
 
+def warnings_of_ignored_keys(output: str) -> tuple[list[str], list[str]]:
+    """The warning lines printed, and the Prefect log records of them (shown by `tuneline -v run`)."""
+    lines = [line for line in output.splitlines() if "has no effect in stage" in line]
+    return [line for line in lines if line.startswith("rm: warning: ")], [line for line in lines if " | INFO " in line]
+
+
+def ignored_keys_tags(workspace: Path) -> list[tuple[str, str, str]]:
+    """(stage, cache hit, tuneline.ignored_keys) of every stage run that carries the tag, oldest first."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, "tags.`tuneline.ignored_keys` LIKE '%'", order_by=["attributes.start_time ASC"])
+    return [(r.info.run_name, r.data.tags["tuneline.cache_hit"], r.data.tags["tuneline.ignored_keys"]) for r in runs]
+
+
+@pytest.mark.slow
+def test_a_key_the_rm_stage_ignores_is_printed_once_and_tagged_on_its_run(uninterrupted):
+    printed, logged = warnings_of_ignored_keys(uninterrupted["output"])
+    assert printed == [RM_WARNING]
+    assert len(logged) == 1 and logged[0].endswith(f" - {RM_WARNING}")
+    assert ignored_keys_tags(uninterrupted["workspace"])[:1] == [("rm", "false", "packing")]
+
+
 @pytest.mark.slow
 def test_second_run_serves_every_stage_from_cache(uninterrupted, tmp_path: Path):
-    rows = stage_rows(run_to_end(uninterrupted["chain"], uninterrupted["workspace"], tmp_path / "again.log"))
+    output = run_to_end(uninterrupted["chain"], uninterrupted["workspace"], tmp_path / "again.log")
+    rows = stage_rows(output)
     assert list(rows) == STAGES
     assert {status for status, _ in rows.values()} == {"served from cache"}
+    # the served rm stage says again what it ignores, and its cache-hit run carries the tag too
+    assert warnings_of_ignored_keys(output)[0] == [RM_WARNING]
+    assert ("rm", "true", "packing") in ignored_keys_tags(uninterrupted["workspace"])
 
 
 @pytest.mark.slow

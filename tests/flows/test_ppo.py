@@ -45,12 +45,15 @@ def write_config(folder: Path, name: str, values: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def ppo_config(tiny_base: Path, tmp_path_factory) -> Path:
-    """A PPO config whose reward model (LoRA on the tiny base, 8 steps of demo pairs) is trained here."""
+    """A PPO config whose reward model (LoRA on the tiny base, 8 steps of demo pairs) is trained here;
+    the reward model's config sets `packing`, which stage rm ignores (what it printed: rm.out)."""
     folder = tmp_path_factory.mktemp("ppo")
     reward = write_config(folder, "rm", {"model_name_or_path": str(tiny_base), "stage": "rm", "dataset": "demo_preference",
-                                         "max_samples": 32, "max_steps": 8, "learning_rate": 5e-3, "output_dir": "rm"})
+                                         "max_samples": 32, "max_steps": 8, "learning_rate": 5e-3, "output_dir": "rm",
+                                         "packing": True})
     result = train(reward)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (folder / "rm.out").write_text(result.stdout)
     return write_config(folder, "ppo", {
         "model_name_or_path": str(tiny_base), "stage": "ppo", "reward_model": str(folder / "rm"),
         "dataset": "demo_preference", "eval_dataset": "demo_preference_heldout", "max_samples": 24,
@@ -88,6 +91,15 @@ def test_ppo_trains_logs_and_reports_reward_and_kl(uninterrupted: Path):
     from peft import AutoPeftModelForCausalLM
 
     assert AutoPeftModelForCausalLM.from_pretrained(str(uninterrupted)) is not None
+
+
+@pytest.mark.slow
+def test_tuneline_train_warns_once_of_a_key_its_stage_ignores_and_trains(ppo_config: Path):
+    printed = (ppo_config.parent / "rm.out").read_text()
+    assert [line for line in printed.splitlines() if "has no effect in stage" in line] == [
+        "warning: 'packing: true' has no effect in stage 'rm' and is ignored: only stages pt and sft read it. What it does: "
+        "Pack examples into full-length sequences (default: on for pt)."]
+    assert printed.index("has no effect in stage") < printed.index("train_loss=")  # before the run, which finished
 
 
 @pytest.mark.slow

@@ -173,3 +173,13 @@ def test_the_line_and_the_tag_of_a_reward_model_with_packing_and_sampling_keys()
 def test_a_config_that_sets_nothing_stage_specific_gets_no_warning():
     for name in KINDS:
         assert ignored_keys(build_stage_config({"stage": name, **BASES.get(name, {})})) == [], name
+
+
+def test_packing_reaches_only_the_encoders_of_single_sequences():
+    from tuneline.core.data.encoding import EncodingSpec
+    from tuneline.core.templates.conversation import get_template
+
+    config = build_stage_config({"stage": "rm", "packing": True})
+    packing = {shape: EncodingSpec.from_config(config, template=get_template("default"), examples=shape).packing
+               for shape in ("pretrain", "supervised", "pairwise", "feedback", "unsupervised")}
+    assert packing == {"pretrain": True, "supervised": True, "pairwise": None, "feedback": None, "unsupervised": None}
