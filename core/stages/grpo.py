@@ -241,7 +241,7 @@ def _unread_keys(config: StageConfig) -> dict[str, str]:
     unread = {**dict.fromkeys(("max_new_tokens", "max_length"), f"stage {stage} bounds its completions with "
                                                                  "'max_completion_length' instead"),
               **dict.fromkeys(("num_beams", "length_penalty"), f"stage {stage} samples its completions without beam search"),
-              "skip_special_tokens": f"stage {stage} decodes completions for the rewards without special tokens always"}
+              "skip_special_tokens": f"stage {stage} always decodes the completions it rewards without special tokens"}
     if config.finetuning.beta == 0:
         unread.update(dict.fromkeys(REFERENCE_KEYS, f"stage {stage} loads a reference model only for the KL penalty, "
                                                     "and 'beta' is 0 (set beta > 0 to use it)"))

@@ -6,7 +6,7 @@ Its loss is the replies' cross-entropy, or one of LLaMA-Factory's variants (`use
 
 from __future__ import annotations
 
-from tuneline.core.config import FinetuningConfig, StageConfig, trains
+from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import build_language_model_trainer, load_policy, perplexity_metrics
 from tuneline.core.stages.kind import StageKind
 from tuneline.core.stages.stage_keys import (LANGUAGE_MODEL_KEYS, PACKING_KEYS, PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS,
@@ -44,8 +44,7 @@ def _unread_keys(config: StageConfig) -> dict[str, str]:
     if config.training.get("do_predict") and config.training.get("predict_with_generate"):
         return {}
     return dict.fromkeys(PREDICTION_KEYS, "stage sft generates only to predict ('do_predict: true' with "
-                                          "'predict_with_generate: true'), and this run " +
-                         ("trains without predicting" if trains(config.training) else "does not predict"))
+                                          "'predict_with_generate: true'), which this run does not ask for")
 
 
 SFT = StageKind(

@@ -142,8 +142,8 @@ def test_keys_refused_before_stay_refused_naming_the_key(kind: str):
 
 @pytest.mark.parametrize(("raw", "key", "why"), [
     ({"stage": "sft", "temperature": 0.5}, "temperature",
-     "stage sft generates only to predict ('do_predict: true' with 'predict_with_generate: true'), and this run trains "
-     "without predicting"),
+     "stage sft generates only to predict ('do_predict: true' with 'predict_with_generate: true'), which this run does "
+     "not ask for"),
     ({"stage": "dpo", "simpo_gamma": 1.0}, "simpo_gamma", "stage dpo reads it only with 'pref_loss: simpo', not 'sigmoid'"),
     ({"stage": "grpo", "reward_funcs": "answer_match", "ref_model": "reference"}, "ref_model",
      "stage grpo loads a reference model only for the KL penalty, and 'beta' is 0 (set beta > 0 to use it)"),
