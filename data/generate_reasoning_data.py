@@ -4,20 +4,22 @@ Small arithmetic problems whose answers a program checks, for a tiny model to le
 and differences of digits, products up to 5 x 5 ("What is 7 + 5?"). The verifiable rewards score the
 worked shape `<think>7 + 5 = 12</think><answer>12</answer>`. The output folder is a dataset_dir:
 
-- `reasoning_pretrain.jsonl`: every problem of the table answered, as chat transcripts in ChatML
+- `reasoning_pretrain.jsonl`: every problem not held out, answered, as chat transcripts in ChatML
   text, for a `pt` stage: the model learns the arithmetic, and both ways of answering (half the
-  answers in the worked shape, half in prose: "7 + 5 = 12, so the answer is 12."). The table is
+  answers in the worked shape, half in prose: "7 + 5 = 12, so the answer is 12."). The problems are
   written several times, each in another order: pt concatenates its rows, and a model that saw one
   order only could recall each answer from the rows before it instead of from the question;
 - `reasoning_sft.json`: the problems not held out, as chat rows (alpaca columns), a third answered
   in the worked shape and the rest in prose, so the fine-tuned model mostly answers in prose, whose
   answer the rewards cannot check;
 - `reasoning_prompts.json`: the same problems with only their `answer`: the prompts an online RL
-  stage samples from and rewards; it learns to answer in the shape that can be checked, and so its
-  pass rate on the held-out problems rises;
-- `reasoning_heldout.json`: problems neither sft nor the online stage trains on, for the pass rate.
+  stage samples from and rewards; it learns to answer in the shape that can be checked, which on
+  the held-out problems raises the pass rate only as far as the answers are right;
+- `reasoning_heldout.json`: problems no stage trains on (not in the pre-training, sft or prompt
+  files, nor in the corpus the base model's tokenizer is trained on), for the pass rate: a model
+  answers them only as far as it generalises from the other problems (7 + 5 from 5 + 7, say).
 
-The same seed always writes the same files; no held-out problem is in the sft or prompt files.
+The same seed always writes the same files.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, default=Path("reasoning_demo"))
     parser.add_argument("--held-out", type=int, default=40, help="problems kept for the pass rate")
-    parser.add_argument("--fact-passes", type=int, default=16, help="times pt's table is written, each shuffled")
+    parser.add_argument("--fact-passes", type=int, default=16, help="times pt's problems are written, each shuffled")
     parser.add_argument("--worked-every", type=int, default=3, help="every n-th sft answer is in the worked shape")
     options = parser.parse_args(argv)
     everything = table()
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     drawn = rng.sample(everything, len(everything))
     trained, held_out = drawn[options.held_out :], drawn[: options.held_out]
     texts = [chat_transcript(question(*p), rng.choice([solution, prose])(*p))
-             for _ in range(options.fact_passes) for p in rng.sample(everything, len(everything))]
+             for _ in range(options.fact_passes) for p in rng.sample(trained, len(trained))]
     (options.out_dir / "reasoning_pretrain.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts),
                                                              encoding="utf-8")
     write_json(options.out_dir / "reasoning_sft.json",

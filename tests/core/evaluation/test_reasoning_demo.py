@@ -1,6 +1,7 @@
 """The reasoning demo (data/generate_reasoning_data.py): its datasets load through tuneline's dataset_info,
-no held-out problem is trained on, the same seed writes the same files, worked answers get full reward
-from the verifiable rewards and prose answers none."""
+no held-out problem is in any corpus the shipped chain trains on, the same seed writes the same files
+(the shipped ones included), worked answers get full reward from the verifiable rewards and prose
+answers none."""
 
 from __future__ import annotations
 
@@ -38,5 +39,36 @@ def test_the_reasoning_demo_is_consistent_with_the_rewards_that_score_it(tmp_pat
     assert answer_match(questions[0], replies, answer=answers) == [float(w) for w in worked]  # prose is not checkable
     assert all(reply.endswith(f"so the answer is {answer}.") for reply, answer, w in zip(replies, answers, worked) if not w)
     texts = [json.loads(line)["text"] for line in (tmp_path / "a" / "reasoning_pretrain.jsonl").read_text().splitlines()]
-    assert len(texts) == 2 * table and len(set(texts[:table])) == table
+    trained = table - 30
+    assert len(texts) == 2 * trained and len(set(texts[:trained])) == trained  # each problem not held out, twice
+    assert {text.split("\n")[1].removesuffix("<|im_end|>") for text in texts} == set(questions[0])
     assert all(text.startswith("<|im_start|>user\nWhat is ") and text.endswith("<|im_end|>") for text in texts)
+
+
+def test_no_held_out_problem_is_in_a_corpus_the_shipped_chain_trains_on(tmp_path: Path):
+    """Every dataset a stage of data/reasoning_pipeline.yaml reads to train (the base model's tokenizer
+    corpus, pt, sft and grpo) is searched for each held-out question, in the files the generator
+    writes with its defaults, which are the shipped files byte for byte."""
+    from tuneline.core.pipeline.spec import BaseStage, build_pipeline, read_yaml
+
+    sys.path.insert(0, str(ROOT / "data"))
+    from generate_reasoning_data import main
+
+    main(["--out-dir", str(tmp_path)])
+    chain = build_pipeline(read_yaml(ROOT / "data/reasoning_pipeline.yaml"), overrides={"dataset_dir": str(tmp_path)})
+    trained_on = set()
+    for stage in chain.stages:
+        names = stage.corpus if isinstance(stage, BaseStage) else stage.config.data.dataset.split(",")
+        trained_on |= {name.strip() for name in names}
+    assert trained_on == {"reasoning_pretrain", "reasoning_sft", "reasoning_prompts"}
+    assert {stage.config.data.eval_dataset for stage in chain.stages if stage.name == "grpo"} == {"reasoning_heldout"}
+    info = json.loads((tmp_path / "dataset_info.json").read_text())
+    corpora = {name: (tmp_path / info[name]["file_name"]).read_text() for name in trained_on}
+    held_out = [row["instruction"] for row in json.loads((tmp_path / "reasoning_heldout.json").read_text())]
+    assert len(held_out) == 40
+    seen = {question: [name for name, text in corpora.items() if question in text] for question in held_out}
+    assert not {question: names for question, names in seen.items() if names}
+
+    shipped = ROOT / "data/reasoning_demo"
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(path.name for path in shipped.iterdir())
+    assert all((tmp_path / path.name).read_bytes() == path.read_bytes() for path in shipped.iterdir())
