@@ -27,10 +27,10 @@ class RunningServer:
     log: Path
 
 
-def inference_yaml(tiny_base: Path, folder: Path) -> Path:
+def inference_yaml(tiny_base: Path, folder: Path, *, max_new_tokens: int = MAX_NEW_TOKENS) -> Path:
     """A LLaMA-Factory inference YAML for the tiny base: chatml, greedy, its generation keys the server's defaults."""
     config = {"model_name_or_path": str(tiny_base), "template": "chatml", "infer_backend": "huggingface",
-              "do_sample": False, "max_new_tokens": MAX_NEW_TOKENS, "repetition_penalty": REPETITION_PENALTY}
+              "do_sample": False, "max_new_tokens": max_new_tokens, "repetition_penalty": REPETITION_PENALTY}
     path = folder / "inference.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
