@@ -76,6 +76,9 @@ def test_two_runs_at_once_compute_each_stage_once_and_leave_whole_artifacts(setu
                    if p.is_file() and p.name != "manifest.json"}
         assert {name: record["size"] for name, record in manifest["files"].items()} == on_disk, folder
         assert manifest["key"] == folder.name
+    export, = (artifacts / "export").glob("export-*")  # its Ollama Modelfile is part of the artifact
+    assert "Modelfile" in json.loads((export / "manifest.json").read_text())["files"]
+    assert 'PARAMETER stop "</s>"' in (export / "Modelfile").read_text(encoding="utf-8")
 
     from mlflow import MlflowClient
 
