@@ -54,10 +54,12 @@ def ollama_obstacle(template: Template) -> str | None:
         return (f"template '{template.name}' drops the thought ({opening!r} ... {closing!r}) from each earlier reply of a "
                 "prompt, and Ollama's Go template has no function that finds text inside a message "
                 "('preserve_thinking: true' keeps them, and then the template can be written)")
-    clashing = [text for text in (*texts, template.default_system, *template.stop_words) if '"""' in text or "{{" in text]
+    clashing = [text for text in texts if '"""' in text or "{{" in text]  # the TEMPLATE value, a Go template
+    clashing += [text for text in (template.default_system,) if '"""' in text]  # the SYSTEM value
+    clashing += [word for word in template.stop_words if '"' in word]  # each quoted PARAMETER stop
     if clashing:
         return (f"template '{template.name}' writes {clashing[0]!r}, which an Ollama Modelfile would read as the end of a "
-                "quoted block or as a template action")
+                "quoted value or as a template action")
     return None
 
 
@@ -71,7 +73,7 @@ def ollama_modelfile(template: Template, tokenizer: PreTrainedTokenizerBase) -> 
     text = HEADER + f'FROM .\n\nTEMPLATE """{_go_template(template, tokenizer)}"""\n\n'
     if template.default_system:
         text += f'SYSTEM """{template.default_system}"""\n\n'
-    # a set of ids, in the order LLaMA-Factory's file lists them (it collects them into one)
+    # iterated as a set of ids: the order LLaMA-Factory's file lists them in (it collects the ids into one)
     for token_id in set(stop_token_ids(template, tokenizer)):
         text += f'PARAMETER stop "{tokenizer.convert_ids_to_tokens(token_id)}"\n'
     return text + f"PARAMETER num_ctx {CONTEXT_LENGTH}\n"

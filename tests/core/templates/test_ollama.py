@@ -96,3 +96,11 @@ def test_a_reasoning_template_that_keeps_its_thoughts_gets_a_modelfile(small_tok
         assert ollama_obstacle(template) is None
         assert ollama_modelfile(template, tokenizer).split("\n\nPARAMETER")[0].endswith(ending), enable_thinking
         assert "drops the thought" in ollama_obstacle(dataclasses.replace(template, preserve_thinking=False))
+
+
+def test_a_system_prompt_that_would_end_the_quoted_value_is_the_reason_instead(small_tokenizer):
+    template = with_template_keys(get_template("qwen"), default_system='Quote """this""".', tool_format=None,
+                                  enable_thinking=True, preserve_thinking=False)
+    assert ollama_obstacle(template) == ("template 'qwen' writes 'Quote \"\"\"this\"\"\".', which an Ollama Modelfile would "
+                                         "read as the end of a quoted value or as a template action")
+    assert ollama_obstacle(dataclasses.replace(template, default_system="Use {{ braces }}.")) is None  # SYSTEM is plain text
