@@ -108,11 +108,13 @@ class MethodRecordCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: PreTrainedModel | None = None, optimizer: torch.optim.Optimizer | None = None,
                        **kwargs: Any) -> None:
-        if not state.is_world_process_zero or model is None or optimizer is None:
-            return
-        record = method_record(model, optimizer, loss=self.loss)
-        print(record.line(), flush=True)
-        if self.tracking_uri and self.run_id:
-            tags = {TAG_PREFIX + key: json.dumps(value) if not isinstance(value, str) else value
-                    for key, value in asdict(record).items()}
-            tracking.set_tags(self.tracking_uri, self.run_id, tags)
+        if state.is_world_process_zero and model is not None and optimizer is not None:
+            report(method_record(model, optimizer, loss=self.loss), tracking_uri=self.tracking_uri, run_id=self.run_id)
+
+
+def report(record: MethodRecord, *, tracking_uri: str | None, run_id: str | None) -> None:
+    """Print `record` and tag the stage's MLflow run with it (rank 0's part; a loop of its own calls this too)."""
+    print(record.line(), flush=True)
+    if tracking_uri and run_id:
+        tracking.set_tags(tracking_uri, run_id, {TAG_PREFIX + key: value if isinstance(value, str) else json.dumps(value)
+                                                 for key, value in asdict(record).items()})

@@ -348,6 +348,7 @@ def train_ppo(request: LoopRequest) -> dict[str, float]:
     from tuneline.core.models.loading import load_reward_model, trainable_summary
     from tuneline.core.stages.causal_lm import load_policy
     from tuneline.core.stages.ppo.checkpoint import PPOLog, load_checkpoint, save_checkpoint, save_outputs
+    from tuneline.core.training.method_record import method_record, qualified_name, report
     from tuneline.core.stages.preference import reference_model
 
     job, args, tokenizer, datasets = request.job, request.args, request.tokenizer, request.datasets
@@ -380,6 +381,9 @@ def train_ppo(request: LoopRequest) -> dict[str, float]:
                          generating=GeneratingConfig(**job.generating), accelerator=accelerator)
     if checkpoint:
         load_checkpoint(Path(checkpoint), model=None, optimizer=trainer.optimizer, trainer=trainer)
+    if accelerator.is_main_process:
+        report(method_record(policy, trainer.optimizer, loss=f"{qualified_name(PPOTrainer)}._losses"),
+               tracking_uri=job.tracking_uri, run_id=job.run_id)
     log = PPOLog(job.output_dir, total_steps=trainer.total_steps, start_step=trainer.step, steps_per_epoch=trainer.steps_per_epoch,
                  tracking_uri=job.tracking_uri, run_id=job.run_id, main=accelerator.is_main_process)
     started = time.monotonic()
