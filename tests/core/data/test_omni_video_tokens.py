@@ -152,3 +152,30 @@ def test_a_clip_without_its_sound_placeholder_or_file_is_named(omni_folder):
     with pytest.raises(DataError, match=r"the row has 1 videos and 0 sounds; give each video's file in `audios` too"):
         rows.expand({"prompt": [{"role": "user", "content": "<video>Hear"}], "response": [{"role": "assistant", "content": "."}],
                      "videos": [clip], "audios": []})
+
+
+def test_a_row_refused_while_its_media_expand_is_named_by_its_dataset_file_and_row(omni_folder, tmp_path: Path):
+    """The expansion refuses a row whose clip's sound is named before it; tokenization names the row's dataset, file
+    and row."""
+    from tuneline.core.errors import DataError
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
+
+    model, golden_data = omni_folder
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"messages": row["messages"], "videos": [str(CLIPS / f"{n}.mp4") for n in row["videos"]],
+             "audios": [str(CLIPS / f"{n}.mp4") for n in row["videos"]]} for row in GOLDEN["rows"] if not row["images"]]
+    clip = str(CLIPS / "chirp.mp4")
+    rows[1] = {"messages": [{"role": "user", "content": "<audio>Hear <video>"}, {"role": "assistant", "content": "A tone."}],
+               "videos": [clip], "audios": [clip]}
+    (data / "clips.json").write_text(json.dumps(rows))
+    info = json.loads((golden_data / "dataset_info.json").read_text())["clips_heard"]
+    (data / "dataset_info.json").write_text(json.dumps({"clips_misplaced": {
+        **info, "file_name": "clips.json", "columns": {"messages": "messages", "videos": "videos", "audios": "audios"}}}))
+    config = build_stage_config({"model_name_or_path": str(model), "dataset": "clips_misplaced", "dataset_dir": str(data),
+                                 "template": "qwen2_omni", "cutoff_len": 4096, **GOLDEN["settings"]})
+    with pytest.raises(DataError) as refused:
+        tokenize_stage_data(config, tokenizer_path=model, output_dir=tmp_path / "tokenized")
+    assert str(refused.value).startswith(f"dataset 'clips_misplaced' in {data / 'dataset_info.json'}: row 2 of "
+                                         f"{data / 'clips.json'}: "), str(refused.value)
+    assert "each <video> must be followed by the <audio> of its sound track" in str(refused.value)
