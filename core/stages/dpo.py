@@ -26,7 +26,8 @@ from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
-from tuneline.core.stages.stage_keys import PER_DATASET_EVALUATION_KEYS, PREFERENCE_KEYS, REFERENCE_KEYS, TRAINER_KEYS
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, PER_DATASET_EVALUATION_KEYS, PREFERENCE_KEYS, REFERENCE_KEYS,
+                                               TRAINER_KEYS, TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
 from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
@@ -147,7 +148,8 @@ DPO = StageKind(
     references=frozenset({"ref_model"}),
     trains_images=True,
     config_problems=_config_problems,
-    reads=frozenset({*TRAINER_KEYS, *PER_DATASET_EVALUATION_KEYS, *PREFERENCE_KEYS, *REFERENCE_KEYS}),
+    reads=frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *PER_DATASET_EVALUATION_KEYS, *PREFERENCE_KEYS,
+                     *REFERENCE_KEYS}),
     unread_keys=_unread_keys,
     load_model=load_policy,
     build_trainer=build_dpo_trainer,

@@ -23,7 +23,8 @@ from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.rm import reward_model_key_problems
-from tuneline.core.stages.stage_keys import GRPO_ONLY_KEYS, ONLINE_KEYS, REFERENCE_KEYS, SAMPLING_KEYS, TRAINER_KEYS
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, GRPO_ONLY_KEYS, ONLINE_KEYS, REFERENCE_KEYS, SAMPLING_KEYS,
+                                               SERVING_KEYS, TRAINER_KEYS, TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -241,7 +242,13 @@ def _unread_keys(config: StageConfig) -> dict[str, str]:
     unread = {**dict.fromkeys(("max_new_tokens", "max_length"), f"stage {stage} bounds its completions with "
                                                                  "'max_completion_length' instead"),
               **dict.fromkeys(("num_beams", "length_penalty"), f"stage {stage} samples its completions without beam search"),
-              "skip_special_tokens": f"stage {stage} always decodes the completions it rewards without special tokens"}
+              "skip_special_tokens": f"stage {stage} always decodes the completions it rewards without special tokens",
+              **dict.fromkeys(TRAINER_SAMPLER_KEYS, f"stage {stage} draws its prompts with TRL's sampler, which repeats "
+                                                    "each prompt for its group and orders them by 'disable_shuffling'")}
+    if config.finetuning.use_vllm:
+        unread.update(dict.fromkeys((key for key in SERVING_KEYS if key.startswith("vllm_")),
+                                    f"stage {stage} runs vLLM with TRL's settings of 'use_vllm' and 'vllm_mode', not with "
+                                    "the inference engine's"))
     if config.finetuning.beta == 0:
         unread.update(dict.fromkeys(REFERENCE_KEYS, f"stage {stage} loads a reference model only for the KL penalty, "
                                                     "and 'beta' is 0 (set beta > 0 to use it)"))
@@ -270,7 +277,7 @@ def _kind(name: str, summary: str, *, reads: frozenset[str]) -> StageKind:
 
 
 # eval_on_each_dataset is refused (online_problems): the held-out prompts are scored together
-ONLINE_READS = frozenset({*TRAINER_KEYS, *ONLINE_KEYS, *REFERENCE_KEYS, *REWARD_KEYS, *SAMPLING_KEYS})
+ONLINE_READS = frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *ONLINE_KEYS, *REFERENCE_KEYS, *REWARD_KEYS, *SAMPLING_KEYS})
 GRPO = _kind("grpo", "group relative policy optimisation: groups of sampled completions scored by verifiable rewards "
                      "or a reward model (GRPO, Dr. GRPO, DAPO, GSPO)", reads=ONLINE_READS)
 RLOO = _kind("rloo", "REINFORCE leave-one-out: sampled completions scored by verifiable rewards or a reward model, "

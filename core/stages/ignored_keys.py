@@ -19,7 +19,7 @@ from typing import Any
 from tuneline.core.config import GROUPS, StageConfig
 from tuneline.core.errors import listed
 from tuneline.core.stages.registry import KINDS, stage_kind
-from tuneline.core.stages.stage_keys import STAGE_KEYS
+from tuneline.core.stages.stage_keys import READ_BY_NO_KIND, STAGE_KEYS, TRAINER_ARGUMENTS
 
 IGNORED_KEYS_TAG = "tuneline.ignored_keys"
 """On a training stage's MLflow run: the keys its kind ignored, comma-separated."""
@@ -47,12 +47,13 @@ def ignored_keys(config: StageConfig) -> list[IgnoredKey]:
     unread_here = kind.unread_keys(config)
     found = []
     for key in STAGE_KEYS:
-        if flat[key] == defaults[key]:
+        value = flat.get(key, defaults[key])  # a trainer argument is in `training` only when set
+        if value == defaults[key]:
             continue
         if key in unread_here:
-            found.append(IgnoredKey(key, flat[key], kind.name, unread_here[key]))
+            found.append(IgnoredKey(key, value, kind.name, unread_here[key]))
         elif key not in kind.reads:
-            found.append(IgnoredKey(key, flat[key], kind.name, readers(key)))
+            found.append(IgnoredKey(key, value, kind.name, readers(key)))
     return found
 
 
@@ -60,7 +61,7 @@ def readers(key: str) -> str:
     """Which stage kinds read `key`, as the warning says it."""
     names = [name for name, kind in KINDS.items() if key in kind.reads]
     if not names:
-        return "no stage kind reads it"
+        return READ_BY_NO_KIND.get(key, "no stage kind reads it")
     return f"only stage{'s' if len(names) > 1 else ''} {listed(names, last='and')} read{'' if len(names) > 1 else 's'} it"
 
 
@@ -76,9 +77,11 @@ def shown(value: Any) -> str:
 
 @cache
 def field_defaults() -> dict[str, Any]:
-    return {f.name: f.default for group in GROUPS.values() for f in dataclasses.fields(group)}
+    fields = {f.name: f.default for group in GROUPS.values() for f in dataclasses.fields(group)}
+    return {**fields, **{key: default for key, (default, _) in TRAINER_ARGUMENTS.items()}}
 
 
 @cache
 def field_help() -> dict[str, str]:
-    return {f.name: f.metadata.get("help", "") for group in GROUPS.values() for f in dataclasses.fields(group)}
+    fields = {f.name: f.metadata.get("help", "") for group in GROUPS.values() for f in dataclasses.fields(group)}
+    return {**fields, **{key: does for key, (_, does) in TRAINER_ARGUMENTS.items()}}

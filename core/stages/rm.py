@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from tuneline.core.config import FinetuningConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.kind import ModelRequest, StageKind, TrainerRequest
-from tuneline.core.stages.stage_keys import PER_DATASET_EVALUATION_KEYS, TRAINER_KEYS
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, PER_DATASET_EVALUATION_KEYS, TRAINER_KEYS, TRAINER_LOOP_KEYS,
+                                               TRAINER_SAMPLER_KEYS)
 from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ RM = StageKind(
     summary="reward modelling: a scoring head trained to rank the chosen reply of each pair above the rejected",
     examples="pairwise",
     output="reward_model",
-    reads=frozenset({*TRAINER_KEYS, *PER_DATASET_EVALUATION_KEYS}),
+    reads=frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *PER_DATASET_EVALUATION_KEYS}),
     load_model=load_reward_base,
     build_trainer=build_reward_trainer,
     held_out_metrics=reward_metrics,

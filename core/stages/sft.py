@@ -9,8 +9,10 @@ from __future__ import annotations
 from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import build_language_model_trainer, load_policy, perplexity_metrics
 from tuneline.core.stages.kind import StageKind
-from tuneline.core.stages.stage_keys import (LANGUAGE_MODEL_KEYS, PACKING_KEYS, PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS,
-                                               REFERENCE_KEYS, SFT_LOSS_KEYS, SUPERVISED_LABEL_KEYS, TRAINER_KEYS)
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, LABEL_SMOOTHING_KEYS, LANGUAGE_MODEL_KEYS, PACKING_KEYS,
+                                               PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS, REFERENCE_KEYS, SFT_LOSS_KEYS,
+                                               SUPERVISED_LABEL_KEYS, TRAINER_KEYS, TRAINER_LOOP_KEYS,
+                                               TRAINER_SAMPLER_KEYS)
 
 LOSS_VARIANTS = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")
 
@@ -40,11 +42,17 @@ def _config_problems(config: StageConfig) -> list[str]:
 
 
 def _unread_keys(config: StageConfig) -> dict[str, str]:
-    """The generation keys answer held-out prompts after training, which only `do_predict` asks for."""
-    if config.training.get("do_predict") and config.training.get("predict_with_generate"):
-        return {}
-    return dict.fromkeys(PREDICTION_KEYS, "stage sft generates only to predict ('do_predict: true' with "
-                                          "'predict_with_generate: true'), which this run does not ask for")
+    """The generation keys answer held-out prompts after training, which only `do_predict` asks for;
+    a loss variant computes its own loss, without transformers' label smoothing."""
+    unread = {}
+    variant = next((key for key in LOSS_VARIANTS if getattr(config.finetuning, key)), None)
+    if variant:
+        unread.update(dict.fromkeys(LABEL_SMOOTHING_KEYS, f"'{variant}: true' computes its own loss, which does not "
+                                                          "smooth the labels"))
+    if not (config.training.get("do_predict") and config.training.get("predict_with_generate")):
+        unread.update(dict.fromkeys(PREDICTION_KEYS, "stage sft generates only to predict ('do_predict: true' with "
+                                                     "'predict_with_generate: true'), which this run does not ask for"))
+    return unread
 
 
 SFT = StageKind(
@@ -54,7 +62,8 @@ SFT = StageKind(
     predicts=True,
     trains_images=True,
     config_problems=_config_problems,
-    reads=frozenset({*PACKING_KEYS, *SUPERVISED_LABEL_KEYS, *TRAINER_KEYS, *PER_DATASET_EVALUATION_KEYS,
+    reads=frozenset({*PACKING_KEYS, *SUPERVISED_LABEL_KEYS, *TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS,
+                     *LABEL_SMOOTHING_KEYS, *PER_DATASET_EVALUATION_KEYS,
                      *LANGUAGE_MODEL_KEYS, *SFT_LOSS_KEYS, *REFERENCE_KEYS, *PREDICTION_KEYS}),
     unread_keys=_unread_keys,
     load_model=load_policy,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from tuneline.core.config import StageConfig, trains
 from tuneline.core.stages.kind import LoopRequest, StageKind
 from tuneline.core.stages.rm import reward_model_key_problems
-from tuneline.core.stages.stage_keys import GENERATION_KEYS, PPO_KEYS, REFERENCE_KEYS
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, GENERATION_KEYS, LABEL_SMOOTHING_KEYS, PPO_KEYS, REFERENCE_KEYS,
+                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
 
 # ppo always samples its rollouts, and scores their token ids (never decoded text)
 ROLLOUT_KEYS = tuple(key for key in GENERATION_KEYS if key not in ("do_sample", "skip_special_tokens"))
@@ -45,8 +46,17 @@ def ppo_problems(config: StageConfig) -> list[str]:
 
 
 def _unread_keys(config: StageConfig) -> dict[str, str]:
-    return {"do_sample": "stage ppo always samples its rollouts",
-            "skip_special_tokens": "stage ppo scores the token ids of its rollouts and decodes no text"}
+    """Besides the generation keys its rollouts do not take, the Trainer's arguments that its own loop
+    (`trainer.py`) does not use, and a checkpoint schedule other than by steps."""
+    unread = {"do_sample": "stage ppo always samples its rollouts",
+              "skip_special_tokens": "stage ppo scores the token ids of its rollouts and decodes no text",
+              **dict.fromkeys((*TRAINER_LOOP_KEYS, *TRAINER_SAMPLER_KEYS, *LABEL_SMOOTHING_KEYS),
+                              "stage ppo trains in its own loop, which does not use it")}
+    strategy = config.training.get("save_strategy")
+    if strategy in ("epoch", "best"):
+        unread["save_strategy"] = ("stage ppo trains in its own loop, which saves checkpoints by steps only "
+                                   "('save_steps') or not at all ('no')")
+    return unread
 
 
 def _train(request: LoopRequest) -> dict[str, float]:
@@ -63,7 +73,7 @@ PPO = StageKind(
     config_problems=ppo_problems,
     # reward_model_adapters is refused (reward_model_key_problems)
     reads=frozenset({*PPO_KEYS, *REFERENCE_KEYS, "reward_model", "reward_model_quantization_bit",
-                     "reward_model_type", *ROLLOUT_KEYS}),
+                     "reward_model_type", *ROLLOUT_KEYS, *CHECKPOINT_KEYS}),
     unread_keys=_unread_keys,
     train_loop=_train,
     trainer_modules=("accelerate", "trl.trainer.utils", "tuneline.core.stages.ppo.trainer"),

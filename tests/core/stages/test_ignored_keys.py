@@ -45,6 +45,37 @@ SAMPLES: dict[str, dict] = {
     "repetition_penalty": {"repetition_penalty": 1.1}, "max_new_tokens": {"max_new_tokens": 16}, "max_length": {"max_length": 256},
     "num_beams": {"num_beams": 2}, "length_penalty": {"length_penalty": 0.8}, "skip_special_tokens": {"skip_special_tokens": False},
     "eval_num_beams": {"eval_num_beams": 2},
+    # the Trainer's arguments
+    "optim": {"optim": "adamw_torch"}, "optim_args": {"optim_args": "amsgrad=True"},
+    "optim_target_modules": {"optim_target_modules": "all"}, "lr_scheduler_kwargs": {"lr_scheduler_kwargs": {"min_lr": 1e-6}},
+    "eval_strategy": EVALUATING, "eval_steps": {**EVALUATING, "eval_steps": 3}, "eval_delay": {**EVALUATING, "eval_delay": 2},
+    "eval_accumulation_steps": {"eval_accumulation_steps": 2}, "logging_strategy": {"logging_strategy": "epoch"},
+    "logging_first_step": {"logging_first_step": True}, "save_strategy": {"save_strategy": "epoch"},
+    "save_only_model": {"save_only_model": True}, "metric_for_best_model": EVALUATING,
+    "dataloader_num_workers": {"dataloader_num_workers": 4}, "dataloader_drop_last": {"dataloader_drop_last": True},
+    "dataloader_persistent_workers": {"dataloader_num_workers": 2, "dataloader_persistent_workers": True},
+    "dataloader_prefetch_factor": {"dataloader_num_workers": 2, "dataloader_prefetch_factor": 4},
+    "dataloader_pin_memory": {"dataloader_pin_memory": False}, "train_sampling_strategy": {"train_sampling_strategy": "sequential"},
+    "data_seed": {"data_seed": 3}, "torch_compile": {"torch_compile": True}, "neftune_noise_alpha": {"neftune_noise_alpha": 5.0},
+    "full_determinism": {"full_determinism": True}, "auto_find_batch_size": {"auto_find_batch_size": True},
+    "average_tokens_across_devices": {"average_tokens_across_devices": False},
+    "torch_empty_cache_steps": {"torch_empty_cache_steps": 4}, "push_to_hub": {"push_to_hub": True},
+    "hub_model_id": {"hub_model_id": "someone/model"}, "report_to": {"report_to": "tensorboard"},
+    "ddp_find_unused_parameters": {"ddp_find_unused_parameters": True}, "loraplus_lr_ratio": {"loraplus_lr_ratio": 16.0},
+    "loraplus_lr_embedding": {"loraplus_lr_ratio": 16.0, "loraplus_lr_embedding": 1e-5},
+    "label_smoothing_factor": {"label_smoothing_factor": 0.1},
+    "generation_max_length": {"generation_max_length": 64}, "generation_num_beams": {"generation_num_beams": 2},
+    # the inference engine's and the export's
+    "infer_backend": {"infer_backend": "sglang"}, "vllm_maxlen": {"vllm_maxlen": 2048}, "vllm_gpu_util": {"vllm_gpu_util": 0.5},
+    "vllm_enforce_eager": {"vllm_enforce_eager": True}, "vllm_max_lora_rank": {"vllm_max_lora_rank": 64},
+    "vllm_config": {"vllm_config": {"max_num_seqs": 8}}, "sglang_maxlen": {"sglang_maxlen": 2048},
+    "sglang_mem_fraction": {"sglang_mem_fraction": 0.5}, "sglang_tp_size": {"sglang_tp_size": 2},
+    "sglang_config": {"sglang_config": {"chunked_prefill_size": 512}}, "sglang_lora_backend": {"sglang_lora_backend": "flashinfer"},
+    "export_dir": {"export_dir": "merged"}, "export_size": {"export_size": 2}, "export_device": {"export_device": "auto"},
+    "export_quantization_bit": {"export_quantization_bit": 4, "export_quantization_dataset": "data/c4_demo.jsonl"},
+    "export_quantization_dataset": {"export_quantization_dataset": "data/c4_demo.jsonl"},
+    "export_quantization_nsamples": {"export_quantization_nsamples": 64},
+    "export_quantization_maxlen": {"export_quantization_maxlen": 512}, "export_hub_model_id": {"export_hub_model_id": "someone/model"},
 }
 # what each kind needs to be a valid config at all
 BASES = {"ppo": {"reward_model": "scorer"}, "grpo": {"reward_funcs": "answer_match"}, "rloo": {"reward_funcs": "answer_match"}}
@@ -63,16 +94,32 @@ SFT_LABELS = {"neat_packing", "train_on_prompt", "mask_history", "ignore_pad_tok
 SFT_LOSSES = {"use_dft_loss", "use_eaft_loss", "use_asft_loss"}
 TRAINER = {"disable_shuffling", "include_effective_tokens_per_second", "early_stopping_steps"}
 NOT_SAMPLED = {"max_new_tokens", "max_length", "num_beams", "length_penalty", "skip_special_tokens", "eval_num_beams"}
+TRAINER_LOOP = {"optim", "optim_args", "optim_target_modules", "lr_scheduler_kwargs", "eval_strategy", "eval_steps", "eval_delay",
+                "eval_accumulation_steps", "logging_strategy", "logging_first_step", "save_only_model", "metric_for_best_model",
+                "dataloader_num_workers", "dataloader_drop_last", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+                "dataloader_pin_memory", "data_seed", "torch_compile", "neftune_noise_alpha", "full_determinism",
+                "auto_find_batch_size", "average_tokens_across_devices", "torch_empty_cache_steps", "push_to_hub", "hub_model_id",
+                "report_to", "ddp_find_unused_parameters", "loraplus_lr_ratio", "loraplus_lr_embedding"}
+SERVING = {"infer_backend", "vllm_maxlen", "vllm_gpu_util", "vllm_enforce_eager", "vllm_max_lora_rank", "vllm_config",
+           "sglang_maxlen", "sglang_mem_fraction", "sglang_tp_size", "sglang_config", "sglang_lora_backend"}
+EXPORT = {"export_dir", "export_size", "export_device", "export_quantization_bit",
+          "export_quantization_dataset", "export_quantization_nsamples", "export_quantization_maxlen", "export_hub_model_id"}
+NO_KIND = {"generation_max_length", "generation_num_beams"} | SERVING | EXPORT
 
 WARNED = {
-    "pt": {"asft_alpha", "eaft_alpha"} | PREFERENCE | KTO | PPO | REFERENCE | REWARD | GENERATION,
-    "sft": PREFERENCE | KTO | PPO | REWARD,
-    "rm": {"packing", "asft_alpha", "eaft_alpha"} | PREFERENCE | KTO | PPO | REFERENCE | REWARD | GENERATION,
-    "dpo": {"packing", "asft_alpha", "eaft_alpha"} | KTO | PPO | REWARD | GENERATION,
-    "kto": {"packing", "asft_alpha", "eaft_alpha", "pref_loss", "simpo_gamma"} | PPO | REWARD | GENERATION,
-    "ppo": {"packing", "asft_alpha", "eaft_alpha", "do_sample", "skip_special_tokens", "eval_num_beams"} | PREFERENCE | KTO,
-    "grpo": {"packing", "asft_alpha", "eaft_alpha", "reward_model_type"} | PREFERENCE | KTO | PPO | NOT_SAMPLED,
-    "rloo": {"packing", "asft_alpha", "eaft_alpha", "reward_model_type"} | PREFERENCE | KTO | PPO | NOT_SAMPLED,
+    "pt": {"asft_alpha", "eaft_alpha"} | PREFERENCE | KTO | PPO | REFERENCE | REWARD | GENERATION | NO_KIND,
+    "sft": PREFERENCE | KTO | PPO | REWARD | NO_KIND,
+    "rm": {"packing", "asft_alpha", "eaft_alpha", "label_smoothing_factor"} | PREFERENCE | KTO | PPO | REFERENCE | REWARD
+          | GENERATION | NO_KIND,
+    "dpo": {"packing", "asft_alpha", "eaft_alpha", "label_smoothing_factor"} | KTO | PPO | REWARD | GENERATION | NO_KIND,
+    "kto": {"packing", "asft_alpha", "eaft_alpha", "pref_loss", "simpo_gamma", "label_smoothing_factor"} | PPO | REWARD
+           | GENERATION | NO_KIND,
+    "ppo": {"packing", "asft_alpha", "eaft_alpha", "do_sample", "skip_special_tokens", "eval_num_beams", "save_strategy",
+            "train_sampling_strategy", "label_smoothing_factor"} | PREFERENCE | KTO | TRAINER_LOOP | NO_KIND,
+    "grpo": {"packing", "asft_alpha", "eaft_alpha", "reward_model_type", "train_sampling_strategy", "label_smoothing_factor"}
+            | PREFERENCE | KTO | PPO | NOT_SAMPLED | NO_KIND,
+    "rloo": {"packing", "asft_alpha", "eaft_alpha", "reward_model_type", "train_sampling_strategy", "label_smoothing_factor"}
+            | PREFERENCE | KTO | PPO | NOT_SAMPLED | NO_KIND,
 }
 """The keys each kind trains with and warns of."""
 REFUSED = {
@@ -94,7 +141,7 @@ READ_WHEN = {
     **{(kind, key): {"beta": 0.04} for kind in ("grpo", "rloo") for key in REFERENCE},
 }
 """The settings under which a kind reads a key it reads only sometimes (each also warned without them, below)."""
-NEEDS_THE_MACHINE = {"use_vllm"}  # read by grpo and rloo, refused where vLLM cannot run (no CUDA here)
+NEEDS_THE_MACHINE = {"use_vllm", "infer_backend"}  # refused where vLLM or SGLang cannot run (no CUDA here)
 
 
 def raw_config(kind: str, key: str) -> dict:
@@ -113,7 +160,10 @@ def test_the_tables_cover_every_stage_key_and_the_kinds_declare_no_other():
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_each_ignored_key_gets_one_line_naming_key_stage_and_why(kind: str):
     for key in sorted(WARNED[kind]):
-        config = build_stage_config(raw_config(kind, key))  # it trains: a warning, not a refusal
+        if key in NEEDS_THE_MACHINE:
+            config, _ = read_stage_config(raw_config(kind, key))
+        else:
+            config = build_stage_config(raw_config(kind, key))  # it trains: a warning, not a refusal
         lines = [item.line for item in ignored_keys(config) if item.key == key]
         assert len(lines) == 1, (key, lines)
         assert lines[0].startswith(f"'{key}: ") and f"has no effect in stage '{kind}' and is ignored: " in lines[0], lines[0]
@@ -153,6 +203,24 @@ def test_keys_refused_before_stay_refused_naming_the_key(kind: str):
     ({"stage": "kto", "pref_loss": "orpo"}, "pref_loss", "only stage dpo reads it"),
     ({"stage": "sft", "reward_model_adapters": "adapter", "reward_model": "scorer"}, "reward_model_adapters",
      "no stage kind reads it"),
+    ({"stage": "ppo", "reward_model": "scorer", "optim": "adafactor"}, "optim",
+     "stage ppo trains in its own loop, which does not use it"),
+    ({"stage": "ppo", "reward_model": "scorer", "save_strategy": "epoch"}, "save_strategy",
+     "stage ppo trains in its own loop, which saves checkpoints by steps only ('save_steps') or not at all ('no')"),
+    ({"stage": "sft", "use_dft_loss": True, "label_smoothing_factor": 0.1}, "label_smoothing_factor",
+     "'use_dft_loss: true' computes its own loss, which does not smooth the labels"),
+    ({"stage": "rloo", "reward_funcs": "answer_match", "train_sampling_strategy": "sequential"}, "train_sampling_strategy",
+     "stage rloo draws its prompts with TRL's sampler, which repeats each prompt for its group and orders them by "
+     "'disable_shuffling'"),
+    ({"stage": "sft", "do_predict": True, "predict_with_generate": True, "val_size": 0.1, "dataset": "demo_alpaca",
+      "generation_num_beams": 4}, "generation_num_beams",
+     "predictions take their length from 'max_new_tokens' (or 'max_length') and their beams from 'num_beams' (or "
+     "'eval_num_beams'), which always override it, as in LLaMA-Factory"),
+    ({"stage": "sft", "export_dir": "merged"}, "export_dir",
+     "a training stage exports no model; `tuneline export` reads it (a pipeline exports with its 'export' section)"),
+    ({"stage": "dpo", "vllm_gpu_util": 0.5}, "vllm_gpu_util",
+     "a training stage serves no model; `tuneline chat`, `tuneline api` and `tuneline webchat` read it from an "
+     "inference config"),
 ])
 def test_a_key_a_kind_reads_only_sometimes_says_when(raw: dict, key: str, why: str):
     [ignored] = [item for item in ignored_keys(build_stage_config(raw)) if item.key == key]
@@ -183,3 +251,50 @@ def test_packing_reaches_only_the_encoders_of_single_sequences():
     packing = {shape: EncodingSpec.from_config(config, template=get_template("default"), examples=shape).packing
                for shape in ("pretrain", "supervised", "pairwise", "feedback", "unsupervised")}
     assert packing == {"pretrain": True, "supervised": True, "pairwise": None, "feedback": None, "unsupervised": None}
+
+
+def test_grpo_with_vllm_says_its_vllm_takes_trl_settings():
+    config, _ = read_stage_config({"stage": "grpo", "reward_funcs": "answer_match", "use_vllm": True, "vllm_gpu_util": 0.5})
+    [ignored] = [item for item in ignored_keys(config) if item.key == "vllm_gpu_util"]
+    assert ignored.why == ("stage grpo runs vLLM with TRL's settings of 'use_vllm' and 'vllm_mode', not with the inference "
+                           "engine's")
+
+
+def test_the_trainer_arguments_defaults_are_transformers_own():
+    """Read from transformers' source (importing its trainer arguments costs seconds of torch)."""
+    import ast
+    import importlib.util
+    from importlib import metadata
+    from pathlib import Path
+
+    from tuneline.core.stages.stage_keys import TRAINER_ARGUMENTS
+
+    package = Path(importlib.util.find_spec("transformers").origin).parent
+    torch_version = tuple(int(part) for part in metadata.version("torch").split(".")[:2])
+    defaults = {}
+    for module in ("training_args.py", "training_args_seq2seq.py"):
+        for node in ast.walk(ast.parse((package / module).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call):
+                default = next((k.value for k in node.value.keywords if k.arg == "default"), None)
+                if default is not None and node.target.id in TRAINER_ARGUMENTS:
+                    if isinstance(default, ast.Name) and default.id == "default_optim":  # fused AdamW from torch 2.8
+                        defaults[node.target.id] = "adamw_torch_fused" if torch_version >= (2, 8) else "adamw_torch"
+                    else:
+                        defaults[node.target.id] = ast.literal_eval(default)
+    assert {key: default for key, (default, _) in TRAINER_ARGUMENTS.items()} == {key: defaults[key] for key in TRAINER_ARGUMENTS}
+
+
+def test_ppo_loop_reads_none_of_the_trainer_arguments_it_is_said_to_ignore():
+    """The warning's claim, checked against the loop's source: every argument it reads off the
+    TrainingArguments (`args.<name>`) is one the kind does not warn of."""
+    import re
+    from pathlib import Path
+
+    import importlib.util
+
+    loop = importlib.util.find_spec("tuneline.core.stages.ppo.trainer").origin  # its source only: importing it loads torch
+    source = Path(loop).read_text(encoding="utf-8")
+    read = set(re.findall(r"\bargs\.(\w+)", source)) | set(re.findall(r"job\.training\.get\(\"(\w+)\"", source))
+    assert {"learning_rate", "lr_scheduler_type", "max_grad_norm", "weight_decay", "save_steps", "logging_steps"} <= read
+    config = build_stage_config({"stage": "ppo", **BASES["ppo"]})
+    assert read.isdisjoint(KINDS["ppo"].unread_keys(config)), sorted(read & set(KINDS["ppo"].unread_keys(config)))
