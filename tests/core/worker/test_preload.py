@@ -28,7 +28,7 @@ def test_only_jobs_that_may_call_bitsandbytes_keep_it(tmp_path):
     assert not needs_bitsandbytes(model={}, training={}, finetuning={}, optimizer={}, model_paths=[plain, None])
     assert not needs_bitsandbytes(model={"quantization_bit": None}, training={"optim": "adamw_torch"}, finetuning={}, optimizer={}, model_paths=[plain])
     assert needs_bitsandbytes(model={"quantization_bit": 4}, training={}, finetuning={}, optimizer={}, model_paths=[plain])
-    for optim in ("adamw_8bit", "paged_adamw_32bit", "lion_32bit", "adamw_bnb_8bit"):
+    for optim in ("adamw_8bit", "paged_adamw_32bit", "lion_32bit", "adamw_bnb_8bit", "galore_adamw", "apollo_adamw_layerwise"):
         assert needs_bitsandbytes(model={}, training={"optim": optim}, finetuning={}, optimizer={}, model_paths=[plain]), optim
     assert needs_bitsandbytes(model={}, training={}, finetuning={}, optimizer={}, model_paths=[plain, quantized])  # a pre-quantized reference
     assert needs_bitsandbytes(model={}, training={}, finetuning={}, optimizer={}, model_paths=["org/model-on-the-hub"])  # unknown: allowed
