@@ -19,7 +19,7 @@ from tuneline.core.store.artifacts import Artifact
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root, trains
-from tuneline.core.stages.ignored_keys import ignored_keys
+from tuneline.core.stages.ignored_keys import datasets_map_media, ignored_keys
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.converters import MEDIA_COLUMNS
 from tuneline.core.data.dataset_info import get_dataset_attrs
@@ -79,7 +79,7 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
 
 def warn_of_ignored_keys(config: StageConfig) -> None:
     """One line for each key the stage's kind does not read although it is set (it trains, as in LLaMA-Factory)."""
-    for ignored in ignored_keys(config):
+    for ignored in ignored_keys(config, maps_media=datasets_map_media(config)):
         print(f"warning: {ignored.line}", flush=True)
 
 

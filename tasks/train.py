@@ -14,7 +14,7 @@ from tuneline.core.training.checkpoints import checkpoint_step, resume_point
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.pipeline.stage_runs import train_job, with_checkpointing
-from tuneline.core.stages.ignored_keys import IGNORED_KEYS_TAG, ignored_keys, tag_value
+from tuneline.core.stages.ignored_keys import IGNORED_KEYS_TAG, datasets_map_media, ignored_keys, tag_value
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
 from tuneline.tasks.common import STAGE_TASK_OPTIONS, RunContext, StageOutcome, announce, link_resumed_attempt, run_stage
 
@@ -27,7 +27,7 @@ def train(
     """`references` maps `ref_model`/`reward_model` to the resolved path of the stage they name."""
     logger = get_run_logger()
     training = with_checkpointing(stage.config.training)
-    ignored = ignored_keys(stage.config)
+    ignored = ignored_keys(stage.config, maps_media=datasets_map_media(stage.config))
 
     def record_ignored(run_id: str) -> None:  # on the run that computes the stage and on each cache hit's
         if ignored:

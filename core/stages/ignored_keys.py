@@ -3,8 +3,10 @@
 A key of `STAGE_KEYS` (packing, the preference and PPO keys, the generation keys, ...) set away from
 its default in a stage whose kind does not read it (`StageKind.reads`, `StageKind.unread_keys`)
 trains as LLaMA-Factory trains it, without effect, and gets one warning line naming the key, the stage
-and why. `tuneline train` prints the lines; a pipeline's train stage prints them and records the keys
-on its MLflow run as the tag `tuneline.ignored_keys` (comma-separated, in `STAGE_KEYS` order).
+and why. So does a media key (`image_max_pixels`, `video_fps`, ...) when no dataset of the stage
+maps images, videos or audio (`datasets_map_media`). `tuneline train` prints the lines; a pipeline's
+train stage prints them and records the keys on its MLflow run as the tag `tuneline.ignored_keys`
+(comma-separated, in `STAGE_KEYS` order, the media keys last).
 Combinations LLaMA-Factory refuses stay refused when the config is read (`core.stages.registry`).
 """
 
@@ -16,10 +18,15 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from tuneline.core.config import GROUPS, StageConfig
+from tuneline.core.config import GROUPS, MediaConfig, StageConfig
+from tuneline.core.data.tokenization import media_datasets
 from tuneline.core.errors import listed
 from tuneline.core.stages.registry import KINDS, stage_kind
 from tuneline.core.stages.stage_keys import READ_BY_NO_KIND, STAGE_KEYS, TRAINER_ARGUMENTS
+
+MEDIA_KEYS = tuple(f.name for f in dataclasses.fields(MediaConfig))
+"""The image, video and audio processors' keys: read only when a dataset of the stage maps media."""
+NO_MEDIA = "no dataset of this stage maps images, videos or audio, so no media processor runs"
 
 IGNORED_KEYS_TAG = "tuneline.ignored_keys"
 """On a training stage's MLflow run: the keys its kind ignored, comma-separated."""
@@ -40,8 +47,9 @@ class IgnoredKey:
                 f"What it does: {field_help()[self.key]}")
 
 
-def ignored_keys(config: StageConfig) -> list[IgnoredKey]:
-    """The keys of `config` that its stage kind ignores although they are set away from their defaults."""
+def ignored_keys(config: StageConfig, *, maps_media: bool | None = None) -> list[IgnoredKey]:
+    """The keys of `config` that its stage kind ignores although they are set away from their defaults;
+    with `maps_media` False (`datasets_map_media`), also the media keys, which a text-only run does not read."""
     kind = stage_kind(config.finetuning.stage)
     flat, defaults = config.flat(), field_defaults()
     unread_here = kind.unread_keys(config)
@@ -54,7 +62,18 @@ def ignored_keys(config: StageConfig) -> list[IgnoredKey]:
             found.append(IgnoredKey(key, value, kind.name, unread_here[key]))
         elif key not in kind.reads:
             found.append(IgnoredKey(key, value, kind.name, readers(key)))
+    if maps_media is False:
+        found.extend(IgnoredKey(key, flat[key], kind.name, NO_MEDIA) for key in MEDIA_KEYS if flat[key] != defaults[key])
     return found
+
+
+def datasets_map_media(config: StageConfig) -> bool | None:
+    """Whether a dataset the stage reads (to train or evaluate) maps images, videos or audio in its
+    dataset_info.json entry; None when no media key is set away from its default (nothing to say, nothing read)."""
+    flat, defaults = config.flat(), field_defaults()
+    if all(flat[key] == defaults[key] for key in MEDIA_KEYS):
+        return None
+    return bool(media_datasets(config))
 
 
 def readers(key: str) -> str:

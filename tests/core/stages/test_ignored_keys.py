@@ -8,7 +8,7 @@ import pytest
 
 from tuneline.core.config import read_stage_config
 from tuneline.core.errors import ConfigError
-from tuneline.core.stages.ignored_keys import ignored_keys, tag_value
+from tuneline.core.stages.ignored_keys import MEDIA_KEYS, datasets_map_media, ignored_keys, tag_value
 from tuneline.core.stages.registry import KINDS, build_stage_config
 from tuneline.core.stages.stage_keys import STAGE_KEYS
 
@@ -298,3 +298,45 @@ def test_ppo_loop_reads_none_of_the_trainer_arguments_it_is_said_to_ignore():
     assert {"learning_rate", "lr_scheduler_type", "max_grad_norm", "weight_decay", "save_steps", "logging_steps"} <= read
     config = build_stage_config({"stage": "ppo", **BASES["ppo"]})
     assert read.isdisjoint(KINDS["ppo"].unread_keys(config)), sorted(read & set(KINDS["ppo"].unread_keys(config)))
+
+
+MEDIA_SAMPLES = {"image_max_pixels": 512 * 512, "image_min_pixels": 64 * 64, "image_do_pan_and_scan": True,
+                 "crop_to_patches": True, "video_max_pixels": 128 * 128, "video_min_pixels": 32 * 32, "video_fps": 1.0,
+                 "video_maxlen": 16, "use_audio_in_video": True, "audio_sampling_rate": 8000}
+"""Each media key away from its default."""
+TEXT_DATASETS = "alpaca_en_demo,identity"
+MEDIA_DATASETS = ["mllm_demo", "mllm_video_demo", "mllm_audio_demo", "alpaca_en_demo,mllm_demo"]
+
+
+def test_the_media_table_covers_every_media_key():
+    assert set(MEDIA_SAMPLES) == set(MEDIA_KEYS)
+
+
+@pytest.mark.parametrize("kind", ["sft", "dpo", "kto"])
+def test_each_media_key_of_a_text_only_run_gets_one_line(kind: str, shared_dir):
+    data = str(shared_dir / "llamafactory" / "data")
+    config = build_stage_config({"stage": kind, "dataset": TEXT_DATASETS, "dataset_dir": data, **MEDIA_SAMPLES})
+    assert datasets_map_media(config) is False
+    ignored = ignored_keys(config, maps_media=False)
+    assert [item.key for item in ignored] == list(MEDIA_KEYS)  # in MediaConfig's order
+    assert {item.why for item in ignored} == {"no dataset of this stage maps images, videos or audio, so no media "
+                                              "processor runs"}
+    assert ignored[0].line == (f"'image_max_pixels: 262144' has no effect in stage '{kind}' and is ignored: no dataset of "
+                               "this stage maps images, videos or audio, so no media processor runs. What it does: Images "
+                               "larger than this many pixels are scaled down.")
+    assert tag_value(ignored) == ",".join(MEDIA_KEYS)
+
+
+@pytest.mark.parametrize("datasets", MEDIA_DATASETS)
+def test_no_media_line_when_a_dataset_maps_media(datasets: str, shared_dir):
+    data = str(shared_dir / "llamafactory" / "data")
+    config = build_stage_config({"stage": "sft", "dataset": TEXT_DATASETS, "eval_dataset": datasets, "dataset_dir": data,
+                                 **MEDIA_SAMPLES})  # an evaluation dataset with media counts too
+    assert datasets_map_media(config) is True
+    assert ignored_keys(config, maps_media=True) == []
+
+
+def test_without_a_media_key_set_no_dataset_is_read(tmp_path):
+    config = build_stage_config({"stage": "sft", "dataset": "anything", "dataset_dir": str(tmp_path / "absent")})
+    assert datasets_map_media(config) is None
+    assert ignored_keys(config, maps_media=datasets_map_media(config)) == []
