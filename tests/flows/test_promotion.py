@@ -156,9 +156,11 @@ def test_the_lower_real_score_loses_and_the_decision_quotes_both_versions_scores
     pattern = (rf"version 3 becomes challenger: {METRIC} (\S+) vs champion version 2's (\S+) "
                rf"\(higher is better, needs {REAL_THRESHOLD:g} better\)")
     for run in (worse, unchanged):
-        assert re.search(pattern, run["decision"]).groups() == (f"{score['3']:.4g}", f"{score['2']:.4g}"), run["decision"]
+        decided = re.search(pattern, run["decision"])
+        assert decided, run["decision"]
+        assert decided.groups() == (f"{score['3']:.4g}", f"{score['2']:.4g}"), run["decision"]
     better = re.search(rf"version 2 becomes champion: {METRIC} (\S+) vs champion version 1's (\S+) ", story["runs"][1]["decision"])
-    assert better.groups() == (f"{score['2']:.4g}", f"{score['1']:.4g}")
+    assert better and better.groups() == (f"{score['2']:.4g}", f"{score['1']:.4g}"), story["runs"][1]["decision"]
     registering = registry.search_runs([registry.get_experiment_by_name("promo").experiment_id],
                                        filter_string="tags.mlflow.runName = 'register'", order_by=["attributes.start_time ASC"])
     logged = [run.data.tags["tuneline.promotion"] for run in registering]
