@@ -277,7 +277,8 @@ def _kind(name: str, summary: str, *, reads: frozenset[str]) -> StageKind:
 
 
 # eval_on_each_dataset is refused (online_problems): the held-out prompts are scored together
-ONLINE_READS = frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *ONLINE_KEYS, *REFERENCE_KEYS, *REWARD_KEYS, *SAMPLING_KEYS})
+ONLINE_READS = frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *ONLINE_KEYS, *REFERENCE_KEYS, *REWARD_KEYS,
+                          *SAMPLING_KEYS})
 GRPO = _kind("grpo", "group relative policy optimisation: groups of sampled completions scored by verifiable rewards "
                      "or a reward model (GRPO, Dr. GRPO, DAPO, GSPO)", reads=ONLINE_READS)
 RLOO = _kind("rloo", "REINFORCE leave-one-out: sampled completions scored by verifiable rewards or a reward model, "
