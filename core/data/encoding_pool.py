@@ -13,6 +13,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
 from tuneline.core.data.encoding import (Batch, Encoded, EncodingSpec, PreparedBatch, encode_batch, encode_texts, finish_batch,
@@ -71,7 +72,7 @@ def _overlapped(batches: Iterable[Batch], *, spec: EncodingSpec, tokenizer) -> I
             try:
                 prepared = prepare_batch(batch[1], spec=spec, tokenizer=tokenizer)
             except DataError as e:
-                raise refused_row(e, batch, start=start, spec=spec, tokenizer=tokenizer) from None
+                raise refused_row(e, batch, start=start, spec=spec, tokenizer=tokenizer, lock=lock) from None
             future = executor.submit(encode_texts, tokenizer, prepared.texts, lock)
             if pending is not None:
                 yield _finished(*pending, spec=spec, tokenizer=tokenizer, lock=lock)
@@ -85,7 +86,7 @@ def _finished(batch: Batch, start: int, prepared: PreparedBatch, encoded, *, spe
     try:
         return batch[0], finish_batch(prepared, encoded.result(), spec=spec, tokenizer=tokenizer, lock=lock)
     except DataError as e:
-        raise refused_row(e, batch, start=start, spec=spec, tokenizer=tokenizer) from None
+        raise refused_row(e, batch, start=start, spec=spec, tokenizer=tokenizer, lock=lock) from None
 
 
 class _SplitStarts:
@@ -101,18 +102,21 @@ class _SplitStarts:
         return start
 
 
-def refused_row(error: DataError, batch: Batch, *, start: int, spec: EncodingSpec, tokenizer) -> DataError:
+def refused_row(error: DataError, batch: Batch, *, start: int, spec: EncodingSpec, tokenizer,
+                lock: threading.Lock | None = None) -> DataError:
     """`error`, raised while encoding `batch`, as `RowRefused` at the place in its split of the first row that
     is refused when encoded alone; `error` itself when no row is (a problem of the batch, not of a row).
+    `lock`, held meanwhile, keeps the thread that encodes the next batch off the tokenizer.
 
     Checks raise where they stand, without the row's index; finding the row again here, once, keeps every
     check, present and future, free of bookkeeping and the encoders' loops free of it."""
     if isinstance(error, RowRefused):
         return error
     split, rows = batch
-    for offset, row in enumerate(rows):
-        try:
-            encode_batch([row], spec=spec, tokenizer=tokenizer)
-        except DataError as e:
-            return RowRefused(str(e), split, start + offset)
+    with lock or nullcontext():
+        for offset, row in enumerate(rows):
+            try:
+                encode_batch([row], spec=spec, tokenizer=tokenizer)
+            except DataError as e:
+                return RowRefused(str(e), split, start + offset)
     return error
