@@ -19,7 +19,9 @@ Each runs through the command's `main` in this process, the training worker incl
 (`in_process_launch`), from the folder that holds `examples/` and `data/`, as LLaMA-Factory's
 examples are run from its repository's root, so their own relative paths (DeepSpeed configs) resolve.
 `EXAMPLES` holds the expected outcome of each: it trains (exit 0, its outputs written), or it is
-refused with exit 2 and a message naming what it needs; the run prints the table.
+refused with exit 2 and a message naming what it needs; the run prints the table. An example that
+trains also ends with a finite loss, and the run's own record of what it trained with (the
+"training with:" line, `MethodRecord`) shows the example's method or optimizer (`RAN`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import contextlib
 import gc
 import io
 import json
+import math
 import re
 import shutil
 import time
@@ -41,6 +44,8 @@ import pytest
 import yaml
 from benchmark_files import write_mmlu
 from conftest import assert_output_layout, train_in_this_process
+
+from tuneline.core.training.method_record import LINE_PREFIX, MethodRecord
 
 FOLDERS = ("train_lora", "train_full", "train_qlora", "extras", "merge_lora", "megatron")
 NO_CHAIN: Mapping[str, str] = {}
@@ -157,6 +162,42 @@ EXAMPLES.update({
                                             "Megatron-Core's pipeline and expert parallelism (another engine, CUDA only)"),
 })
 
+# What the record of each example that trains must show: equal fields, and for `added_modules` the
+# module classes that must be among them (the adapter layers; bitsandbytes' 4-bit layers under them).
+LORA = ("peft.tuners.lora.layer.Linear",)
+QLORA = ("peft.tuners.lora.bnb.Linear4bit", "bitsandbytes.nn.modules.Linear4bit")
+OFT = ("peft.tuners.oft.layer.Linear",)
+LAYERWISE = "tuneline.core.training.optimizers.projected.LayerwiseOptimizer"
+DPO_LOSS = "trl.trainer.dpo_trainer.DPOTrainer.compute_loss"
+RAN: dict[str, Mapping[str, Any]] = {
+    "train_lora/llama3_lora_sft.yaml": {"added_modules": LORA, "optimizer": "torch.optim.adamw.AdamW"},
+    "train_lora/llama3_lora_pretrain.yaml": {"added_modules": LORA},
+    "train_lora/llama3_lora_reward.yaml": {"added_modules": LORA, "loss": "trl.trainer.reward_trainer.RewardTrainer.compute_loss"},
+    "train_lora/llama3_lora_dpo.yaml": {"added_modules": LORA, "loss": DPO_LOSS},
+    "train_lora/llama3_lora_kto.yaml": {"added_modules": LORA, "loss": "trl.trainer.kto_trainer.KTOTrainer.compute_loss"},
+    "train_lora/llama3_lora_ppo.yaml": {"added_modules": LORA, "loss": "tuneline.core.stages.ppo.trainer.PPOTrainer._losses"},
+    "train_lora/llama3_preprocess.yaml": {"added_modules": LORA},
+    "train_qlora/llama3_lora_sft_otfq.yaml": {"added_modules": QLORA},
+    "train_qlora/llama3_lora_sft_bnb_npu.yaml": {"added_modules": QLORA},
+    "extras/adam_mini/qwen2_full_sft.yaml": {"optimizer": "adam_mini.adam_mini.Adam_mini"},
+    "extras/muon/qwen2_full_sft.yaml": {"optimizer": "tuneline.core.training.optimizers.adaptive.MuonWithAdamW"
+                                                     "[torch.optim.Muon, torch.optim.adamw.AdamW]"},
+    "extras/dft/qwen2_full_sft.yaml": {"loss": "tuneline.core.training.losses.dft_loss"},
+    "extras/badam/llama3_full_sft.yaml": {"optimizer": "badam.block_optim.BlockOptimizer"},
+    "extras/galore/llama3_full_sft.yaml": {"optimizer": f"{LAYERWISE}[galore_torch.adamw.AdamW]"},
+    "extras/apollo/llama3_full_sft.yaml": {"optimizer": f"{LAYERWISE}[apollo_torch.apollo.AdamW]"},
+    "extras/llama_pro/llama3_freeze_sft.yaml": {"trainable_layers": list(range(1, 16, 2))},  # the 8 blocks added
+    "extras/loraplus/llama3_lora_sft.yaml": {"added_modules": LORA},
+    "extras/oft/llama3_oft_sft.yaml": {"added_modules": OFT},
+    "extras/pissa/llama3_lora_sft.yaml": {"added_modules": LORA},
+    "extras/fsdp_qlora/llama3_lora_sft.yaml": {"added_modules": QLORA},
+    "extras/mod/llama3_full_sft.yaml": {"added_modules": ("tuneline.core.models.mixture_of_depths.RoutedLlamaDecoderLayer",)},
+    "extras/qoft/llama3_oft_sft_bnb_npu.yaml": {"added_modules": (*OFT, "bitsandbytes.nn.modules.Linear4bit")},
+    "train_lora/qwen2_5vl_lora_sft.yaml": {"added_modules": LORA},
+    "extras/oft/qwen2_5vl_oft_sft.yaml": {"added_modules": OFT},
+    "train_lora/qwen2_5vl_lora_dpo.yaml": {"added_modules": LORA, "loss": DPO_LOSS},
+}
+
 LEFT_OUT = {
     "extras/multi_tokens/tokens_cfg.yaml": "not a stage config: the token descriptions new_special_tokens_config reads",
 }
@@ -263,6 +304,11 @@ class Outcome:
     exit_code: int
     message: str  # what the command wrote to stderr (or the traceback of an exception it let out)
     output: Path | None  # output_dir (train) or export_dir (export)
+    printed: str = ""  # what it wrote to stdout
+
+    def records(self) -> list[MethodRecord]:
+        """The run's records of what it trained with (one per training run)."""
+        return [MethodRecord.from_line(line) for line in self.printed.splitlines() if line.startswith(LINE_PREFIX)]
 
 
 class ExampleRuns:
@@ -336,14 +382,14 @@ class ExampleRuns:
         path = folder.with_suffix(".yaml")
         self.configs[name] = {**config, **edits}
         path.write_text(yaml.safe_dump(self.configs[name], sort_keys=False))
-        stderr = io.StringIO()
+        stderr, stdout = io.StringIO(), io.StringIO()
         try:
-            with contextlib.redirect_stderr(stderr):
+            with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
                 code = main([command, str(path)])
         except Exception:  # what the command would have ended with status 1 on
-            return Outcome(1, stderr.getvalue() + traceback.format_exc(), None)
+            return Outcome(1, stderr.getvalue() + traceback.format_exc(), None, stdout.getvalue())
         output = edits.get({"train": "output_dir", "export": "export_dir", "eval": "save_dir"}[command])
-        return Outcome(code, stderr.getvalue(), Path(output) if output else None)
+        return Outcome(code, stderr.getvalue(), Path(output) if output else None, stdout.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -408,10 +454,29 @@ def test_example_config_trains_or_is_refused_naming_what_it_needs(runs: ExampleR
     state = outcome.output / "trainer_state.json"
     if state.is_file():  # the trainer-based stages; ppo's own loop writes none
         assert json.loads(state.read_text())["global_step"] == 2  # max_steps: 2
+    assert_ran_as_named(name, outcome)
     if example.base == "qwen2_5vl":  # a vision-language model's folder keeps its image processor
         assert "preprocessor_config.json" in written
     if name in LAYOUT_CHECKED:
         assert_output_layout(outcome.output, LAYOUT_CHECKED[name])
+
+
+def assert_ran_as_named(name: str, outcome: Outcome) -> None:
+    """A run that trained ended on a finite loss, and its record shows the example's method or optimizer."""
+    records = outcome.records()
+    if not (outcome.output / "train_results.json").is_file():  # it did not train (prediction, evaluation, export)
+        assert not records and name not in RAN, (name, records)
+        return
+    loss = json.loads((outcome.output / "train_results.json").read_text())["train_loss"]
+    assert math.isfinite(loss), f"{name}: train_loss {loss}"
+    assert len(records) == 1, f"{name}: {len(records)} '{LINE_PREFIX}' lines"
+    assert name in RAN, f"{name} trained with {records[0]}; say in RAN what it must show"
+    for key, expected in RAN[name].items():
+        seen = getattr(records[0], key)
+        if key == "added_modules":
+            assert set(expected) <= set(seen), f"{name}: {key} {seen}, expected {expected} among them"
+        else:
+            assert seen == expected, f"{name}: {key} {seen!r}, expected {expected!r}"
 
 
 # the plain LoRA runs of the alignment stages write LLaMA-Factory's output layout file for file
