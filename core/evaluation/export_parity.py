@@ -66,12 +66,14 @@ def _dataset_probes(config: StageConfig, *, count: int) -> list[Probe]:
 
     names = dataset_names(config.data.dataset)
     probes = []
-    for index, row in enumerate(itertools.islice(iter_rows(names, config), 64)):
+    # the same rows read again as their origins (dataset, file, row from 1), to name a probe as data errors name rows
+    rows_and_origins = zip(iter_rows(names, config), iter_rows(names, config, origins=True))
+    for row, origin in itertools.islice(rows_and_origins, 64):
         if len(probes) == count:
             break
         if _plain(row):
             conversation = Conversation(prompt=row["prompt"], response=row["response"][:1], system=row.get("system") or None)
-            probes.append(Probe(f"row {index} of dataset {', '.join(names)}", conversation))
+            probes.append(Probe(origin.describe(), conversation))
     return probes
 
 

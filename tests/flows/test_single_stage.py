@@ -135,8 +135,9 @@ def test_export_of_a_broken_chat_template_fails_at_the_first_differing_token(tra
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "failed the train/serve parity check, so it was not written" in result.stderr
-    assert "writes other text than training for the prompt with the generation prefix of row 0 of dataset demo_alpaca" \
+    assert "writes other text than training for the prompt with the generation prefix of dataset 'demo_alpaca' in " \
         in result.stderr
+    assert "dataset_info.json: row 1 of " in result.stderr
     assert "first differ at token" in result.stderr and "(ids [" in result.stderr
     assert not export_dir.exists() and not list(tmp_path.glob(".exported*"))
 
