@@ -157,17 +157,24 @@ def serve(socket_path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(16)  # requests wait here while the imports below run
+    # watched from the start: an orchestrator that ends during the imports (a refused config) must not
+    # leave them running for nothing
+    threading.Thread(target=_exit_when_orphaned, daemon=True).start()
     keep_out_bitsandbytes()
     preload(sorted({module for kind in KINDS.values() for module in kind.trainer_modules}))
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children; their status travels on their pipe
     while True:
-        ready, _, _ = select.select([listener, sys.stdin], [], [])
-        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
-            return
-        if listener in ready:
-            connection, _ = listener.accept()
-            with connection:
-                _fork_child(connection, listener)
+        connection, _ = listener.accept()
+        with connection:
+            _fork_child(connection, listener)
+
+
+def _exit_when_orphaned() -> None:
+    """Ends the warm worker when its standard input closes (nothing is ever written to it); the
+    children it forked live on."""
+    while os.read(sys.stdin.fileno(), 4096):
+        pass
+    os._exit(0)
 
 
 def _fork_child(connection: socket.socket, listener: socket.socket) -> None:

@@ -94,3 +94,25 @@ def test_a_job_with_another_environment_gets_a_warm_worker_of_its_own(worker_env
     assert other is not first and other.env["HF_HOME"] == "/elsewhere"
     assert first.process.poll() is not None  # replaced, it ended
     assert warm_worker({**env, DISABLE_ENV: "0"}) is None
+
+
+def test_a_warm_worker_whose_orchestrator_ends_during_its_imports_ends_too(tmp_path):
+    """Closing its standard input (what an orchestrator's exit does) ends it at once, not after the
+    imports of torch, transformers and TRL it would otherwise finish for nothing."""
+    import subprocess
+    import sys
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "tuneline.core.worker.warm", str(tmp_path / "worker.sock")],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):  # the socket is bound before the imports start
+            if (tmp_path / "worker.sock").exists():
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "worker.sock").exists()
+        process.stdin.close()
+        process.wait(timeout=3)  # the imports alone take several seconds
+    finally:
+        process.kill()
+        process.wait()
