@@ -1,11 +1,13 @@
 """The reasoning chain (data/reasoning_pipeline.yaml) through `tuneline run`: base -> pt -> sft -> grpo
 -> export -> register, on the project's arithmetic demo. Real Prefect, real MLflow, real training.
 
-Workspace A runs it uninterrupted: GRPO raises the held-out pass rate above the fine-tuned model's
-and its training reward rises; the completions table is in MLflow; the champion is chosen by
-`eval_pass_rate`. Workspace B starts with A's MLflow store and the artifacts before grpo; the run is
-SIGKILLed once grpo has a checkpoint, and the rerun serves the earlier stages from cache, resumes
-grpo from its checkpoint and ends with A's weights.
+Workspace A first registers the fine-tuned (sft) policy: the chain with a grpo stage that does not
+move it (one step at learning rate 0), whose held-out pass rate is the sft model's. Then it runs the
+chain as shipped, uninterrupted (base, pt and sft served from cache): GRPO raises the held-out pass
+rate above the fine-tuned model's and its training reward rises; the completions table is in MLflow;
+the version with the higher `eval_pass_rate` becomes champion. Workspace B starts with A's MLflow
+store and the artifacts before grpo; the run is SIGKILLed once grpo has a checkpoint, and the rerun
+serves the earlier stages from cache, resumes grpo from its checkpoint and ends with A's weights.
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ REPO = Path(__file__).resolve().parents[2]
 CHAIN = REPO / "data/reasoning_pipeline.yaml"
 STAGES = ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "grpo/tokenize", "grpo", "grpo/export", "register"]
 PASS_RATE_MARGIN = 0.1  # four of the 40 held-out problems
+FORMAT_RATE_AFTER = 0.9  # 1.0 after grpo in every measured run; the sft model: 0.025 to 0.325
 
 
-def write_chain(path: Path) -> Path:
+def write_chain(path: Path, **grpo_values) -> Path:
     """The demo chain, its grpo stage logging every step and saving a checkpoint every 10 steps."""
     chain = yaml.safe_load(CHAIN.read_text())
     chain["defaults"]["dataset_dir"] = str(REPO / "data/reasoning_demo")
     [grpo] = [stage for stage in chain["stages"] if stage["name"] == "grpo"]
-    grpo.update(logging_steps=1, save_steps=10)
+    grpo.update(logging_steps=1, save_steps=10, **grpo_values)
     path.write_text(yaml.safe_dump(chain, sort_keys=False))
     return path
 
@@ -37,8 +40,11 @@ def write_chain(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, prefect_server) -> dict:
     folder = tmp_path_factory.mktemp("reasoning")
+    unmoved = write_chain(folder / "sft_policy.yaml", learning_rate=0.0, max_steps=1)
+    sft_output = run_to_end(unmoved, folder / "A", folder / "A0.log")
     chain = write_chain(folder / "chain.yaml")
-    return run_uninterrupted(chain, folder, what="reasoning chain")
+    return {**run_uninterrupted(chain, folder, what="reasoning chain"), "sft_policy_rows": stage_rows(sft_output),
+            "sft_policy_output": sft_output}
 
 
 def manifest(rows: dict[str, tuple[str, str]], name: str) -> dict:
@@ -55,6 +61,9 @@ def test_grpo_raises_the_held_out_pass_rate_and_its_reward(uninterrupted):
           f"{metrics['eval_mean_reward_before']:.3f} -> {metrics['eval_mean_reward']:.3f}")
     assert after >= before + PASS_RATE_MARGIN
     assert metrics["eval_mean_reward"] > metrics["eval_mean_reward_before"]
+    shape, shape_before = metrics["eval_reward_think_answer_format"], metrics["eval_reward_think_answer_format_before"]
+    print(f"held-out answers in the checkable shape: sft model {shape_before:.3f}, after grpo {shape:.3f}")
+    assert shape >= FORMAT_RATE_AFTER > shape_before  # the problems were never seen; the shape is what grpo taught
 
     log = [json.loads(line) for line in (Path(rows["grpo"][1]) / "trainer_log.jsonl").read_text().splitlines()]
     rewards = [record["reward"] for record in log if "reward" in record]
@@ -78,8 +87,22 @@ def test_the_completions_table_and_the_champion_by_pass_rate(uninterrupted):
             "advantage"} <= set(table["columns"])
     assert len(table["data"]) >= 60  # a sample of every logged step
     assert "[eval_pass_rate read from stage 'grpo' manifest]" in output
-    version = client.get_model_version_by_alias("tuneline-reasoning", "champion")
-    assert float(version.tags["tuneline.metric.eval_pass_rate"]) == grpo["metrics"]["eval_pass_rate"]
+
+    # version 1: the sft policy (grpo at learning rate 0 leaves its weights as sft wrote them); version 2: grpo's
+    unmoved = manifest(uninterrupted["sft_policy_rows"], "grpo")
+    sft_weights = weights(Path(rows["sft"][1]))
+    assert max_difference(weights(Path(uninterrupted["sft_policy_rows"]["grpo"][1])), sft_weights) == 0
+    sft_rate, grpo_rate = unmoved["metrics"]["eval_pass_rate"], grpo["metrics"]["eval_pass_rate"]
+    assert sft_rate == unmoved["metrics"]["eval_pass_rate_before"] == grpo["metrics"]["eval_pass_rate_before"]
+    recorded = {v: float(client.get_model_version("tuneline-reasoning", v).tags["tuneline.metric.eval_pass_rate"])
+                for v in ("1", "2")}
+    print(f"held-out pass rate: version 1 (sft policy) {recorded['1']}, version 2 (grpo policy) {recorded['2']}")
+    assert recorded == {"1": sft_rate, "2": grpo_rate}
+    assert "version 1 becomes champion: it is the first version" in uninterrupted["sft_policy_output"]
+    assert grpo_rate > sft_rate
+    assert (f"version 2 becomes champion: eval_pass_rate {grpo_rate:.4g} vs champion version 1's {sft_rate:.4g} "
+            f"(higher is better)") in output
+    assert str(client.get_model_version_by_alias("tuneline-reasoning", "champion").version) == "2"
 
 
 @pytest.mark.slow
