@@ -12,7 +12,9 @@ run through `tuneline train` (`tuneline export` for merge_lora, `tuneline eval` 
   preference and pre-training examples), `gradient_accumulation_steps: 1` (the examples' 8 would make
   each step 8 forward and backward passes through those logits), and no extra processes for
   tokenizing or loading batches (each would be a fork of this test process, costing more than the
-  two steps);
+  two steps), and `logging_nan_inf_filter: false` (transformers would log a NaN step's loss as the
+  mean of the finite ones before it, 0 when there are none, so a run of NaN losses would end on a
+  finite `train_loss`);
 - what `Example.overrides` adds, said in its reason.
 
 Each runs through the command's `main` in this process, the training worker included
@@ -203,7 +205,7 @@ LEFT_OUT = {
 }
 
 TRAIN_EDITS = {"max_steps": 2, "max_samples": 16, "cutoff_len": 128, "gradient_accumulation_steps": 1,
-               "preprocessing_num_workers": None, "dataloader_num_workers": 0}
+               "preprocessing_num_workers": None, "dataloader_num_workers": 0, "logging_nan_inf_filter": False}
 OUTPUT_KEYS = ("output_dir", "export_dir", "tokenized_path")
 EVALUATED_FILES = ("results.json", "results.log")
 TRAINED_FILES = ("all_results.json", "train_results.json")  # logging_steps 10 > max_steps: no log lines
