@@ -176,23 +176,46 @@ FULL_WEIGHT_FILES = frozenset({"config.json", "model.safetensors", "generation_c
 
 
 def assert_output_layout(folder: Path, kind: str, *, extra: frozenset[str] = frozenset(), full_weights: bool = False) -> None:
-    """`folder` holds exactly the files `tuneline train` writes for `kind` (tests/data/output_layout.json,
-    recorded from LoRA runs; checkpoints left aside), `extra` besides; full-weight runs hold the
-    model's files where LoRA runs hold the adapter's, and only runs with a validation split write
-    eval_results.json. Its log has LLaMA-Factory's step keys and no key the kind never wrote."""
+    """`folder`, and each checkpoint-*/ in it, holds exactly the files LLaMA-Factory 0.9.5 writes for `kind`
+    (tests/data/output_layout.json, recorded by tests/data/make_output_layout.py from LoRA runs; for a kind
+    LLaMA-Factory cannot run there, recorded from tuneline) and the extras tuneline declares there, `extra`
+    besides, less the files tuneline declares it does not write. Full-weight runs hold the model's files where
+    LoRA runs hold the adapter's. Of the files only
+    evaluation writes, eval_results.json is expected when the run evaluated and a `training_<key>.png` when
+    its key was logged, as LLaMA-Factory decides. Its log has LLaMA-Factory's step keys and no key that
+    neither LLaMA-Factory nor tuneline's declared extras name."""
     import json
 
-    layout = json.loads((REPO_ROOT / "tests/data/output_layout.json").read_text())["kinds"][kind]
-    expected = set(layout["files"]) | extra
+    layout = json.loads((REPO_ROOT / "tests/data/output_layout.json").read_text())
+    ours = layout["tuneline"]
+    recorded = layout["kinds"][kind] if kind in layout["kinds"] else ours["kinds"][kind]
+    history = json.loads((folder / "trainer_state.json").read_text())["log_history"] if (folder / "trainer_state.json").is_file() else []
+    log = [json.loads(line) for line in (folder / "trainer_log.jsonl").read_text().splitlines()]
+    logged = {key for record in log + history for key in record}
+    evaluated = any(name.startswith("eval_") for name in json.loads((folder / "all_results.json").read_text()))
+    files = set(recorded["files"]) - {name for name in recorded["files_only_with_eval"]
+                                      if not _written_by_evaluation(name, logged=logged, evaluated=evaluated)}
+    files = {name for name in files if name.rsplit("/", 1)[-1] not in ours["not_written"].get(kind, {})}
+    expected = {name for name in files if "/" not in name} | set(ours["extra_files"]) | extra
+    in_checkpoint = {name.split("/", 1)[1] for name in files if "/" in name} | set(ours["extra_checkpoint_files"])
     if full_weights:
-        expected = (expected - ADAPTER_FILES) | FULL_WEIGHT_FILES
-    results = json.loads((folder / "all_results.json").read_text())
-    if not any(name.startswith("eval_") for name in results):
-        expected.discard("eval_results.json")
+        expected, in_checkpoint = ((names - ADAPTER_FILES) | FULL_WEIGHT_FILES for names in (expected, in_checkpoint))
     found = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.relative_to(folder).parts[0].startswith("checkpoint-")}
     assert found == expected, f"{kind}: missing {sorted(expected - found)}, unexpected {sorted(found - expected)}"
-    keys = {key for line in (folder / "trainer_log.jsonl").read_text().splitlines() for key in json.loads(line)}
-    assert STEP_KEYS <= keys <= set(layout["log_keys"]) | {"eval_loss"}, f"{kind}: log keys {sorted(keys)}"
+    for checkpoint in folder.glob("checkpoint-*"):
+        inside = {p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file()}
+        if any("/" in name for name in recorded["files"]):  # a kind recorded with its checkpoint
+            assert inside == in_checkpoint, \
+                f"{kind} {checkpoint.name}: missing {sorted(in_checkpoint - inside)}, unexpected {sorted(inside - in_checkpoint)}"
+    keys = {key for record in log for key in record}
+    assert STEP_KEYS <= keys <= set(recorded["log_keys"]) | set(ours["extra_log_keys"]) | {"eval_loss"}, f"{kind}: log keys {sorted(keys)}"
+
+
+def _written_by_evaluation(name: str, *, logged: set[str], evaluated: bool) -> bool:
+    """LLaMA-Factory draws `training_<key>.png` when the key was logged, and writes eval_results.json when the run evaluated."""
+    if name.startswith("training_") and name.endswith(".png"):
+        return name.removeprefix("training_").removesuffix(".png") in logged
+    return evaluated
 
 
 # -- one Prefect server for the session ---------------------------------------------------------

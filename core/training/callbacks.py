@@ -158,9 +158,19 @@ def _peak_line(peak: Peak | None, *, processes: int) -> str:
     return f"MFU is estimated against {peak.flops / 1e12:.3g} TFLOP/s per device{scale} ({peak.source})."
 
 
-def plot_loss(output_dir: str | Path) -> Path | None:
-    """Draw training (and evaluation) loss from `trainer_log.jsonl`; None when nothing was logged."""
-    log_path = Path(output_dir) / LOG_FILE
+PLOTTED_KEYS: dict[str, tuple[str, ...]] = {
+    "pt": ("eval_loss",), "sft": ("eval_loss", "eval_accuracy"), "rm": ("eval_loss", "eval_accuracy"),
+    "dpo": ("rewards/accuracies", "eval_loss"), "kto": ("rewards/chosen", "eval_loss"),
+}
+"""The curves LLaMA-Factory draws beside the training loss for each stage, one `training_<key>.png` per key
+that was logged (`/` written as `_`), so that an output folder holds the same pictures."""
+
+
+def plot_loss(output_dir: str | Path, stage: str | None = None) -> Path | None:
+    """Draw training (and evaluation) loss from `trainer_log.jsonl`, and the stage's PLOTTED_KEYS that were
+    logged (from the log, else from trainer_state.json's log history); None when no loss was logged."""
+    folder = Path(output_dir)
+    log_path = folder / LOG_FILE
     if not log_path.is_file():
         return None
     records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line]
@@ -178,9 +188,28 @@ def plot_loss(output_dir: str | Path) -> Path | None:
     axes.set_xlabel("step")
     axes.set_ylabel("loss")
     axes.legend()
-    path = Path(output_dir) / LOSS_PLOT
+    path = folder / LOSS_PLOT
     figure.savefig(path, dpi=100, bbox_inches="tight")
+    state_path = folder / "trainer_state.json"
+    history = json.loads(state_path.read_text(encoding="utf-8")).get("log_history", []) if state_path.is_file() else []
+    for key in PLOTTED_KEYS.get(stage or "", ()):
+        logged = [(r["current_steps"], r[key]) for r in records if key in r] or \
+            [(r["step"], r[key]) for r in history if key in r and "step" in r]
+        if logged:
+            _plot_curve(logged, key, folder / f"training_{key.replace('/', '_')}.png")
     return path
+
+
+def _plot_curve(points: list[tuple[int, float]], key: str, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 4))
+    axes = figure.subplots()
+    axes.plot(*zip(*points), "o-" if len(points) < 3 else "-", label=key)
+    axes.set_xlabel("step")
+    axes.set_ylabel(key)
+    axes.legend()
+    figure.savefig(path, dpi=100, bbox_inches="tight")
 
 
 def loop_callbacks(finetuning: FinetuningConfig) -> list[TrainerCallback]:

@@ -186,7 +186,7 @@ def finish_outputs(job: TrainJob, *, main: bool) -> None:
     from tuneline.core.training.callbacks import plot_loss
 
     if main:
-        plot_loss(job.output_dir)
+        plot_loss(job.output_dir, stage_kind(job.finetuning["stage"]).name)
         if not job.keep_checkpoints:
             for stale in Path(job.output_dir).glob(f"{CHECKPOINT_PREFIX}*"):
                 shutil.rmtree(stale)
