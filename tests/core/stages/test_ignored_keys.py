@@ -164,8 +164,10 @@ def test_each_ignored_key_gets_one_line_naming_key_stage_and_why(kind: str):
             config, _ = read_stage_config(raw_config(kind, key))
         else:
             config = build_stage_config(raw_config(kind, key))  # it trains: a warning, not a refusal
-        lines = [item.line for item in ignored_keys(config) if item.key == key]
+        ignored = ignored_keys(config)
+        lines = [item.line for item in ignored if item.key == key]
         assert len(lines) == 1, (key, lines)
+        assert key in tag_value(ignored).split(","), (key, tag_value(ignored))  # what the stage's MLflow run records
         assert lines[0].startswith(f"'{key}: ") and f"has no effect in stage '{kind}' and is ignored: " in lines[0], lines[0]
         assert "What it does: " in lines[0] and "\n" not in lines[0]
 
