@@ -44,7 +44,7 @@ def run_training(job: TrainJob) -> dict[str, float]:
     if kind.train_loop is not None:
         metrics = kind.train_loop(LoopRequest(job=job, args=args, tokenizer=tokenizer, datasets=datasets, checkpoint=checkpoint,
                                               finetuning=finetuning, model_config=model_config, new_tokens=new_tokens))
-        finish_outputs(job, main=args.process_index == 0)
+        finish_outputs(job, kind, main=args.process_index == 0)
         return metrics
     return _train_with_trainer(kind, job, args, checkpoint=checkpoint, tokenizer=tokenizer, datasets=datasets,
                                finetuning=finetuning, model_config=model_config, new_tokens=new_tokens)
@@ -115,7 +115,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         from tuneline.core.training.completions_log import log_completions_table
 
         log_completions_table(job.output_dir, tracking_uri=job.tracking_uri, run_id=job.run_id)
-    finish_outputs(job, main=main)
+    finish_outputs(job, kind, main=main)
     return metrics
 
 
@@ -181,12 +181,12 @@ def held_out_results(kind: StageKind, trainer, tokenizer, datasets, finetuning: 
     return metrics
 
 
-def finish_outputs(job: TrainJob, *, main: bool) -> None:
+def finish_outputs(job: TrainJob, kind: StageKind, *, main: bool) -> None:
     """The loss curve, and no checkpoints left when the job says so; rank 0 alone writes the stage's files."""
     from tuneline.core.training.callbacks import plot_loss
 
     if main:
-        plot_loss(job.output_dir, stage_kind(job.finetuning["stage"]).name)
+        plot_loss(job.output_dir, kind.name)
         if not job.keep_checkpoints:
             for stale in Path(job.output_dir).glob(f"{CHECKPOINT_PREFIX}*"):
                 shutil.rmtree(stale)
