@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # a tuneline process per case: the core row checks stay in the fast tier (tests/core/data)
+
 BAD_TOOLS = '{"name": "lookup", '  # a row's tools cut off mid-object: every template-rendering stage refuses it
 TOOLS = {"tools": "tools"}
 
