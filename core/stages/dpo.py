@@ -145,6 +145,7 @@ DPO = StageKind(
     name="dpo",
     summary="direct preference optimisation on pairs (DPO, IPO, hinge, ORPO, SimPO), against a reference model",
     examples="pairwise",
+    plotted_keys=("rewards/accuracies", "eval_loss"),
     references=frozenset({"ref_model"}),
     trains_images=True,
     config_problems=_config_problems,

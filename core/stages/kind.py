@@ -117,6 +117,9 @@ class StageKind:
     """Which of `ref_model` and `reward_model` it reads; in a pipeline they may name a stage."""
     predicts: bool = False
     """Whether `do_predict` with `predict_with_generate` can answer held-out prompts after training."""
+    plotted_keys: tuple[str, ...] = ()
+    """Logged keys drawn beside the loss curve, one `training_<key>.png` each, as LLaMA-Factory draws them
+    for this kind (`core.training.callbacks.plot_loss`)."""
     config_problems: Callable[[StageConfig], list[str]] = no_problems
     """Settings this kind cannot train with, one line each, found when the config is read."""
     reads: frozenset[str] = frozenset()

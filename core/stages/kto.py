@@ -71,6 +71,7 @@ KTO = StageKind(
     name="kto",
     summary="Kahneman-Tversky optimisation on replies tagged desirable or undesirable, against a reference model",
     examples="feedback",
+    plotted_keys=("rewards/chosen", "eval_loss"),
     references=frozenset({"ref_model"}),
     config_problems=_config_problems,
     # of the preference keys only pref_beta: kto_problems refuses dpo's other terms

@@ -12,6 +12,7 @@ PT = StageKind(
     name="pt",
     summary="pre-training: next-token prediction on plain text (packed by default)",
     examples="pretrain",
+    plotted_keys=("eval_loss",),
     reads=frozenset({*PACKING_KEYS, *TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *LABEL_SMOOTHING_KEYS,
                      *PER_DATASET_EVALUATION_KEYS, *LANGUAGE_MODEL_KEYS}),
     load_model=load_policy,

@@ -118,6 +118,7 @@ RM = StageKind(
     name="rm",
     summary="reward modelling: a scoring head trained to rank the chosen reply of each pair above the rejected",
     examples="pairwise",
+    plotted_keys=("eval_loss", "eval_accuracy"),
     output="reward_model",
     reads=frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *PER_DATASET_EVALUATION_KEYS}),
     load_model=load_reward_base,

@@ -59,6 +59,7 @@ SFT = StageKind(
     name="sft",
     summary="supervised fine-tuning: replies of conversations trained, prompts masked",
     examples="supervised",
+    plotted_keys=("eval_loss", "eval_accuracy"),
     predicts=True,
     trains_images=True,
     config_problems=_config_problems,

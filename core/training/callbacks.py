@@ -158,17 +158,10 @@ def _peak_line(peak: Peak | None, *, processes: int) -> str:
     return f"MFU is estimated against {peak.flops / 1e12:.3g} TFLOP/s per device{scale} ({peak.source})."
 
 
-PLOTTED_KEYS: dict[str, tuple[str, ...]] = {
-    "pt": ("eval_loss",), "sft": ("eval_loss", "eval_accuracy"), "rm": ("eval_loss", "eval_accuracy"),
-    "dpo": ("rewards/accuracies", "eval_loss"), "kto": ("rewards/chosen", "eval_loss"),
-}
-"""The curves LLaMA-Factory draws beside the training loss for each stage, one `training_<key>.png` per key
-that was logged (`/` written as `_`), so that an output folder holds the same pictures."""
-
-
-def plot_loss(output_dir: str | Path, stage: str | None = None) -> Path | None:
-    """Draw training (and evaluation) loss from `trainer_log.jsonl`, and the stage's PLOTTED_KEYS that were
-    logged (from the log, else from trainer_state.json's log history); None when no loss was logged."""
+def plot_loss(output_dir: str | Path, keys: tuple[str, ...] = ()) -> Path | None:
+    """Draw training (and evaluation) loss from `trainer_log.jsonl`, and a curve of each of `keys` (the
+    kind's `plotted_keys`) that was logged, from the log, else from trainer_state.json's log history, to
+    `training_<key>.png` (`/` written as `_`); None when no loss was logged."""
     folder = Path(output_dir)
     log_path = folder / LOG_FILE
     if not log_path.is_file():
@@ -192,7 +185,7 @@ def plot_loss(output_dir: str | Path, stage: str | None = None) -> Path | None:
     figure.savefig(path, dpi=100, bbox_inches="tight")
     state_path = folder / "trainer_state.json"
     history = json.loads(state_path.read_text(encoding="utf-8")).get("log_history", []) if state_path.is_file() else []
-    for key in PLOTTED_KEYS.get(stage or "", ()):
+    for key in keys:
         logged = [(r["current_steps"], r[key]) for r in records if key in r] or \
             [(r["step"], r[key]) for r in history if key in r and "step" in r]
         if logged:

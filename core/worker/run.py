@@ -186,7 +186,7 @@ def finish_outputs(job: TrainJob, kind: StageKind, *, main: bool) -> None:
     from tuneline.core.training.callbacks import plot_loss
 
     if main:
-        plot_loss(job.output_dir, kind.name)
+        plot_loss(job.output_dir, kind.plotted_keys)
         if not job.keep_checkpoints:
             for stale in Path(job.output_dir).glob(f"{CHECKPOINT_PREFIX}*"):
                 shutil.rmtree(stale)
