@@ -1,6 +1,7 @@
 """`tuneline api`, `tuneline webchat`, and what `tuneline chat` reads from an inference YAML.
 
-    tuneline api CONFIG.yaml | MODEL_PATH | models:/NAME@ALIAS [--host H] [--port P] [--template T] [key=value ...]
+    tuneline api CONFIG.yaml | MODEL_PATH | models:/NAME@ALIAS [--host H] [--port P] [--allow-no-key] [--template T]
+                 [key=value ...]
     tuneline webchat (the same TARGET and options)
 
 TARGET is read by `core/serving/sources.py`; a `models:/` TARGET is looked up in the registry of
@@ -33,6 +34,8 @@ def add_serve_parsers(commands: argparse._SubParsersAction) -> None:
         command.add_argument("target", metavar="TARGET", help=TARGET_HELP)
         command.add_argument("--host", default=None, help="address to listen on (default: API_HOST, else 127.0.0.1)")
         command.add_argument("--port", type=int, default=None, help="port (default: API_PORT, else 8000; 0: any free port)")
+        command.add_argument("--allow-no-key", action="store_true",
+                             help="serve on a host other than a loopback one without API_KEY (refused otherwise)")
         command.add_argument("--template", default=None, help="render with this tuneline template (the training template: "
                                                               "needed for tools when the model's tokenizer has another)")
         store = command.add_mutually_exclusive_group()
@@ -55,7 +58,7 @@ def _serve(args: argparse.Namespace, *, page: bool) -> int:
     from tuneline.core.serving.server import serve, server_settings
     from tuneline.core.serving.sources import served_model
 
-    settings = server_settings(os.environ, host=args.host, port=args.port)
+    settings = server_settings(os.environ, host=args.host, port=args.port, allow_no_key=args.allow_no_key)
     served = served_model(args.target, template=args.template, overrides=args.overrides,
                           tracking_uri=lambda: registry_uri(args), command=f"tuneline {args.command}")
     return serve(served, settings, page=page)

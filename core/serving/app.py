@@ -4,7 +4,9 @@
 
 As LLaMA-Factory's API: when `api_key` is set (API_KEY), every /v1 request must carry
 `Authorization: Bearer <key>` or gets 401. Errors are answered in OpenAI's shape
-(`{"error": {"message", "type", "param", "code"}}`), malformed requests with 400. A streamed answer
+(`{"error": {"message", "type", "param", "code"}}`), malformed requests with 400; what `guards.py`
+refuses before the app reads a request (a body over the limit, not JSON, a foreign Host), and a
+failure's generic 500, are answered in the same shape. A streamed answer
 is server-sent events: `data: {chunk}` lines, the first with the assistant role, the last with the
 finish reason (then a usage chunk with `stream_options.include_usage`), then `data: [DONE]`.
 """
@@ -17,7 +19,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +30,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from tuneline.core.errors import TunelineError
-from tuneline.core.serving.protocol import (ChatRequest, RequestError, chunk_body, completion_body, error_body,
-                                            parse_chat_request, usage_body)
+from tuneline.core.serving.guards import RequestGuard, error_response
+from tuneline.core.serving.protocol import (ChatRequest, RequestError, RequestLimits, chunk_body, completion_body,
+                                            error_body, parse_chat_request, usage_body)
 from tuneline.core.serving.scoring import parse_score_request
 from tuneline.core.serving.tool_calls import read_tool_calls
 
@@ -41,9 +44,12 @@ PAGE = Path(__file__).with_name("webchat.html")
 
 
 def create_app(engine: HuggingFaceEngine | None, *, model_name: str, api_key: str | None, page: bool = False,
-               root_path: str = "", scorer: ScoringEngine | None = None) -> FastAPI:
-    """The app serving `engine` (a model that generates) or `scorer` (a reward model) as `model_name`."""
+               root_path: str = "", scorer: ScoringEngine | None = None, limits: RequestLimits = RequestLimits(),
+               allowed_hosts: Collection[str] | None = None) -> FastAPI:
+    """The app serving `engine` (a model that generates) or `scorer` (a reward model) as `model_name`;
+    requests bounded by `limits`, and, with `allowed_hosts`, answered only for a loopback Host or those names."""
     app = FastAPI(title="tuneline", root_path=root_path, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(RequestGuard, max_body_bytes=limits.body_bytes, allowed_hosts=allowed_hosts)
     _add_error_handlers(app)
     created = int(time.time())
 
@@ -61,7 +67,7 @@ def create_app(engine: HuggingFaceEngine | None, *, model_name: str, api_key: st
         if scorer is None:
             raise RequestError("Not allowed: this server serves a model that generates; /v1/score/evaluation scores texts "
                                "with a reward model (serve an rm stage's output).", status=405)
-        asked = parse_score_request(await request.body())
+        asked = parse_score_request(await request.body(), context_length=scorer.context_length, limits=limits)
         scores = await run_in_threadpool(scorer.score, asked)
         return {"id": f"scoreeval-{uuid.uuid4().hex}", "model": model_name, "scores": scores}
 
@@ -70,7 +76,7 @@ def create_app(engine: HuggingFaceEngine | None, *, model_name: str, api_key: st
         if engine is None:
             raise RequestError("Not allowed: this server serves a reward model, which scores texts and writes none; "
                                "POST them to /v1/score/evaluation.", status=405)
-        chat = parse_chat_request(await request.body())
+        chat = parse_chat_request(await request.body(), limits=limits)
         if chat.stream and (chat.n > 1 or chat.tools):
             raise RequestError("Streaming answers only one choice without tools; send 'stream': false for 'n' > 1 or "
                                "for 'tools'.", param="stream")
@@ -153,34 +159,26 @@ async def _events(engine: HuggingFaceEngine, prepared: Prepared, *, completion_i
         cancelled.set()
 
 
-def _error(error: RequestError) -> JSONResponse:
-    kind = "invalid_request_error" if error.status < 500 else "server_error"
-    return JSONResponse(error_body(error.message, kind=kind, param=error.param, code=error.code), status_code=error.status)
-
-
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error in OpenAI's shape: ours, tuneline's input errors (a template that cannot write the
-    request's tools), FastAPI's validation (400, not 422) and HTTP errors (404, 405)."""
+    request's tools), FastAPI's validation (400, not 422) and HTTP errors (404, 405). Any other exception
+    is the guard's generic 500."""
 
     async def request_error(_: Request, error: RequestError) -> JSONResponse:
-        return _error(error)
+        return error_response(error)
 
     async def input_error(_: Request, error: TunelineError) -> JSONResponse:
-        return _error(RequestError(f"{error}", code="invalid_input"))
+        return error_response(RequestError(f"{error}", code="invalid_input"))
 
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        return _error(RequestError(f"Invalid request{f' at {where}' if where else ''}: {first.get('msg', 'malformed')}."))
+        return error_response(RequestError(f"Invalid request{f' at {where}' if where else ''}: {first.get('msg', 'malformed')}."))
 
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
-        return _error(RequestError(f"{error.detail}.", status=error.status_code))
-
-    async def server_error(_: Request, error: Exception) -> JSONResponse:  # logged by uvicorn as well
-        return _error(RequestError(f"The server failed: {type(error).__name__}: {error}", code="server_error", status=500))
+        return error_response(RequestError(f"{error.detail}.", status=error.status_code))
 
     app.add_exception_handler(RequestError, request_error)
     app.add_exception_handler(TunelineError, input_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(Exception, server_error)

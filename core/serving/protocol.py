@@ -6,6 +6,8 @@ list. Roles map as LLaMA-Factory's API maps them: `tool` is an observation (a to
 assistant message with `tool_calls` is a `function` message holding the calls as JSON, a first
 `system` (or `developer`) message is the system prompt. Sampling follows LLaMA-Factory too:
 `temperature: 0` is greedy, `n > 1` samples, the inference YAML's generation keys are the defaults.
+What one request may ask for is bounded (`RequestLimits`, each a server setting), so that no client
+ties up the server with thousands of messages or stop strings.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from tuneline.core.config import GeneratingConfig
 
 SOURCE_ROLES, TARGET_ROLES = ("user", "observation"), ("assistant", "function")
 REFUSED_PENALTIES = ("presence_penalty", "frequency_penalty")
-MAX_CHOICES = 16
 
 
 class RequestError(Exception):
@@ -30,6 +31,25 @@ class RequestError(Exception):
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.message, self.param, self.code, self.status = message, param, code, status
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may hold; over a limit is refused (413 for the body, else 400) naming the setting.
+    The request's tokens are bounded apart, by the model's context (`engine.prepare`)."""
+
+    body_bytes: int = 1 << 20
+    """The largest request body, in bytes (API_MAX_BODY_BYTES; 1 MiB)."""
+    messages: int = 256
+    """The most messages in one chat request, a first system message included (API_MAX_MESSAGES)."""
+    stop_strings: int = 16
+    """The most `stop` strings (API_MAX_STOP_STRINGS; OpenAI takes 4)."""
+    stop_length: int = 256
+    """The longest `stop` string, in characters (API_MAX_STOP_LENGTH)."""
+    choices: int = 16
+    """The largest `n`, answers to one request (API_MAX_N)."""
+    score_texts: int = 64
+    """The most texts one /v1/score/evaluation request scores (API_MAX_SCORE_TEXTS)."""
 
 
 @dataclass(frozen=True)
@@ -71,32 +91,52 @@ def json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(f"The request body is not valid JSON ({e}); send a JSON object with 'messages'.") from None
+    except RecursionError:  # arrays nested thousands deep
+        raise RequestError("The request body nests JSON too deeply to read; send a JSON object with 'messages'.") from None
     if not isinstance(body, dict):
         raise RequestError("The request body must be a JSON object with 'messages', not "
                            f"{type(body).__name__ if body is not None else 'empty'}.")
     return body
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """The request in `raw` (a JSON body), or a RequestError naming what is wrong with it."""
+def parse_chat_request(raw: bytes, *, limits: RequestLimits = RequestLimits()) -> ChatRequest:
+    """The request in `raw` (a JSON body), or a RequestError naming what is wrong with it or the limit it is over."""
     body = json_object(raw)
     _refuse_unsupported(body)
-    system, messages = read_messages(body.get("messages"))
-    stop = body.get("stop")
-    stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else stop
-    if stops is not None and (not isinstance(stops, tuple) or not all(isinstance(s, str) and s for s in stops)):
-        raise RequestError("'stop' must be a non-empty string or a list of non-empty strings.", param="stop")
+    raw_messages = body.get("messages")
+    if isinstance(raw_messages, list) and len(raw_messages) > limits.messages:
+        raise RequestError(f"'messages' holds {len(raw_messages)} messages and this server reads at most {limits.messages} "
+                           "in one request (API_MAX_MESSAGES); send a shorter conversation.", param="messages")
+    system, messages = read_messages(raw_messages)
+    stops = read_stops(body.get("stop"), limits=limits)
     max_tokens = _number(body, "max_completion_tokens", integer=True, low=1)
     return ChatRequest(
         messages=messages, system=system, tools=read_tools(body.get("tools"), body.get("tool_choice")),
         model=_typed(body, "model", str), stream=bool(_typed(body, "stream", bool)),
         include_usage=bool(_typed(_typed(body, "stream_options", dict) or {}, "include_usage", bool)),
-        n=_number(body, "n", integer=True, low=1, high=MAX_CHOICES) or 1,
+        n=_number(body, "n", integer=True, low=1, high=limits.choices) or 1,
         max_tokens=max_tokens if max_tokens is not None else _number(body, "max_tokens", integer=True, low=1),
         temperature=_number(body, "temperature", low=0, high=2), top_p=_number(body, "top_p", low=0, high=1),
         top_k=_number(body, "top_k", integer=True, low=0), do_sample=_typed(body, "do_sample", bool),
-        repetition_penalty=_number(body, "repetition_penalty", above=0), stop=stops or (),
+        repetition_penalty=_number(body, "repetition_penalty", above=0), stop=stops,
     )
+
+
+def read_stops(stop: Any, *, limits: RequestLimits) -> tuple[str, ...]:
+    """`stop` (a string or a list of them) as a tuple, each checked against the limits."""
+    stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else stop
+    if stops is None:
+        return ()
+    if not isinstance(stops, tuple) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError("'stop' must be a non-empty string or a list of non-empty strings.", param="stop")
+    if len(stops) > limits.stop_strings:
+        raise RequestError(f"'stop' holds {len(stops)} strings and this server takes at most {limits.stop_strings} "
+                           "(API_MAX_STOP_STRINGS); send fewer.", param="stop")
+    for index, text in enumerate(stops):
+        if len(text) > limits.stop_length:
+            raise RequestError(f"stop[{index}] is {len(text)} characters long and this server takes stop strings of at "
+                               f"most {limits.stop_length} (API_MAX_STOP_LENGTH); send a shorter one.", param="stop")
+    return stops
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
@@ -220,11 +260,45 @@ def read_tools(raw: Any, choice: Any) -> str | None:
                            param="tool_choice")
     if raw is None or raw == [] or choice == "none":
         return None
-    functions = [tool.get("function") for tool in raw if isinstance(tool, dict)] if isinstance(raw, list) else [None]
-    if not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in functions) or len(functions) != len(raw):
-        raise RequestError("'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\", \"description\", "
-                           "\"parameters\"}} objects.", param="tools")
+    if not isinstance(raw, list):
+        raise RequestError(f"'tools' must be a list of tools, got {json.dumps(raw)[:80]}; {TOOL_SHAPE}", param="tools")
+    functions = []
+    for index, tool in enumerate(raw):
+        function, problem = _tool_function(tool)
+        if problem:
+            raise RequestError(f"tools[{index}]{problem}; {TOOL_SHAPE}", param="tools")
+        functions.append(function)
     return json.dumps(functions, ensure_ascii=False)
+
+
+TOOL_SHAPE = ("each tool is {\"type\": \"function\", \"function\": {\"name\": ..., \"description\": ..., \"parameters\": "
+              "<a JSON Schema object>}}.")
+
+
+def _tool_function(tool: Any) -> tuple[Any, str | None]:
+    """A tool's `function` object, and what is wrong with it (a phrase after `tools[i]`), if anything."""
+    if not isinstance(tool, dict):
+        return None, f" is {json.dumps(tool)[:40]}, not a JSON object"
+    if tool.get("type", "function") != "function":
+        return None, f".type is {json.dumps(tool['type'])[:40]}; only \"function\" tools are served"
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        return None, " has no 'function' object" if function is None else ".function is not a JSON object"
+    name, parameters = function.get("name"), function.get("parameters")
+    if not isinstance(name, str) or not name:
+        return None, ".function.name is missing" if name is None else ".function.name must be a non-empty string"
+    if not isinstance(function.get("description", ""), str):
+        return None, f".function.description ({name}) must be a string"
+    if parameters is None:
+        return function, None
+    if not isinstance(parameters, dict):
+        return None, f".function.parameters ({name}) must be a JSON Schema object, got {json.dumps(parameters)[:40]}"
+    properties, required = parameters.get("properties", {}), parameters.get("required", [])
+    if not isinstance(properties, dict) or not all(isinstance(schema, dict) for schema in properties.values()):
+        return None, f".function.parameters.properties ({name}) must map each argument's name to its schema object"
+    if not isinstance(required, list) or not all(isinstance(key, str) for key in required):
+        return None, f".function.parameters.required ({name}) must be a list of argument names"
+    return function, None
 
 
 def generating_for(request: ChatRequest, defaults: GeneratingConfig) -> GeneratingConfig:

@@ -3,7 +3,8 @@
 A request names texts already rendered (`messages`: a list of strings, each a prompt and reply as
 the reward model was trained to read them) and an optional `max_length`; the answer is one score
 per text, `{"id", "model", "scores"}`. As LLaMA-Factory scores them: each text tokenized without
-special tokens, cut to `max_length` (default: the model's context length), and read by the scoring
+special tokens, cut to `max_length` (default: the model's context length; a larger one is refused
+with 400, as is a request of more texts than `RequestLimits.score_texts`), and read by the scoring
 head at its last token (`core.evaluation.reward.score`, which PPO's rewards use too). A reward
 model generates nothing, so chat completions on it are 405, as the score endpoint is on a model
 that generates.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuneline.core.serving.protocol import RequestError, json_object
+from tuneline.core.serving.protocol import RequestError, RequestLimits, json_object
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -36,15 +37,23 @@ class ScoreRequest:
     model: str | None = None
 
 
-def parse_score_request(raw: bytes) -> ScoreRequest:
-    """The request in `raw`, or a RequestError naming the field that is wrong."""
+def parse_score_request(raw: bytes, *, context_length: int, limits: RequestLimits = RequestLimits()) -> ScoreRequest:
+    """The request in `raw`, or a RequestError naming the field that is wrong; `context_length` is the reward
+    model's, the most tokens a text may be cut to."""
     body = json_object(raw)
     texts = body.get("messages")
     if not isinstance(texts, list) or not texts or not all(isinstance(text, str) and text for text in texts):
         raise RequestError("'messages' must be a non-empty list of non-empty strings, each a text to score.", param="messages")
+    if len(texts) > limits.score_texts:
+        raise RequestError(f"'messages' holds {len(texts)} texts and this server scores at most {limits.score_texts} in one "
+                           "request (API_MAX_SCORE_TEXTS); send them in several requests.", param="messages")
     max_length = body.get("max_length")
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise RequestError(f"'max_length' must be a positive whole number, got {json.dumps(max_length)}.", param="max_length")
+    if max_length is not None and max_length > context_length:
+        raise RequestError(f"'max_length' is {max_length}, above the reward model's context of {context_length} tokens; "
+                           f"send at most {context_length}, or leave it out to cut each text to the context.",
+                           param="max_length", code="context_length_exceeded")
     model = body.get("model")
     return ScoreRequest(texts=tuple(texts), max_length=max_length, model=model if isinstance(model, str) else None)
 

@@ -4,25 +4,36 @@ Settings come from the environment as LLaMA-Factory's API reads them: `API_HOST`
 127.0.0.1 here, so nothing outside the machine reaches the model unless asked), `API_PORT`
 (default 8000), `API_KEY` (required as a bearer token when set), `API_MODEL_NAME` (the id
 /v1/models lists; default: the served model's name) and `FASTAPI_ROOT_PATH` (behind a proxy);
-flags win over them. The port is bound before the model loads, so a taken port fails at once; one
-line with the URL is printed when the server accepts requests.
+flags win over them. The request limits are tuneline's own settings (`LIMIT_SETTINGS`, e.g.
+API_MAX_BODY_BYTES), as is `API_ALLOWED_HOSTS`, names a server bound to a loopback address answers to
+besides localhost and the loopback addresses (`guards.py`). A host other than a loopback one without
+API_KEY is refused unless `allow_no_key` (--allow-no-key), then warned about. The port is bound before
+the model loads, so a taken port fails at once; one line with the URL is printed when the server
+accepts requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tuneline.core.errors import ConfigError
+from tuneline.core.serving.guards import is_loopback
+from tuneline.core.serving.protocol import RequestLimits
 
 if TYPE_CHECKING:
     from tuneline.core.serving.engine import HuggingFaceEngine
     from tuneline.core.serving.sources import ServedModel
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+LIMIT_SETTINGS = {"API_MAX_BODY_BYTES": "body_bytes", "API_MAX_MESSAGES": "messages",
+                  "API_MAX_STOP_STRINGS": "stop_strings", "API_MAX_STOP_LENGTH": "stop_length", "API_MAX_N": "choices",
+                  "API_MAX_SCORE_TEXTS": "score_texts"}
+"""The environment variable of each `RequestLimits` field."""
 
 
 @dataclass(frozen=True)
@@ -37,18 +48,67 @@ class ServerSettings:
     """The model id /v1/models lists (API_MODEL_NAME); None: the served model's name."""
     root_path: str = ""
     """The path prefix a proxy serves the app under (FASTAPI_ROOT_PATH)."""
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    """What one request may hold (API_MAX_BODY_BYTES, API_MAX_MESSAGES, ...: `LIMIT_SETTINGS`)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names answered besides the loopback ones (API_ALLOWED_HOSTS, comma-separated); on a
+    host other than a loopback one, the Host header is checked only when some are given."""
+    allow_no_key: bool = False
+    """Serve on a host other than a loopback one without API_KEY (--allow-no-key), with a warning."""
+
+    @property
+    def checked_hosts(self) -> tuple[str, ...] | None:
+        """The names besides the loopback ones a Host header may carry; None: any (not checked)."""
+        return self.allowed_hosts if is_loopback(self.host) or self.allowed_hosts else None
+
+    @property
+    def exposed_without_key(self) -> bool:
+        return not is_loopback(self.host) and not self.api_key
 
 
-def server_settings(env: Mapping[str, str], *, host: str | None = None, port: int | None = None) -> ServerSettings:
-    """The settings of the flags (`host`, `port`) and else of `env` (API_HOST, API_PORT, API_KEY, ...)."""
+def server_settings(env: Mapping[str, str], *, host: str | None = None, port: int | None = None,
+                    allow_no_key: bool = False) -> ServerSettings:
+    """The settings of the flags (`host`, `port`, `allow_no_key`) and else of `env` (API_HOST, API_PORT, API_KEY, ...)."""
     raw_port = env.get("API_PORT") or str(DEFAULT_PORT)
     if port is None and not (raw_port.isdigit() and 0 <= int(raw_port) < 65536):
         raise ConfigError(f"API_PORT={raw_port!r} is not a port number; set it to a number from 0 to 65535, or pass --port.")
     chosen = port if port is not None else int(raw_port)
     if not 0 <= chosen < 65536:
         raise ConfigError(f"--port {chosen} is not a port number; pass one from 0 to 65535.")
-    return ServerSettings(host=host or env.get("API_HOST") or DEFAULT_HOST, port=chosen, api_key=env.get("API_KEY") or None,
-                          model_name=env.get("API_MODEL_NAME") or None, root_path=env.get("FASTAPI_ROOT_PATH", ""))
+    allowed_hosts = tuple(name.strip().lower() for name in env.get("API_ALLOWED_HOSTS", "").split(",") if name.strip())
+    settings = ServerSettings(host=host or env.get("API_HOST") or DEFAULT_HOST, port=chosen,
+                              api_key=env.get("API_KEY") or None, model_name=env.get("API_MODEL_NAME") or None,
+                              root_path=env.get("FASTAPI_ROOT_PATH", ""), limits=request_limits(env),
+                              allowed_hosts=allowed_hosts, allow_no_key=allow_no_key)
+    if settings.exposed_without_key and not allow_no_key:
+        raise ConfigError(f"the host {settings.host} (--host, API_HOST) is not a loopback address, so anyone who can "
+                          "reach this machine could use the model, and API_KEY is not set. Set API_KEY=<a secret> (clients then send "
+                          "'Authorization: Bearer <secret>'), or serve on 127.0.0.1 (the default) and reach it through "
+                          "an SSH tunnel or a proxy, or pass --allow-no-key to serve it to everyone anyway.")
+    return settings
+
+
+def request_limits(env: Mapping[str, str]) -> RequestLimits:
+    """The request limits `env` sets (`LIMIT_SETTINGS`), the others at their defaults; all wrong ones listed at once."""
+    values, problems = {}, []
+    for name, key in LIMIT_SETTINGS.items():
+        raw = env.get(name, "").strip()
+        if raw and (not raw.isdigit() or int(raw) < 1):
+            problems.append(f"{name}={raw!r} is not a positive whole number; set it to one, or unset it for the default "
+                            f"({getattr(RequestLimits(), key)}).")
+        elif raw:
+            values[key] = int(raw)
+    if problems:
+        raise ConfigError(problems)
+    return dataclasses.replace(RequestLimits(), **values)
+
+
+def exposure_warning(settings: ServerSettings) -> str | None:
+    """The warning line for a server anyone who reaches the machine may use, if it is one."""
+    if not settings.exposed_without_key:
+        return None
+    return (f"warning: serving on {settings.host} without API_KEY (--allow-no-key): anyone who can reach this machine "
+            "can use the model.")
 
 
 def bind(settings: ServerSettings) -> socket.socket:
@@ -100,6 +160,9 @@ def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
     if rewarding and page:
         raise ConfigError(f"'{served.source.describe()}' is a reward model, which scores texts and writes none, so there is "
                           "nothing to chat with; serve it with `tuneline api` (POST /v1/score/evaluation).")
+    warning = exposure_warning(settings)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     sock = bind(settings)
     engine, scorer = (None, load_scoring_engine(served.source, model_config=served.model_config)) if rewarding \
         else (load_engine(served), None)
@@ -107,7 +170,7 @@ def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
     if served.origin:
         print(f"tuneline {'webchat' if page else 'api'}: {served.name} is {served.origin}", flush=True)
     app = create_app(engine, model_name=name, api_key=settings.api_key, page=page, root_path=settings.root_path,
-                     scorer=scorer)
+                     scorer=scorer, limits=settings.limits, allowed_hosts=settings.checked_hosts)
     url = url_of(sock, settings.host)
     announce = (f"tuneline webchat: chat with {name} at {url}/" if page
                 else f"tuneline api: scoring with the reward model {name} at {url}/v1/score/evaluation" if rewarding

@@ -242,10 +242,23 @@ def tool_text(template: Template, tools: str) -> str:
         parsed = [parsed]
     if not parsed:
         return ""
+    describe = _DESCRIBERS[template.tool_format]
     try:
-        return _DESCRIBERS[template.tool_format](parsed)
+        return describe(parsed)
     except (KeyError, TypeError, AttributeError) as e:
-        raise DataError(f"the row's tools are not function schemas ({e!r}): {tools[:200]!r}") from e
+        index = next((i for i, tool in enumerate(parsed) if not _describes(describe, tool)), 0)
+        raise DataError(f"tools[{index}] is not a function schema the {template.tool_format} tool format can describe "
+                        f"({e!r}): {_dumps(parsed[index])[:200]!r}; a tool is {{\"name\", \"description\", \"parameters\": "
+                        "{\"type\": \"object\", \"properties\": {...}, \"required\": [...]}}") from e
+
+
+def _describes(describe: Callable[[list[dict[str, Any]]], str], tool: Any) -> bool:
+    """Whether `describe` can write `tool` alone (to name the tool of a list it cannot write)."""
+    try:
+        describe([tool])
+    except (KeyError, TypeError, AttributeError):
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- tool calls

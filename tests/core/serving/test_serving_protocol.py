@@ -48,7 +48,7 @@ def test_roles_system_and_tool_calls_map_to_tuneline_messages():
     ({"messages": [{"role": "user", "content": "a"}], "stream": "yes"}, "'stream' must be a boolean"),
     ({"messages": [{"role": "user", "content": "a"}], "frequency_penalty": 1}, "'frequency_penalty' is not supported"),
     ({"messages": [{"role": "user", "content": "a"}], "tool_choice": "required"}, "'tool_choice' may be \"auto\" or"),
-    ({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}, "'tools' must be a list of"),
+    ({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}, "tools[0] has no 'function' object"),
 ])
 def test_malformed_fields_are_named(body: dict, message: str):
     with pytest.raises(RequestError) as raised:
