@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 from tuneline.core.store.artifacts import Artifact
@@ -66,11 +66,12 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     # the worker imports while we tokenize: the process's warm worker (a later train in this process, as in a
     # notebook, starts at once), or for a job that needs bitsandbytes a worker started ahead for it alone
     warm = without_bitsandbytes and warm_up()
-    with nullcontext() if warm else worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker:
+    with (nullcontext() if warm else worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker,
+          ExitStack() as reading):  # the cached tokenized data stays out of `tuneline gc`'s reach until training ends
         # every dataset entry and file checked before any model loads (a saved tokenized dataset reads none)
         fingerprints = None if saved else dataset_fingerprints(config)
         with _torch_left_to_the_worker(config):
-            tokenized = training_data(config, fingerprints=fingerprints)
+            tokenized = training_data(config, fingerprints=fingerprints, reading=reading)
         job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized),
                         output_dir=str(output_dir), training=config.training,
                         overwrite_output_dir=config.output.overwrite_output_dir)
@@ -108,14 +109,14 @@ def _torch_left_to_the_worker(config: StageConfig) -> Iterator[None]:
             os.environ[NO_ADVICE] = advice
 
 
-def training_data(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:
+def training_data(config: StageConfig, *, fingerprints: dict[str, str] | None = None, reading: ExitStack | None = None) -> Path:
     """The tokenized data a run trains on. With `tokenized_path`, as in LLaMA-Factory: a folder with
     files in it is loaded (checked to be one tuneline saved for this stage, tokenizer and template)
     and the datasets are not read; an empty or missing one receives a copy of the tokenized data,
     and the run goes on to train on it."""
     saved = Path(config.data.tokenized_path) if config.data.tokenized_path else None
     if saved is None:
-        return tokenized_dataset(config, fingerprints=fingerprints)
+        return tokenized_dataset(config, fingerprints=fingerprints, reading=reading)
     tokenizer_key = tokenizer_fingerprint(config.model.model_name_or_path)
     if holds_files(saved):
         load_tokenized(saved, config=config, tokenizer_key=tokenizer_key)
@@ -123,21 +124,23 @@ def training_data(config: StageConfig, *, fingerprints: dict[str, str] | None = 
         print(f"tokenize: loaded the tokenized dataset of tokenized_path {saved}; the data settings it was saved with "
               "hold" + (f" (this config's {', '.join(ignored)} differ and are not used)" if ignored else ""), flush=True)
         return saved
-    save_tokenized(saved, tokenized=tokenized_dataset(config, fingerprints=fingerprints), config=config,
+    save_tokenized(saved, tokenized=tokenized_dataset(config, fingerprints=fingerprints, reading=reading), config=config,
                    tokenizer_key=tokenizer_key)
     print(f"tokenize: saved the tokenized dataset to tokenized_path {saved}; a run with the same tokenized_path loads it "
           "and skips tokenizing", flush=True)
     return saved
 
 
-def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | None = None) -> Path:
+def tokenized_dataset(config: StageConfig, *, fingerprints: dict[str, str] | None = None,
+                      reading: ExitStack | None = None) -> Path:
     """The config's datasets tokenized (from the content-keyed cache when present and sound);
-    `fingerprints`, the datasets' digests if already computed, saves hashing them twice."""
+    `fingerprints`, the datasets' digests if already computed, saves hashing them twice; with
+    `reading`, `tuneline gc` keeps the cached artifact until that stack closes."""
     model_path = config.model.model_name_or_path
     stage = TrainingStage(name=config.finetuning.stage, parent=None, config=config)
     artifact = cached_tokenized_data(cache_root(), stage, tokenizer_path=model_path, tokenizer_key=tokenizer_fingerprint(model_path),
                                      fingerprints=fingerprints, on_damaged=_announce_damage,
-                                     on_hit=_announce_template_warning)
+                                     on_hit=_announce_template_warning, reading=reading)
     return artifact.path
 
 

@@ -61,14 +61,19 @@ def run_gc(args: argparse.Namespace) -> int:
         found.append((store, find_garbage(store.root, referenced=referenced, kinds=store.kinds, unreferenced=unreferenced)))
     garbage = [item for _, items in found for item in items]
     for item in garbage:
-        print(f"{_size_text(item.size):>10}  {item.path}  ({item.reason})")
+        kept = "; kept while a process reads it" if item.in_use else ""
+        print(f"{_size_text(item.size):>10}  {item.path}  ({item.reason}{kept})")
     total = _size_text(sum(item.size for item in garbage))
+    in_use = sum(item.in_use for item in garbage)
+    read_now = f", {in_use} of them in use by a process that reads them (kept until it stops)" if in_use else ""
     if not args.yes:
-        print(f"{len(garbage)} unreferenced folder(s), {total}" + ("; run again with --yes to remove them" if garbage else ""))
+        print(f"{len(garbage)} unreferenced folder(s), {total}{read_now}"
+              + ("; run again with --yes to remove them" if len(garbage) > in_use else ""))
         return 0
     removed = [item for store, items in found for item in remove_garbage(store.root, items)]
     print(f"removed {len(removed)} folder(s), {_size_text(sum(item.size for item in removed))}"
-          + (f"; {len(garbage) - len(removed)} taken by a running process meanwhile, kept" if len(removed) < len(garbage) else ""))
+          + (f"; {len(garbage) - len(removed)} kept: in use by a process that reads them, or taken by a running "
+             "process meanwhile" if len(removed) < len(garbage) else ""))
     return 0
 
 

@@ -12,6 +12,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +121,12 @@ def cached_tokenized_data(
     fingerprints: Mapping[str, str] | None = None,
     on_damaged: Callable[[Damage], None] | None = None,
     on_hit: Callable[[Artifact], None] | None = None,
+    reading: ExitStack | None = None,
 ) -> Artifact:
     """The stage's tokenized data in the artifact store `store`, tokenized unless it is there
     sound (then noted as used, for `tuneline gc`, and passed to `on_hit`); the same key, work and
-    manifest as the pipeline's tokenize stage, without MLflow."""
+    manifest as the pipeline's tokenize stage, without MLflow. With `reading`, gc keeps the artifact
+    until that stack closes (`core.store.readers`)."""
     key, inputs = tokenize_key(stage, tokenizer_key=tokenizer_key, fingerprints=fingerprints)
 
     def compute(damage: Damage | None) -> Artifact:
@@ -139,7 +142,8 @@ def cached_tokenized_data(
             on_hit(artifact)
         return artifact
 
-    return serve_or_compute(store, TOKENIZED_KIND, key, serve=serve, compute=compute, on_damaged=on_damaged)
+    return serve_or_compute(store, TOKENIZED_KIND, key, serve=serve, compute=compute, on_damaged=on_damaged,
+                            reading=reading)
 
 
 # -- merge and export --------------------------------------------------------------------------

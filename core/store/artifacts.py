@@ -2,15 +2,18 @@
 
 A writer fills a temporary sibling (`.<key>.partial`) and renames it into place after writing
 `manifest.json`; a directory without a manifest does not exist for any reader. The partial
-directory is kept when the work fails only for writers that resume (training checkpoints).
+directory is kept when the work fails only for writers that resume (training checkpoints). Before
+the rename every file and folder of the draft is made owner-only and flushed to disk
+(`core.store.durable`), so a power loss never leaves an empty manifest under the final name.
 
 Several processes may share a workspace: `artifact_lock` holds an exclusive `flock` on
 `.<key>.lock` beside the artifact while one of them computes it, so the others wait and then find
 it finished instead of writing the same draft at once.
 
 The manifest records every file's size and sha256 (`core.store.integrity`). An artifact found
-damaged is never served: it is moved aside to `.<key>.damaged` (kept for inspection until
-`tuneline gc`) and computed again. `tuneline verify` marks the damaged artifacts it finds by
+damaged (a file missing or of another size, a manifest that is empty, not JSON, not an object, or
+names another folder or a file outside its own) is never served: it is moved aside to
+`.<key>.damaged` (kept for inspection until `tuneline gc`) and computed again. `tuneline verify` marks the damaged artifacts it finds by
 replacing their manifest with `damage.json` (what it found): for every reader they no longer
 exist, and the next run sets them aside and says why it recomputes them.
 """
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuneline.core.store.durable import OWNER_ONLY, fsync_path, seal, write_durably
 from tuneline.core.store.integrity import record_files
 from tuneline.core.store.locks import file_lock
 
@@ -69,6 +73,11 @@ def damaged_path(workspace: str | Path, kind: str, key: str) -> Path:
     return Path(workspace) / "artifacts" / kind / f".{key}.damaged"
 
 
+def readers_path(folder: Path) -> Path:
+    """The lock file that processes reading the artifact `folder` share (`core.store.readers`)."""
+    return folder.with_name(f".{folder.name}.readers")
+
+
 def artifact_lock(
     workspace: str | Path, kind: str, key: str, *, on_wait: Callable[[], None] | None = None
 ) -> AbstractContextManager[None]:
@@ -94,6 +103,29 @@ def own_manifest(folder: Path) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) and names_itself(folder, manifest) else None
 
 
+def manifest_damage(folder: Path) -> str | None:
+    """Why the folder's `manifest.json` is not a manifest of this folder (empty, cut short, not an
+    object, naming another kind or key); None when it is one, or when there is none."""
+    file = folder / MANIFEST
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"{MANIFEST} cannot be read ({e})"
+    if not text.strip():
+        return f"{MANIFEST} is empty ({len(text.encode())} bytes)"
+    try:
+        manifest = json.loads(text)
+    except ValueError as e:
+        return f"{MANIFEST} is not JSON, cut short or overwritten ({e})"
+    if not isinstance(manifest, dict):
+        return f"{MANIFEST} holds a JSON {type(manifest).__name__}, not an object"
+    if not names_itself(folder, manifest):
+        return f"{MANIFEST} names kind {manifest.get('kind')!r} and key {manifest.get('key')!r}, not this folder"
+    return None
+
+
 def names_itself(folder: Path, manifest: Mapping[str, Any]) -> bool:
     """Whether `manifest` is one tuneline wrote for `folder`: it names the folder's kind and key
     (another program's `manifest.json` in a shared cache folder does not)."""
@@ -101,8 +133,10 @@ def names_itself(folder: Path, manifest: Mapping[str, Any]) -> bool:
 
 
 def find_artifact(workspace: str | Path, kind: str, key: str) -> Artifact | None:
+    """The artifact of `key`, or None when its folder holds no manifest written for it (a damaged
+    manifest hides the artifact from readers as a missing one does)."""
     path = artifact_path(workspace, kind, key)
-    manifest = read_manifest(path)
+    manifest = own_manifest(path)
     return Artifact(path, manifest) if manifest is not None else None
 
 
@@ -126,6 +160,7 @@ def write_artifact(
     if draft_dir.exists() and not keep_partial:
         shutil.rmtree(draft_dir)
     draft_dir.mkdir(parents=True, exist_ok=True)
+    draft_dir.chmod(OWNER_ONLY)  # private while it fills, whatever the umask
     draft = ArtifactDraft(draft_dir)
     try:
         yield draft
@@ -146,14 +181,17 @@ def write_artifact(
         "files": record_files(draft_dir),  # hashed once, here; cache hits compare sizes only
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str), encoding="utf-8")
+    seal(draft_dir)  # the files' contents on disk before the manifest that vouches for them
+    write_durably(tmp_manifest, json.dumps(manifest, indent=2, sort_keys=True, default=str))
     os.replace(tmp_manifest, draft_dir / MANIFEST)
-    if read_manifest(final) is not None:  # an equal artifact landed meanwhile (same key, same content): keep it
+    fsync_path(draft_dir)
+    if own_manifest(final) is not None:  # an equal artifact landed meanwhile (same key, same content): keep it
         shutil.rmtree(draft_dir)
         return
-    if final.exists():  # a folder `tuneline verify` marked damaged: it gives way
+    if final.exists():  # a folder `tuneline verify` marked damaged, or one with a damaged manifest: it gives way
         set_aside(final)
     os.replace(draft_dir, final)
+    fsync_path(final.parent)
 
 
 def set_aside(path: Path) -> Path:
@@ -166,15 +204,16 @@ def set_aside(path: Path) -> Path:
     return target
 
 
-def mark_damaged(artifact: Artifact, problems: list[str]) -> None:
-    """Replace the manifest with a note of `problems`: the artifact stops existing for readers, and
-    the run that recomputes it reads why. The note is written before the manifest goes, so an
-    interrupted mark leaves the artifact as it was, never unmarked and unlisted."""
-    note = {"problems": problems, "manifest": dict(artifact.manifest)}
-    tmp_note = artifact.path / f".{DAMAGE_NOTE}.tmp"
+def mark_damaged(path: Path, problems: list[str], *, manifest: Mapping[str, Any] | None) -> None:
+    """Replace the manifest of the artifact folder `path` with a note of `problems` (and of the
+    `manifest`, when it could be read): the artifact stops existing for readers, and the run that
+    recomputes it reads why. The note is written before the manifest goes, so an interrupted mark
+    leaves the artifact as it was, never unmarked and unlisted."""
+    note = {"problems": problems, "manifest": dict(manifest) if manifest is not None else None}
+    tmp_note = path / f".{DAMAGE_NOTE}.tmp"
     tmp_note.write_text(json.dumps(note, indent=2, default=str), encoding="utf-8")
-    os.replace(tmp_note, artifact.path / DAMAGE_NOTE)
-    (artifact.path / MANIFEST).unlink()
+    os.replace(tmp_note, path / DAMAGE_NOTE)
+    (path / MANIFEST).unlink()
 
 
 def damage_noted(path: Path) -> list[str] | None:
@@ -182,4 +221,9 @@ def damage_noted(path: Path) -> list[str] | None:
     file = path / DAMAGE_NOTE
     if not file.is_file():
         return None
-    return list(json.loads(file.read_text(encoding="utf-8")).get("problems") or ["marked damaged"])
+    try:
+        note = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [f"marked damaged ({DAMAGE_NOTE} unreadable)"]
+    problems = note.get("problems") if isinstance(note, dict) else None
+    return [str(p) for p in problems] if isinstance(problems, list) and problems else ["marked damaged"]

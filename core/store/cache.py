@@ -1,13 +1,17 @@
 """The artifact store as the one cache: serve a sound artifact, or compute it once.
 
 Every stage (pipeline task or `tuneline train`'s tokenized data) asks `serve_or_compute`. A hit
-costs a manifest read and a stat per file; a damaged artifact is set aside and recomputed, never
-served; a key another process is computing is waited for and then served.
+costs a manifest read and a stat per file; a damaged artifact (files, or the manifest itself) is
+set aside and recomputed, never served; a key another process is computing is waited for and then
+served. A caller that goes on reading the artifact after it returns passes `reading`: the shared
+reader lock (`core.store.readers`) is taken before the artifact is looked up and held until that
+stack closes, so `tuneline gc` cannot remove it in between.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -19,9 +23,11 @@ from tuneline.core.store.artifacts import (
     artifact_path,
     damage_noted,
     find_artifact,
+    manifest_damage,
     set_aside,
 )
 from tuneline.core.store.integrity import size_problems
+from tuneline.core.store.readers import reading_artifact
 
 T = TypeVar("T")
 
@@ -47,13 +53,18 @@ def sound_artifact(workspace: str | Path, kind: str, key: str) -> Artifact | Non
 
 
 def set_aside_if_damaged(workspace: str | Path, kind: str, key: str) -> Damage | None:
-    """Move the artifact for `key` aside if it is damaged (sizes, or marked by `tuneline verify`);
-    what was wrong with it, or None when it is sound or absent. The caller holds the key's lock."""
+    """Move the artifact for `key` aside if it is damaged (its files, its manifest, or marked by
+    `tuneline verify`); what was wrong with it, or None when it is sound or absent. The caller holds
+    the key's lock."""
     path = artifact_path(workspace, kind, key)
     if not path.is_dir():
         return None
     artifact = find_artifact(workspace, kind, key)
-    problems = size_problems(path, artifact.manifest) if artifact else damage_noted(path) or [f"{MANIFEST} missing"]
+    if artifact is not None:
+        problems = size_problems(path, artifact.manifest)
+    else:
+        unusable = manifest_damage(path)
+        problems = [unusable] if unusable else damage_noted(path) or [f"{MANIFEST} missing"]
     if not problems:
         return None
     set_aside(path)
@@ -69,10 +80,14 @@ def serve_or_compute(
     compute: Callable[[Damage | None], T],
     on_wait: Callable[[], None] | None = None,
     on_damaged: Callable[[Damage], None] | None = None,
+    reading: ExitStack | None = None,
 ) -> T:
     """`serve(artifact)` for a sound cached artifact, else `compute(damage)` under the key's lock
     (`damage` says what was set aside, if anything). The check is repeated under the lock: another
-    process may have finished, or set aside, the same key meanwhile."""
+    process may have finished, or set aside, the same key meanwhile. With `reading`, the key's
+    reader lock is entered into it first and stays held until it closes."""
+    if reading is not None:
+        reading.enter_context(reading_artifact(artifact_path(workspace, kind, key)))
     found = sound_artifact(workspace, kind, key)
     if found is not None:
         return serve(found)

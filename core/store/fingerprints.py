@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import metadata
@@ -19,6 +20,8 @@ from typing import Any
 # Files at most this large are hashed whole; larger ones by size, head, middle and tail.
 _SMALL_FILE_BYTES = 64 * 1024 * 1024
 _SAMPLE_BYTES = 4 * 1024 * 1024
+_KEY_DIGITS = 20
+_KEY_SHAPE = re.compile(rf"[^./][^/]*-[0-9a-f]{{{_KEY_DIGITS}}}")
 
 
 def file_fingerprint(path: str | Path) -> dict[str, Any]:
@@ -84,4 +87,10 @@ def stage_key(
         "code": code_digest(),
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
-    return f"{stage}-{hashlib.sha256(blob).hexdigest()[:20]}"
+    return f"{stage}-{hashlib.sha256(blob).hexdigest()[:_KEY_DIGITS]}"
+
+
+def looks_like_key(name: str) -> bool:
+    """Whether `name` has the shape of a `stage_key` (`<stage>-<20 hex digits>`): a folder of that
+    name in an artifact store is tuneline's even when its manifest is damaged."""
+    return _KEY_SHAPE.fullmatch(name) is not None

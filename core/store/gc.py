@@ -6,12 +6,15 @@ runs' stages and of registered model versions, `core.tracking.references`), and 
 (`.<key>.partial`) that a running process holds the lock of, or that a recent run references
 (a killed run resumes from it). Garbage: unreferenced artifacts, drafts whose artifact is finished
 or that nothing references and no process holds, folders set aside as damaged (`.<key>.damaged`),
-and artifact folders without a manifest that `tuneline verify` marked damaged. What tuneline did
-not write (a folder without its manifest or verify's note, another program's `manifest.json`) is
-left alone. Lock files stay: see `core.store.locks`.
+artifact folders without a manifest that `tuneline verify` marked damaged, and folders named like a
+stage key whose `manifest.json` is damaged (empty, cut short, not an object). What tuneline did not
+write (a folder without its manifest or verify's note, another program's `manifest.json` in a
+folder not named like a key) is left alone. Lock files stay: see `core.store.locks`.
 
-Removal takes each key's lock first (skipping what a process took meanwhile) and deletes an
-artifact's manifest before its files, so no reader ever sees half an artifact.
+Garbage that a process is reading (`core.store.readers`) is listed as in use and kept until its
+readers are gone. Removal takes each key's lock and its reader lock first, without waiting
+(skipping what a process took meanwhile), and deletes an artifact's manifest before its files, so
+no reader ever sees half an artifact.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from collections.abc import Collection, Iterator, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneline.core.store.artifacts import MANIFEST, damage_noted, lock_path, own_manifest
+from tuneline.core.store.artifacts import MANIFEST, damage_noted, lock_path, manifest_damage, own_manifest
+from tuneline.core.store.fingerprints import looks_like_key
 from tuneline.core.store.locks import lock_if_free
+from tuneline.core.store.readers import without_readers
 
 _PARTIAL, _DAMAGED, _LOCK = ".partial", ".damaged", ".lock"
 UNREFERENCED = "artifact that no recent run or registered model references"
@@ -37,6 +42,7 @@ class Garbage:
     key: str
     size: int  # bytes, all files below
     reason: str
+    in_use: bool = False  # a process reads it (`core.store.readers`): listed, kept until it stops
 
 
 def folder_size(path: Path) -> int:
@@ -54,7 +60,8 @@ def find_garbage(workspace: str | Path, *, referenced: Set[str], kinds: Collecti
         for entry in sorted(p for p in kind_dir.iterdir() if p.is_dir()):
             key, reason = _judge(entry, referenced=referenced, unreferenced=unreferenced)
             if reason is not None and _lock_is_free(workspace, kind_dir.name, key):
-                found.append(Garbage(path=entry, kind=kind_dir.name, key=key, size=folder_size(entry), reason=reason))
+                found.append(Garbage(path=entry, kind=kind_dir.name, key=key, size=folder_size(entry), reason=reason,
+                                     in_use=not _unread(kind_dir / key)))
     return found
 
 
@@ -71,7 +78,10 @@ def _judge(entry: Path, *, referenced: Set[str], unreferenced: str) -> tuple[str
     if name.startswith("."):
         return name, None  # nothing tuneline writes: left alone
     if own_manifest(entry) is None:  # none, or not tuneline's for this folder: left alone unless verify set it aside
-        return name, "artifact marked damaged by tuneline verify" if damage_noted(entry) is not None else None
+        if damage_noted(entry) is not None:
+            return name, "artifact marked damaged by tuneline verify"
+        unusable = manifest_damage(entry) if looks_like_key(name) else None
+        return name, f"damaged artifact: {unusable}" if unusable else None
     return name, None if name in referenced else unreferenced
 
 
@@ -80,11 +90,20 @@ def _lock_is_free(workspace: str | Path, kind: str, key: str) -> bool:
         return free
 
 
+def _unread(artifact: Path) -> bool:
+    with without_readers(artifact) as unread:
+        return unread
+
+
 def remove_garbage(workspace: str | Path, garbage: list[Garbage]) -> Iterator[Garbage]:
-    """Remove each folder under its key's lock; yield those removed (one a process took meanwhile stays)."""
+    """Remove each folder that no process reads, under its key's lock and its reader lock; yield
+    those removed (one that a process took or started reading meanwhile stays)."""
     for item in garbage:
-        with lock_if_free(lock_path(workspace, item.kind, item.key)) as free:
-            if not free or not item.path.exists():
+        if item.in_use:
+            continue
+        with (lock_if_free(lock_path(workspace, item.kind, item.key)) as free,
+              without_readers(item.path.with_name(item.key)) as unread):
+            if not free or not unread or not item.path.exists():
                 continue
             (item.path / MANIFEST).unlink(missing_ok=True)  # first: readers stop seeing it at once
             shutil.rmtree(item.path)

@@ -1,4 +1,5 @@
-"""Exclusive locks between processes, on a lock file (`fcntl.flock`, POSIX).
+"""Locks between processes, on a lock file (`fcntl.flock`, POSIX): exclusive for a writer or a
+remover, shared for readers (`core.store.readers`).
 
 The kernel releases a lock when its holder exits, killed or not, so a crashed process never leaves
 one behind. Lock files are never removed: a process that removed one while another waited on it
@@ -25,6 +26,30 @@ def lock_if_free(path: str | Path) -> AbstractContextManager[bool]:
     """Hold the lock on `path` if no process holds it, without waiting: yields True while held,
     False (and holds nothing) when another process has it."""
     return _locked(path, wait=False, on_wait=None)
+
+
+@contextmanager
+def shared_lock(path: str | Path) -> Iterator[bool]:
+    """Hold a shared lock on `path` (created if missing), waiting while an exclusive holder has it:
+    any number of processes share it, and no one takes it exclusively meanwhile. Yields False (and
+    holds nothing) when the lock file can be neither created nor opened: a store this process may
+    only read, whose owner never created it."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+b")
+    except OSError:
+        try:
+            handle = open(path, "rb")
+        except OSError:
+            yield False
+            return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextmanager

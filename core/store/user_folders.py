@@ -4,7 +4,9 @@ A command writes its result into a hidden sibling draft, then moves the draft's 
 folder and records their names in `tuneline_files.json`, written last. Only entries that record
 names are tuneline's: a later run may replace those, and nothing else. A folder that holds other
 files is refused unless `overwrite_output_dir: true`; even then its other files stay, and a file of
-the user's that has the name of an entry the command writes is refused instead of replaced.
+the user's that has the name of an entry the command writes is refused instead of replaced. A
+record naming anything but an entry of the folder itself (an absolute path, `..`, `sub/file`, a
+symlink out of the folder) is refused before anything is read or deleted.
 """
 
 from __future__ import annotations
@@ -16,18 +18,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuneline.core.errors import ConfigError
+from tuneline.core.store.names import name_problem
 
 WRITTEN_RECORD = "tuneline_files.json"
 OVERWRITE_FIX = "set 'overwrite_output_dir: true' to write beside them (tuneline never deletes files it did not write)"
 
 
 def written_entries(folder: Path) -> set[str]:
-    """The entries of `folder` that tuneline wrote, as its record names them (none without one)."""
+    """The entries of `folder` that tuneline wrote, as its record names them (none without one); a
+    ConfigError for a record naming something that is not an entry of the folder."""
     try:
         names = json.loads((folder / WRITTEN_RECORD).read_text(encoding="utf-8"))["entries"]
     except (OSError, ValueError, KeyError, TypeError):
         return set()
-    return {name for name in names if isinstance(name, str)} | {WRITTEN_RECORD}
+    if not isinstance(names, list):
+        return set()
+    for name in names:
+        if (why := name_problem(folder, name, nested=False)) is not None:
+            raise ConfigError(f"{folder / WRITTEN_RECORD} lists the entry {name!r} as one tuneline wrote, but {why}; "
+                              f"tuneline replaces only entries of {folder} itself, so nothing was read or deleted. "
+                              f"Remove that entry from {WRITTEN_RECORD} (or the file itself, and then the folder's "
+                              "entries count as yours), or choose another folder.")
+    return set(names) | {WRITTEN_RECORD}
 
 
 def foreign_entries(folder: Path) -> list[str]:

@@ -5,7 +5,8 @@ A damaged artifact is marked (`artifacts.mark_damaged`: its manifest gives way t
 which lists what was found) rather than deleted: no run serves it from then on, the next run that
 needs its key sets it aside and recomputes it (tagging its MLflow run with the reason), and `tuneline
 gc` removes what nothing needs. Marking, not moving, keeps it where a person looking for the
-artifact of that key will find it, with the reason beside it.
+artifact of that key will find it, with the reason beside it. A folder named like a stage key whose
+`manifest.json` is damaged (empty, cut short, not an object) is reported and marked the same way.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneline.core.store.artifacts import MANIFEST, Artifact, artifact_lock, mark_damaged, own_manifest, read_manifest
-from tuneline.core.store.integrity import content_problems, recorded_files
+from tuneline.core.store.artifacts import MANIFEST, Artifact, artifact_lock, manifest_damage, mark_damaged, own_manifest
+from tuneline.core.store.fingerprints import looks_like_key
+from tuneline.core.store.integrity import content_problems
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,19 @@ def finished_artifacts(workspace: str | Path, *, kinds: Collection[str] | None =
             yield Artifact(folder, manifest)
 
 
+def damaged_manifests(workspace: str | Path, *, kinds: Collection[str] | None = None) -> Iterator[tuple[Path, str]]:
+    """Each folder named like a stage key whose `manifest.json` is not a manifest of it, with why."""
+    for manifest_file in sorted((Path(workspace) / "artifacts").glob(f"*/*/{MANIFEST}")):
+        folder = manifest_file.parent
+        if not looks_like_key(folder.name) or (kinds is not None and folder.parent.name not in kinds):
+            continue
+        if (why := manifest_damage(folder)) is not None:
+            yield folder, why
+
+
 def verify_artifact(artifact: Artifact) -> Verdict:
     return Verdict(path=artifact.path, problems=content_problems(artifact.path, artifact.manifest, manifest_name=MANIFEST),
-                   checked=recorded_files(artifact.manifest) is not None)
+                   checked=artifact.manifest.get("files") is not None)
 
 
 def verify_workspace(workspace: str | Path, *, mark: bool = True, kinds: Collection[str] | None = None) -> list[Verdict]:
@@ -56,7 +68,13 @@ def verify_workspace(workspace: str | Path, *, mark: bool = True, kinds: Collect
         verdict = verify_artifact(artifact)
         if verdict.damaged and mark:
             with artifact_lock(workspace, artifact.path.parent.name, artifact.path.name):
-                if read_manifest(artifact.path) is not None:  # not set aside or replaced meanwhile
-                    mark_damaged(artifact, verdict.problems)
+                if own_manifest(artifact.path) == artifact.manifest:  # not set aside or replaced meanwhile
+                    mark_damaged(artifact.path, verdict.problems, manifest=artifact.manifest)
         verdicts.append(verdict)
-    return verdicts
+    for folder, why in damaged_manifests(workspace, kinds=kinds):
+        if mark:
+            with artifact_lock(workspace, folder.parent.name, folder.name):
+                if manifest_damage(folder) == why:  # not set aside or rewritten meanwhile
+                    mark_damaged(folder, [why], manifest=None)
+        verdicts.append(Verdict(path=folder, problems=[why], checked=True))
+    return sorted(verdicts, key=lambda verdict: verdict.path)

@@ -104,3 +104,20 @@ def test_a_named_workspace_must_exist_and_some_store_must(tmp_path: Path, monkey
     assert code == 2 and "--workspace missing: no artifacts/ folder" in err
     code, _, err = tuneline(capsys, "gc")
     assert code == 2 and "nor in the tokenized-data cache" in err and "Traceback" not in err
+
+
+def test_gc_names_what_a_process_reads_and_keeps_it(tmp_path: Path, monkeypatch, capsys):
+    from tuneline.core.store.readers import reading_artifact
+
+    monkeypatch.setenv("TUNELINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    with write_artifact(tmp_path / "cache", "tokenized", "tokenize-cccccccccccccccccccc", config={}) as draft:
+        (draft.path / "train.arrow").write_bytes(b"0" * 10)
+    read = tmp_path / "cache" / "artifacts" / "tokenized" / "tokenize-cccccccccccccccccccc"
+    with reading_artifact(read):
+        code, out, _ = tuneline(capsys, "gc", "--keep-runs", "0", "--yes")
+        assert code == 0 and (read / "manifest.json").is_file(), out
+        assert listed(out) == {read: "tokenized data not among the 0 most recently used; kept while a process reads it"}
+        assert "removed 0 folder(s), 0 B; 1 kept: in use by a process that reads them" in out
+    code, out, _ = tuneline(capsys, "gc", "--keep-runs", "0", "--yes")
+    assert code == 0 and "removed 1 folder(s)" in out and not read.exists(), out

@@ -53,3 +53,52 @@ def test_stage_key_follows_config_upstream_and_content(tmp_path: Path):
     assert base != stage_key("s", config={"lr": 1}, upstream={"u": "b"}, inputs={"d": tree_fingerprint([data])})
     data.write_text("[2]")
     assert base != stage_key("s", config={"lr": 1}, upstream={"u": "a"}, inputs={"d": tree_fingerprint([data])})
+
+
+def test_files_then_folders_are_flushed_before_the_rename_and_the_parent_after(tmp_path: Path, monkeypatch):
+    """A power loss must never leave an empty manifest under the final name: every fsync is watched."""
+    import os
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(descriptor: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        real_fsync(descriptor)
+
+    def replace(source, target) -> None:
+        events.append(("rename", f"{source} -> {target}"))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    with write_artifact(tmp_path, "kind", "k4", config={}) as draft:
+        (draft.path / "sub").mkdir()
+        (draft.path / "sub" / "weights.bin").write_bytes(b"w" * 10)
+        (draft.path / "data.txt").write_text("x")
+    partial, final = str(partial_path(tmp_path, "kind", "k4")), str(tmp_path / "artifacts/kind/k4")
+    into_place = events.index(("rename", f"{partial} -> {final}"))
+    manifest_in = events.index(("rename", f"{partial}/.manifest.json.tmp -> {partial}/manifest.json"))
+    flushed = [path for op, path in events[:into_place] if op == "fsync"]
+    for path in ("sub/weights.bin", "data.txt", "sub", ".manifest.json.tmp"):
+        assert flushed.index(f"{partial}/{path}") < manifest_in  # contents and entries before the manifest appears
+    assert events[manifest_in + 1:into_place] == [("fsync", partial)]  # the manifest's entry, before the folder moves
+    assert events[into_place + 1:] == [("fsync", str(tmp_path / "artifacts/kind"))]  # the new entry itself
+
+
+def test_artifacts_are_owner_only_whatever_the_umask(tmp_path: Path):
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        with write_artifact(tmp_path, "kind", "k5", config={}) as draft:
+            (draft.path / "sub").mkdir()
+            (draft.path / "sub" / "weights.bin").write_bytes(b"w")
+            (draft.path / "run.sh").write_text("echo")
+            (draft.path / "run.sh").chmod(0o755)
+    finally:
+        os.umask(previous)
+    final = tmp_path / "artifacts/kind/k5"
+    modes = {p.relative_to(final).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in [final, *final.rglob("*")]}
+    assert modes == {".": 0o700, "sub": 0o700, "sub/weights.bin": 0o600, "run.sh": 0o700, "manifest.json": 0o600}

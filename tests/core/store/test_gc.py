@@ -90,3 +90,46 @@ def test_noting_a_use_survives_a_manifest_gone_meanwhile(tmp_path: Path):
     artifact = find_artifact(tmp_path, "tokenized", "tokenize-a")
     (artifact.path / "manifest.json").unlink()
     note_use(artifact)
+
+
+def test_gc_keeps_what_a_process_reads_says_so_and_removes_it_once_the_reader_is_gone(tmp_path: Path):
+    """A server may read an artifact for days: its shared reader lock keeps the artifact, however old."""
+    from tuneline.core.store.readers import reading_artifact
+
+    served = finished(tmp_path, "merged", "merge-served")
+    with reading_artifact(served):
+        listed = find_garbage(tmp_path, referenced=set())
+        assert [(item.path, item.in_use) for item in listed] == [(served, True)]
+        assert list(remove_garbage(tmp_path, listed)) == [] and (served / "weights.bin").is_file()
+    listed = find_garbage(tmp_path, referenced=set())
+    assert [(item.path, item.in_use) for item in listed] == [(served, False)]
+    assert [item.path for item in remove_garbage(tmp_path, listed)] == [served] and not served.exists()
+
+
+def test_gc_skips_what_a_process_started_reading_after_the_listing(tmp_path: Path):
+    from tuneline.core.store.readers import reading_artifact
+
+    served = finished(tmp_path, "merged", "merge-served")
+    listed = find_garbage(tmp_path, referenced=set())
+    with reading_artifact(served):
+        assert list(remove_garbage(tmp_path, listed)) == [] and (served / "manifest.json").is_file()
+
+
+def test_a_cache_reader_holds_its_artifact_from_before_the_lookup_until_it_is_done(tmp_path: Path):
+    """serve_or_compute's `reading` stack: the lock is taken before the artifact is looked up, so gc
+    cannot remove it between the hit and its use; computed or served alike."""
+    from contextlib import ExitStack
+
+    from tuneline.core.store.artifacts import find_artifact
+    from tuneline.core.store.cache import serve_or_compute
+
+    def compute(damage):
+        return finished(tmp_path, "tokenized", "tokenize-x")
+
+    for _ in ("computed", "served"):
+        with ExitStack() as reading:
+            serve_or_compute(tmp_path, "tokenized", "tokenize-x", serve=lambda artifact: artifact.path, compute=compute,
+                             reading=reading)
+            assert [item.in_use for item in find_garbage(tmp_path, referenced=set())] == [True]
+    assert [item.in_use for item in find_garbage(tmp_path, referenced=set())] == [False]
+    assert find_artifact(tmp_path, "tokenized", "tokenize-x") is not None

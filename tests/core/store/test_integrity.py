@@ -7,8 +7,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from tuneline.core.store.artifacts import DAMAGE_NOTE, MANIFEST, damaged_path, find_artifact, write_artifact
-from tuneline.core.store.cache import serve_or_compute
+import pytest
+
+from tuneline.core.store.artifacts import DAMAGE_NOTE, MANIFEST, artifact_path, damaged_path, find_artifact, write_artifact
+from tuneline.core.store.cache import serve_or_compute, sound_artifact
+from tuneline.core.store.gc import find_garbage
 from tuneline.core.store.integrity import content_problems, size_problems
 from tuneline.core.store.verify import verify_workspace
 
@@ -97,3 +100,68 @@ def test_verify_marks_a_damaged_artifact_and_the_next_run_recomputes_it_saying_w
     assert told["damage"].problems == verdicts["bad"].problems
     assert find_artifact(tmp_path, "kind", "bad") is not None
     assert verify_workspace(tmp_path) and not any(v.damaged for v in verify_workspace(tmp_path))
+
+
+KEY = "tokenize-0123456789abcdef0123"  # the shape of a stage key: a damaged manifest there is tuneline's
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    ("", "manifest.json is empty (0 bytes)"),
+    ('{"kind": "kind", "key": "tokeni', "manifest.json is not JSON, cut short or overwritten"),
+    ("[1, 2]", "manifest.json holds a JSON list, not an object"),
+    ('{"kind": "kind", "key": "another"}', "manifest.json names kind 'kind' and key 'another', not this folder"),
+    ('{"kind": "kind", "key": "%s", "files": {"weights.bin": {"sha256": "00"}}}' % KEY, "manifest.json: weights.bin: no size"),
+])
+def test_a_damaged_manifest_is_a_damaged_artifact_set_aside_and_recomputed(tmp_path: Path, content: str, problem: str):
+    """Regression: an empty manifest.json (a power loss before its data reached the disk) blocked its key for good."""
+    original = make_artifact(tmp_path, KEY)
+    (original.path / MANIFEST).write_text(content)
+    assert sound_artifact(tmp_path, "kind", KEY) is None  # never served
+    told = serve_or_recompute(tmp_path, KEY)
+    assert len(told["damage"].problems) == 1 and told["damage"].problems[0].startswith(problem)
+    assert told["announced"] is told["damage"]  # said, as for a truncated file (and tagged tuneline.recomputed_damaged)
+    assert (damaged_path(tmp_path, "kind", KEY) / MANIFEST).read_text() == content  # kept aside for inspection
+    assert told["artifact"].manifest["key"] == KEY and (told["artifact"].path / "weights.bin").read_bytes() == b"0123456789"
+
+
+def test_verify_and_gc_report_a_damaged_manifest_instead_of_skipping_it(tmp_path: Path):
+    broken = make_artifact(tmp_path, KEY).path
+    (broken / MANIFEST).write_bytes(b"")
+    listed = find_garbage(tmp_path, referenced={KEY})
+    assert [(item.path, item.reason) for item in listed] == [(broken, "damaged artifact: manifest.json is empty (0 bytes)")]
+
+    verdicts = verify_workspace(tmp_path)
+    assert [(v.path, v.problems) for v in verdicts] == [(broken, ["manifest.json is empty (0 bytes)"])]
+    assert not (broken / MANIFEST).exists()
+    assert json.loads((broken / DAMAGE_NOTE).read_text())["problems"] == ["manifest.json is empty (0 bytes)"]
+    assert [item.reason for item in find_garbage(tmp_path, referenced={KEY})] == ["artifact marked damaged by tuneline verify"]
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "symlink"])
+def test_a_manifest_naming_a_file_outside_its_artifact_is_damage_and_nothing_outside_is_read(tmp_path: Path, how: str):
+    outside = tmp_path / "elsewhere" / "secret.bin"
+    outside.parent.mkdir()
+    outside.write_bytes(b"0123456789")
+    artifact = make_artifact(tmp_path, "k1", {"weights.bin": b"0123456789"})
+    name = {"absolute": str(outside), "dotdot": "../../../elsewhere/secret.bin", "symlink": "link/secret.bin"}[how]
+    if how == "symlink":
+        (artifact.path / "link").symlink_to(outside.parent, target_is_directory=True)
+    record = {"size": 10, "sha256": hashlib.sha256(b"0123456789").hexdigest()}  # what the outside file holds
+    manifest = {**artifact.manifest, "files": {**artifact.manifest["files"], name: record}}
+    (artifact.path / MANIFEST).write_text(json.dumps(manifest))
+    served = find_artifact(tmp_path, "kind", "k1")
+
+    expected = [f"manifest.json names the file {name!r}, but it "]
+    assert [p[: len(expected[0])] for p in size_problems(served.path, served.manifest)] == expected
+    assert [p[: len(expected[0])] for p in content_problems(served.path, served.manifest, manifest_name=MANIFEST)] == expected
+    told = serve_or_recompute(tmp_path, "k1")
+    assert told["damage"].problems[0].startswith(expected[0])
+    assert outside.read_bytes() == b"0123456789"
+
+
+def test_nested_names_inside_the_artifact_are_files_of_it(tmp_path: Path):
+    """Writers save folders (checkpoints, tokenizers): `sub/file` is a legitimate name, a symlink inside too."""
+    artifact = make_artifact(tmp_path, "k1", {"checkpoint-2/adapter.bin": b"ab", "weights.bin": b"c"})
+    (artifact.path / "alias").symlink_to(artifact.path / "checkpoint-2", target_is_directory=True)
+    manifest = {**artifact.manifest, "files": {**artifact.manifest["files"], "alias/adapter.bin": {"size": 2}}}
+    assert size_problems(artifact.path, manifest) == []

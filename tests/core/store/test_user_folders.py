@@ -61,3 +61,27 @@ def test_failed_write_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
         write_user_folder(out, fail, key="--output", overwrite=False)
     assert sorted(p.name for p in out.iterdir()) == ["a.txt", WRITTEN_RECORD]
     assert not (tmp_path / ".out.partial").exists()
+
+
+def outside_record(tmp_path: Path, how: str) -> tuple[Path, Path]:
+    """An output folder whose record names a file outside it (`how`), and that file."""
+    outside = tmp_path / "elsewhere" / "precious.txt"
+    outside.parent.mkdir()
+    outside.write_text("not tuneline's")
+    out = tmp_path / "out"
+    out.mkdir()
+    entry = {"absolute": str(outside), "dotdot": "../elsewhere/precious.txt", "symlink": "link", "nested": "sub/x"}[how]
+    if how == "symlink":
+        (out / "link").symlink_to(outside.parent, target_is_directory=True)
+    (out / WRITTEN_RECORD).write_text(json.dumps({"entries": [entry]}))
+    return out, outside
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "symlink", "nested"])
+def test_a_record_naming_anything_outside_the_folder_is_refused_and_nothing_deleted(tmp_path: Path, how: str) -> None:
+    out, outside = outside_record(tmp_path, how)
+    with pytest.raises(ConfigError, match=rf"{WRITTEN_RECORD} lists the entry .* as one tuneline wrote, but it .*nothing "
+                                          "was read or deleted"):
+        write_user_folder(out, result("a.txt"), key="export_dir", overwrite=True)
+    assert outside.read_text() == "not tuneline's"
+    assert sorted(p.name for p in out.iterdir()) == sorted(["link"] * (how == "symlink") + [WRITTEN_RECORD])
