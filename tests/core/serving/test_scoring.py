@@ -69,6 +69,7 @@ def test_each_text_gets_the_score_its_last_token_reads_alone(client, reward_fold
     ({"messages": [{"role": "user", "content": "Hi"}]}, 405, "Not allowed: this server serves a reward model"),
     ({"messages": []}, 400, "'messages' must be a non-empty list of non-empty strings"),
     ({"messages": ["a"], "max_length": 0}, 400, "'max_length' must be a positive whole number, got 0."),
+    ({"messages": ["a"], "max_length": 10**9}, 400, "'max_length' is 1000000000, above the reward model's context of "),
 ])
 def test_what_a_reward_model_does_not_answer(client, body: dict, status: int, message: str):
     path = "/v1/chat/completions" if status == 405 else "/v1/score/evaluation"
