@@ -307,6 +307,7 @@ def _registry_uri(args: argparse.Namespace) -> str:
 def run_chat(args: argparse.Namespace) -> int:
     from tuneline.core.inference.chat import ChatSession, chat_loop, chat_media, load_chat_model
     from tuneline.core.config import GeneratingConfig
+    from tuneline.core.store.readers import reading_artifacts
     from tuneline.flows.serve_commands import chat_target
 
     generating = GeneratingConfig(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
@@ -314,17 +315,18 @@ def run_chat(args: argparse.Namespace) -> int:
     target = chat_target(args.path, template=args.template, generating=generating, tracking_uri=lambda: _registry_uri(args))
     source, generating = target.source, target.generating
     _check_generating(generating)
-    media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=target.template)
-    model, tokenizer = load_chat_model(source, template=target.template, keys=target.keys, model_config=target.model_config)
-    shown = {column: [str(Path(path).resolve()) for path in paths]
-             for column, paths in (("images", args.image), ("videos", args.video), ("audios", args.audio)) if paths}
-    session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system, media=media, shown=shown)
-    interactive = sys.stdin.isatty()
-    try:
-        return chat_loop(session, _typed_lines() if interactive else sys.stdin, write=_write, echo=not interactive)
-    except KeyboardInterrupt:
-        _write("\n")
-        return 0
+    with reading_artifacts([source.model, source.adapter, source.tokenizer]):  # kept by `tuneline gc` while chatting
+        media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=target.template)
+        model, tokenizer = load_chat_model(source, template=target.template, keys=target.keys, model_config=target.model_config)
+        shown = {column: [str(Path(path).resolve()) for path in paths]
+                 for column, paths in (("images", args.image), ("videos", args.video), ("audios", args.audio)) if paths}
+        session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system, media=media, shown=shown)
+        interactive = sys.stdin.isatty()
+        try:
+            return chat_loop(session, _typed_lines() if interactive else sys.stdin, write=_write, echo=not interactive)
+        except KeyboardInterrupt:
+            _write("\n")
+            return 0
 
 
 def _check_generating(generating: GeneratingConfig) -> None:

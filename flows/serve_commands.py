@@ -57,11 +57,13 @@ def run_webchat(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, *, page: bool) -> int:
     from tuneline.core.serving.server import serve, server_settings
     from tuneline.core.serving.sources import served_model
+    from tuneline.core.store.readers import reading_artifacts
 
     settings = server_settings(os.environ, host=args.host, port=args.port, allow_no_key=args.allow_no_key)
     served = served_model(args.target, template=args.template, overrides=args.overrides,
                           tracking_uri=lambda: registry_uri(args), command=f"tuneline {args.command}")
-    return serve(served, settings, page=page)
+    with reading_artifacts([served.source.model, served.source.adapter, served.source.tokenizer]):
+        return serve(served, settings, page=page)  # a served artifact is kept by `tuneline gc` until the server stops
 
 
 def registry_uri(args: argparse.Namespace) -> str:
