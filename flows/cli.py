@@ -31,6 +31,8 @@ from tuneline.flows.eval_command import add_eval_parser
 from tuneline.flows.serve_commands import add_serve_parsers
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from tuneline.core.config import GeneratingConfig
 
 # Telemetry off and quiet libraries before Prefect, MLflow or transformers are imported.
@@ -66,15 +68,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose:
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     from tuneline.core.errors import TunelineError
+    from tuneline.core.tracking.privacy import mask_password
 
+    sys.excepthook = _print_masked_traceback
     try:
         return args.handler(args)
     except TunelineError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {mask_password(str(e))}", file=sys.stderr)  # a message may quote a URI holding a password
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume from the last finished stage.", file=sys.stderr)
         return 130
+
+
+def _print_masked_traceback(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+    """Python's report of an uncaught exception, with every URI's password masked: MLflow's request
+    errors quote the tracking URI whole."""
+    import traceback
+
+    from tuneline.core.tracking.privacy import mask_password
+
+    sys.stderr.write(mask_password("".join(traceback.format_exception(kind, error, trace))))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ from tuneline.core.store.results import ModelRef, StageResult
 from tuneline.core.config import InferenceConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.tracking.lineage import lineage_tags
+from tuneline.core.tracking.privacy import mask_password
 from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
 from tuneline.core.pipeline.stage_runs import ParitySource, export_template
 from tuneline.core.tracking.promotion import candidate_metrics
@@ -66,7 +67,7 @@ def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, worksp
         outcome = change_summary(summary["stages"])
         get_run_logger().info(outcome)
         tracking.set_tags(uri, parent_run_id, {OUTCOME_TAG: outcome})
-    return {**summary, "outcome": outcome, "tracking_uri": uri, "parent_run_id": parent_run_id,
+    return {**summary, "outcome": outcome, "tracking_uri": mask_password(uri), "parent_run_id": parent_run_id,
             "workspace": str(pipeline.workspace)}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuneline.core.tracking.privacy import mask_password
 
 NOTHING_CHANGED = "nothing changed since the last run: every stage served from cache, no training ran"
 TRAINED_KIND = "trained"
@@ -35,7 +36,7 @@ def print_summary(summary: dict[str, Any], *, seconds: float) -> None:
     print(f"\n{computed} stage(s) computed, {len(summary['stages']) - computed} served from cache, in {seconds:.1f} s")
     print(summary.get("outcome") or change_summary(summary["stages"]))
     print(f"workspace:       {summary['workspace']}")
-    print(f"MLflow:          {summary['tracking_uri']} (parent run {summary['parent_run_id']})")
+    print(f"MLflow:          {mask_password(summary['tracking_uri'])} (parent run {summary['parent_run_id']})")
     if "export_dir" in summary:
         print(f"exported model:  {summary['export_dir']}")
     registered = summary.get("registered")

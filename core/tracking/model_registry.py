@@ -13,6 +13,7 @@ import json
 
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.errors import ConfigError, nearest
+from tuneline.core.tracking.privacy import mask_password
 from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, Decision, metrics_from_tags, push_history
 
 HISTORY_TAG = "tuneline.champion_history"
@@ -94,7 +95,7 @@ def _check_model(uri: str, *, name: str) -> None:
         guess = nearest(name, names)
         hint = f"did you mean '{guess}'? " if guess else ""
         listing = f"its registered models: {', '.join(names[:30])}" if names else "it has no registered models"
-        raise ConfigError(f"unknown registered model '{name}' in {uri}; {hint}{listing}. Check MODEL_NAME, or point "
+        raise ConfigError(f"unknown registered model '{name}' in {mask_password(uri)}; {hint}{listing}. Check MODEL_NAME, or point "
                           f"--workspace or --tracking-uri at the store the pipeline registered into.")
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.store.locks import file_lock
+from tuneline.core.tracking.privacy import REDACTED, create_owner_only, mask_password
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -42,13 +43,14 @@ def client(uri: str) -> MlflowClient:
     """The client for `uri`, its store opened at once. MLflow creates a new SQLite store's tables
     and runs their migrations without a lock, so two processes opening one new `mlflow.db` together
     fail ("Online migration expected to match one row"); the first open of a SQLite store is done
-    under a file lock beside it."""
+    under a file lock beside it. A new database file is created owner-only (privacy.py)."""
     from mlflow import MlflowClient
 
     if not uri.startswith("sqlite:///"):
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
     database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     with file_lock(database.with_name(database.name + ".init.lock")):
+        create_owner_only(database)  # before SQLite creates it with the umask's mode
         mlflow_client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         mlflow_client.search_experiments(max_results=1)  # the tracking store: tables created if new
         mlflow_client.search_registered_models(max_results=1)  # the registry store, same file
@@ -295,13 +297,11 @@ def set_registered_model_tag(uri: str, *, name: str, key: str, value: str) -> No
     client(uri).set_registered_model_tag(name, key, value)
 
 
-REDACTED = "***"
 _SECRET_KEY = re.compile(
     r"(^|[_.-])(password|passwd|secret|credentials?|api_?key|private_?key|auth)([_.-]|$)"  # db_password, aws_secret_key
     r"|(^|[_.-])(hub|hf|access|api|auth|bearer|refresh|session)_token$|^token$",  # hf_hub_token; never pad_token, max_new_tokens
     re.IGNORECASE,
 )
-_URI_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@/\s]+)@", re.IGNORECASE)
 
 
 def redact(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -320,7 +320,7 @@ def _redacted(key: str, value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_redacted("", item) for item in value]
     if isinstance(value, str):
-        return _URI_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", value)
+        return mask_password(value)
     return value
 
 

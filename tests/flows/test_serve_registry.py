@@ -65,11 +65,12 @@ def test_a_version_registered_elsewhere_is_downloaded_once(registry: dict, tmp_p
 
     found = resolve_model_uri(f"models:/{NAME}@challenger", uri=registry["uri"], download_dir=tmp_path)
     assert found.version == "2" and found.origin == "downloaded artifact"
-    assert found.model.is_relative_to(tmp_path / NAME / "2") and (found.tokenizer / "tokenizer_config.json").is_file()
+    entry, = (tmp_path / NAME).glob("2-*")  # keyed by the registry and the version's run
+    assert found.model.is_relative_to(entry) and (found.tokenizer / "tokenizer_config.json").is_file()
     assert (found.model / "model.safetensors").read_bytes() == b"weights"
-    marker = (tmp_path / NAME / "2" / ".complete").stat().st_mtime_ns
+    marker = (entry / ".complete").stat().st_mtime_ns
     assert resolve_model_uri(f"models:/{NAME}@challenger", uri=registry["uri"], download_dir=tmp_path) == found
-    assert (tmp_path / NAME / "2" / ".complete").stat().st_mtime_ns == marker
+    assert (entry / ".complete").stat().st_mtime_ns == marker
 
 
 def test_the_served_model_of_a_registered_alias(registry: dict):
