@@ -10,7 +10,9 @@ statistics) sits beside them.
 from __future__ import annotations
 
 import json
+import pickle
 import random
+import re
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -102,7 +104,7 @@ def save_checkpoint(output_dir: Path, trainer: PPOTrainer, *, limit: int | None)
                  "score_moments": trainer.score_moments.state()}
         (folder / TRAINER_STATE).write_text(json.dumps(state, indent=1), encoding="utf-8")
     accelerator.wait_for_everyone()
-    torch.save(_random_state(), folder / f"rng_state_{accelerator.process_index}.pth")
+    save_random_state(folder / f"rng_state_{accelerator.process_index}.pth")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_record(folder, step=trainer.step, world_size=accelerator.num_processes)
@@ -131,7 +133,7 @@ def load_checkpoint(folder: Path, *, model: ValueHeadModel | None, optimizer: An
     if not rng.is_file():
         raise ConfigError(f"{folder} holds no random state for process {trainer.accelerator.process_index}; it was saved by "
                           "fewer processes. Resume with as many processes as saved it, or set 'overwrite_output_dir: true'.")
-    _restore_random_state(torch.load(rng, weights_only=False))
+    restore_random_state(rng)
 
 
 def _load_policy_weights(policy, folder: Path) -> None:
@@ -154,14 +156,26 @@ def _load_policy_weights(policy, folder: Path) -> None:
     policy.tie_weights()
 
 
-def _random_state() -> dict[str, Any]:
+def save_random_state(path: Path) -> None:
+    """This process's random state: Python's (a tuple of ints) and torch's CPU and CUDA generators
+    (byte tensors), all of which `torch.load(weights_only=True)` reads without allow-listing."""
     states: dict[str, Any] = {"python": random.getstate(), "cpu": torch.random.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.random.get_rng_state_all()
-    return states
+    torch.save(states, path)
 
 
-def _restore_random_state(states: dict[str, Any]) -> None:
+def restore_random_state(path: Path) -> None:
+    """Restore the state `save_random_state` wrote. Read with `weights_only=True`: a file holding any
+    other pickled object (which could run code as it loads) is refused, never unpickled."""
+    try:
+        states = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        what = f"the pickled object {found[1]}" if found else "pickled objects"
+        raise ConfigError(f"{path} holds {what}, not only a random state (tensors, numbers, tuples), so it is not "
+                          "loaded: unpickling it could run code. tuneline's ppo stage never writes that; delete "
+                          f"{path.parent} to resume from an earlier checkpoint, or set 'overwrite_output_dir: true'.") from e
     random.setstate(states["python"])
     torch.random.set_rng_state(states["cpu"])
     if "cuda" in states and torch.cuda.is_available():
