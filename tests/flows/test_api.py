@@ -184,3 +184,66 @@ def test_a_saved_chat_template_renders_the_training_prompt_and_refuses_tools(tin
     with pytest.raises(DataError) as raised:
         saved.prompt_ids(HISTORY, system=SYSTEM, tools=json.dumps([{"name": "add", "parameters": {}}]))
     assert str(raised.value) == NEEDS_TEMPLATE
+
+
+def raw_exchange(server, *parts: bytes, timeout: float = 30) -> tuple[int, dict]:
+    """Send `parts` to the server as they are (no client library deciding the framing) and read its reply:
+    (status, the JSON body). A server still waiting for the rest of a body times out instead."""
+    import socket
+
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+        for part in parts:
+            connection.sendall(part)
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < _length(reply):
+            chunk = connection.recv(65536)
+            assert chunk, f"the server closed the connection after {reply!r}"
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body[: _length(reply)])
+
+
+def _length(reply: bytes) -> int:
+    head = reply.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+    return next((int(line.split(":", 1)[1]) for line in head.split("\r\n") if line.startswith("content-length:")), 1 << 30)
+
+
+def request_head(server, *, length: str = "Transfer-Encoding: chunked", host: str = "127.0.0.1") -> bytes:
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\n{length}\r\n\r\n").encode()
+
+
+def test_the_server_refuses_a_declared_body_over_the_limit_without_reading_it(server):
+    status, body = raw_exchange(server, request_head(server, length=f"Content-Length: {10 << 20}"))  # no body sent
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+
+
+def test_the_server_cuts_off_a_chunked_body_once_it_is_over_the_limit(server):
+    chunk = b"10000\r\n" + b" " * 0x10000 + b"\r\n"  # 64 KiB; 17 of them are over 1 MiB, and the body never ends
+    status, body = raw_exchange(server, request_head(server), *[chunk] * 17)
+    assert status == 413 and "limit of 1048576 bytes (API_MAX_BODY_BYTES)" in body["error"]["message"]
+
+
+def test_the_server_answers_only_loopback_host_names_and_json_bodies(server, tiny_base: Path):
+    port = server.url.rsplit(":", 1)[1]
+    for host, status in ((f"rebound.example:{port}", 400), (f"localhost:{port}", 200), (f"127.0.0.1:{port}", 200)):
+        response = httpx.get(f"{server.url}/v1/models", headers={"Host": host, "Authorization": f"Bearer {API_KEY}"})
+        assert response.status_code == status, response.text
+    assert response.json()["data"][0]["id"] == tiny_base.name
+    page_post = httpx.post(f"{server.url}/v1/chat/completions", content=json.dumps({"messages": HISTORY}),
+                           headers={"Content-Type": "text/plain", "Authorization": f"Bearer {API_KEY}"})
+    assert page_post.status_code == 415 and page_post.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_a_keyless_host_other_than_a_loopback_one_is_refused_or_warned_about(server, monkeypatch):
+    from conftest import assert_refused, run_cli_here
+
+    monkeypatch.delenv("API_KEY", raising=False)
+    target = str(server.log.parent / "inference.yaml")
+    refused = run_cli_here("api", target, "--host", "0.0.0.0", cwd=server.log.parent)
+    assert_refused(refused, "the host 0.0.0.0 (--host, API_HOST) is not a loopback address", "--allow-no-key")
+    # 192.0.2.1 is reserved for documentation, so no machine has it: the warning, then the address refused
+    allowed = run_cli_here("api", target, "--host", "192.0.2.1", "--port", "0", "--allow-no-key", cwd=server.log.parent)
+    assert allowed.stderr.startswith("warning: serving on 192.0.2.1 without API_KEY (--allow-no-key)"), allowed.stderr
+    assert_refused(allowed, "cannot listen on 192.0.2.1:0")
