@@ -184,7 +184,7 @@ def write_artifact(
     seal(draft_dir)  # the files' contents on disk before the manifest that vouches for them
     write_durably(tmp_manifest, json.dumps(manifest, indent=2, sort_keys=True, default=str))
     os.replace(tmp_manifest, draft_dir / MANIFEST)
-    fsync_path(draft_dir)
+    fsync_path(draft_dir)  # its entries, the manifest's included
     if own_manifest(final) is not None:  # an equal artifact landed meanwhile (same key, same content): keep it
         shutil.rmtree(draft_dir)
         return

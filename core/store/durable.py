@@ -19,8 +19,9 @@ OWNER_ONLY = 0o700
 
 
 def seal(root: Path) -> None:
-    """Make every file and folder under `root` (itself included) owner-only and flush it to disk:
-    files before the folders that hold them, `root` last. Symlinks are left as they are."""
+    """Make every file and folder under `root` (itself included) owner-only and flush it to disk,
+    files before the folders that hold them. `root`'s own entries are left for the caller to flush
+    once it has added the last one (the manifest). Symlinks are left as they are."""
     for folder, _, names in os.walk(root, topdown=False):
         for name in names:
             path = os.path.join(folder, name)
@@ -29,7 +30,8 @@ def seal(root: Path) -> None:
                 os.chmod(path, stat.S_IMODE(mode) & OWNER_ONLY)
                 fsync_path(path)
         os.chmod(folder, OWNER_ONLY)
-        fsync_path(folder)
+        if folder != str(root):
+            fsync_path(folder)
 
 
 def write_durably(path: Path, text: str) -> None:
