@@ -114,7 +114,7 @@ class RequestGuard:
 
         try:
             await self.app(scope, self._bounded(receive), sending)
-        except Exception as error:  # noqa: BLE001 - the last resort: logged here, answered without its text
+        except Exception as error:  # the last resort: logged here, answered without its text
             if started:  # the reply has begun (a stream): the connection is closed instead
                 log_failure(new_request_id(), scope, error)
                 return
