@@ -11,7 +11,6 @@ train on the wrong tokens without any error.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.stage_runs import tokenize_params
 from tuneline.core.stages.registry import stage_kind
 from tuneline.core.store.artifacts import MANIFEST, read_manifest
-from tuneline.core.store.user_folders import WRITTEN_RECORD, write_user_folder
+from tuneline.core.store.user_folders import WRITTEN_RECORD, copy_into, write_user_folder
 
 RECORD = "tokenized_dataset.json"
 FORMAT = "tuneline tokenized dataset"
@@ -64,7 +63,7 @@ def save_tokenized(folder: Path, *, tokenized: Path, config: StageConfig, tokeni
     counters = read_manifest(tokenized).get("metrics") or {}
 
     def write(draft: Path) -> None:
-        shutil.copytree(tokenized, draft, ignore=shutil.ignore_patterns(MANIFEST))
+        copy_into(tokenized, draft, skip={MANIFEST})  # the user's folder: their umask, not the store's owner-only modes
         write_record(draft, config, tokenizer_key=tokenizer_key, counters=counters)
 
     return write_user_folder(folder, write, key=KEY, overwrite=config.output.overwrite_output_dir)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from tuneline.core.errors import ConfigError
@@ -94,6 +94,18 @@ def _place(draft: Path, folder: Path, *, key: str) -> None:
     for name in new:
         os.replace(draft / name, folder / name)
     (folder / WRITTEN_RECORD).write_text(json.dumps({"entries": new}, indent=1), encoding="utf-8")
+
+
+def copy_into(source: Path, target: Path, *, skip: Collection[str] = ()) -> None:
+    """Copy the folder `source` (an artifact: owner-only) into `target`, leaving out files named in
+    `skip`. Modes are not copied: the user's umask sets them, as for every file written there."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.rglob("*")):
+        copy = target / path.relative_to(source)
+        if path.is_dir():
+            copy.mkdir(exist_ok=True)
+        elif path.name not in skip:
+            shutil.copyfile(path, copy)
 
 
 def _remove(path: Path) -> None:

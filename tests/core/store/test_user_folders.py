@@ -85,3 +85,25 @@ def test_a_record_naming_anything_outside_the_folder_is_refused_and_nothing_dele
         write_user_folder(out, result("a.txt"), key="export_dir", overwrite=True)
     assert outside.read_text() == "not tuneline's"
     assert sorted(p.name for p in out.iterdir()) == sorted(["link"] * (how == "symlink") + [WRITTEN_RECORD])
+
+
+def test_files_copied_out_of_an_owner_only_artifact_take_the_users_umask(tmp_path: Path) -> None:
+    """`tokenized_path` receives a copy of cached data: the store's 0700/0600 stay in the store."""
+    import os
+    import stat
+
+    from tuneline.core.store.artifacts import artifact_path, write_artifact
+    from tuneline.core.store.user_folders import copy_into
+
+    with write_artifact(tmp_path / "ws", "tokenized", "tokenize-a", config={}) as draft:
+        (draft.path / "train").mkdir()
+        (draft.path / "train" / "data.arrow").write_bytes(b"0")
+    previous = os.umask(0o022)
+    try:
+        out = write_user_folder(tmp_path / "out", lambda d: copy_into(artifact_path(tmp_path / "ws", "tokenized", "tokenize-a"),
+                                                                      d, skip={"manifest.json"}),
+                                key="tokenized_path", overwrite=False)
+    finally:
+        os.umask(previous)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == ["train", "train/data.arrow", WRITTEN_RECORD]
+    assert {stat.S_IMODE((out / name).stat().st_mode) for name in ("train", "train/data.arrow")} == {0o755, 0o644}
