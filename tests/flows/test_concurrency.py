@@ -2,7 +2,8 @@
 
 Both succeed; each stage is computed by one of them while the other waits for it and serves it from
 cache (tokenization runs once); every artifact's manifest lists exactly the files it holds, no draft
-is left behind, and the export both reach is registered as one model version. A third run with nothing changed trains nothing and says so.
+is left behind, the export both reach is registered as one model version, and MLflow's and Prefect's
+new databases are owner-only under umask 022. A third run with nothing changed trains nothing and says so.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def setup(tmp_path_factory) -> dict:
 
 def test_two_runs_at_once_compute_each_stage_once_and_leave_whole_artifacts(setup):
     workspace = setup["root"] / "ws"
-    runs = [subprocess.Popen(setup["command"], env=setup["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)]
+    runs = [subprocess.Popen(setup["command"], env=setup["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             umask=0o022) for _ in range(2)]
     outputs = [run.communicate(timeout=420) for run in runs]
     for run, (stdout, stderr) in zip(runs, outputs):
         assert run.returncode == 0, stdout[-3000:] + stderr[-3000:]
@@ -66,6 +67,8 @@ def test_two_runs_at_once_compute_each_stage_once_and_leave_whole_artifacts(setu
         assert sorted(status[name] for status in statuses) == ["computed", "served from cache"], (name, statuses)
     assert any("another run is computing" in stdout for stdout, _ in outputs)
 
+    for database in (workspace / "mlflow.db", setup["root"] / "prefect_home" / "prefect.db"):
+        assert database.stat().st_mode & 0o777 == 0o600, database  # owner-only, though the umask lets others read
     artifacts = workspace / "artifacts"
     assert len([p for p in (artifacts / "tokenized").iterdir() if not p.name.startswith(".")]) == 1
     assert not list(artifacts.glob("*/.*.partial"))
