@@ -36,6 +36,10 @@ def add_serve_parsers(commands: argparse._SubParsersAction) -> None:
         command.add_argument("--port", type=int, default=None, help="port (default: API_PORT, else 8000; 0: any free port)")
         command.add_argument("--allow-no-key", action="store_true",
                              help="serve on a host other than a loopback one without API_KEY (refused otherwise)")
+        command.add_argument("--max-batch", type=int, default=None,
+                             help="requests decoded together (default: API_MAX_BATCH, else 16)")
+        command.add_argument("--queue-size", type=int, default=None,
+                             help="requests that may wait for the model before more get 503 (default: API_QUEUE_SIZE, else 64)")
         command.add_argument("--template", default=None, help="render with this tuneline template (the training template: "
                                                               "needed for tools when the model's tokenizer has another)")
         store = command.add_mutually_exclusive_group()
@@ -55,11 +59,12 @@ def run_webchat(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, *, page: bool) -> int:
-    from tuneline.core.serving.server import serve, server_settings
+    from tuneline.core.serving.server import serve, server_settings, with_decoding
     from tuneline.core.serving.sources import served_model
     from tuneline.core.store.readers import reading_artifacts
 
     settings = server_settings(os.environ, host=args.host, port=args.port, allow_no_key=args.allow_no_key)
+    settings = with_decoding(settings, os.environ, max_batch=args.max_batch, queue_size=args.queue_size)
     served = served_model(args.target, template=args.template, overrides=args.overrides,
                           tracking_uri=lambda: registry_uri(args), command=f"tuneline {args.command}")
     with reading_artifacts([served.source.model, served.source.adapter, served.source.tokenizer]):

@@ -13,10 +13,9 @@ finish reason (then a usage chunk with `stream_options.include_usage`), then `da
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
-import threading
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection
@@ -25,22 +24,26 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from tuneline.core.errors import TunelineError
+from tuneline.core.serving.backends import QueueFull
 from tuneline.core.serving.guards import RequestGuard, error_response
 from tuneline.core.serving.protocol import (ChatRequest, RequestError, RequestLimits, chunk_body, completion_body,
                                             error_body, parse_chat_request, usage_body)
+from tuneline.core.serving.relay import Relay, busy_response, wait_for_answers
 from tuneline.core.serving.scoring import parse_score_request
 from tuneline.core.serving.tool_calls import read_tool_calls
 
 if TYPE_CHECKING:
-    from tuneline.core.serving.engine import Answer, HuggingFaceEngine, Prepared
+    from tuneline.core.serving.backends import Answer, GenerationEngine, Ticket
+    from tuneline.core.serving.engine import HuggingFaceEngine
     from tuneline.core.serving.scoring import ScoringEngine
 
 PAGE = Path(__file__).with_name("webchat.html")
+log = logging.getLogger(__name__)
 
 
 def create_app(engine: HuggingFaceEngine | None, *, model_name: str, api_key: str | None, page: bool = False,
@@ -81,11 +84,18 @@ def create_app(engine: HuggingFaceEngine | None, *, model_name: str, api_key: st
             raise RequestError("Streaming answers only one choice without tools; send 'stream': false for 'n' > 1 or "
                                "for 'tools'.", param="stream")
         prepared = await run_in_threadpool(engine.prepare, chat)  # a template that cannot write the tools: 400
-        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        completion_id, relay = f"chatcmpl-{uuid.uuid4().hex}", Relay()
+        try:
+            tickets = engine.submit(prepared, copies=chat.n, write=relay.write if chat.stream else _ignore, done=relay.done)
+        except QueueFull as full:
+            return busy_response(full)
         if chat.stream:
-            events = _events(engine, prepared, completion_id=completion_id, model=model_name, include_usage=chat.include_usage)
+            events = _events(engine, tickets[0], relay, completion_id=completion_id, model=model_name,
+                             include_usage=chat.include_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        answers = [await run_in_threadpool(engine.generate, prepared) for _ in range(chat.n)]
+        answers = await wait_for_answers(request, engine, tickets, relay)
+        if answers is None:  # the client has gone: nobody reads this
+            return Response(status_code=499)
         choices = [_choice(i, answer, chat, engine) for i, answer in enumerate(answers)]
         return completion_body(completion_id=completion_id, model=model_name, choices=choices,
                                prompt_tokens=len(prepared.prompt), completion_tokens=sum(a.completion_tokens for a in answers))
@@ -123,40 +133,33 @@ def _sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _events(engine: HuggingFaceEngine, prepared: Prepared, *, completion_id: str, model: str,
+async def _events(engine: GenerationEngine, ticket: Ticket, relay: Relay, *, completion_id: str, model: str,
                   include_usage: bool) -> AsyncIterator[str]:
-    """The answer's chunks as it is generated (in a thread of its own, which waits for the model's lock);
-    a client that goes away stops its generation."""
-    loop, queue, cancelled = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
-
-    def put(kind: str, value: Any) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
-
-    def work() -> None:
-        try:
-            put("done", engine.generate(prepared, write=lambda text: put("text", text), cancelled=cancelled))
-        except Exception as e:  # reported to the client in the stream: the response has begun
-            put("error", e)
-
-    threading.Thread(target=work, name=f"generate-{completion_id}", daemon=True).start()
+    """The answer's chunks as the decoding thread writes them into `relay`; a client that goes away (the
+    response stops iterating) cancels its generation."""
     chunk = {"completion_id": completion_id, "model": model}
     try:
         yield _sse(chunk_body(**chunk, delta={"role": "assistant", "content": ""}))
         while True:
-            kind, value = await queue.get()
-            if kind == "text" and value:
+            kind, value = await relay.next()
+            if kind == "text":
                 yield _sse(chunk_body(**chunk, delta={"content": value}))
-            elif kind == "done":
+            elif isinstance(value, BaseException):  # the response has begun: the error goes in the stream
+                log.error("Streamed completion %s failed: %s: %s", completion_id, type(value).__name__, value)
+                yield _sse(error_body("Generation failed; the server's log has the details.", kind="server_error"))
+                break
+            else:
                 yield _sse(chunk_body(**chunk, delta={}, finish_reason=value.finish_reason))
                 if include_usage:
                     yield _sse(chunk_body(**chunk, delta=None, usage=usage_body(value.prompt_tokens, value.completion_tokens)))
                 break
-            elif kind == "error":
-                yield _sse(error_body(f"Generation failed: {type(value).__name__}: {value}", kind="server_error"))
-                break
         yield "data: [DONE]\n\n"
     finally:
-        cancelled.set()
+        engine.cancel(ticket)
+
+
+def _ignore(_: str) -> None:
+    """A non-streamed answer's pieces: it is read whole."""
 
 
 def _add_error_handlers(app: FastAPI) -> None:

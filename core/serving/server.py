@@ -7,7 +7,9 @@ Settings come from the environment as LLaMA-Factory's API reads them: `API_HOST`
 flags win over them. The request limits are tuneline's own settings (`LIMIT_SETTINGS`, e.g.
 API_MAX_BODY_BYTES), as is `API_ALLOWED_HOSTS`, names a server bound to a loopback address answers to
 besides localhost and the loopback addresses (`guards.py`). A host other than a loopback one without
-API_KEY is refused unless `allow_no_key` (--allow-no-key), then warned about. The port is bound before
+API_KEY is refused unless `allow_no_key` (--allow-no-key), then warned about. `API_MAX_BATCH`
+(--max-batch, default 16) requests are decoded together, and `API_QUEUE_SIZE` (--queue-size, default
+64) more may wait; the next is answered 503 with Retry-After. The port is bound before
 the model loads, so a taken port fails at once; one line with the URL is printed when the server
 accepts requests.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tuneline.core.errors import ConfigError
+from tuneline.core.serving.batching import DEFAULT_MAX_BATCH, DEFAULT_QUEUE_SIZE
 from tuneline.core.serving.guards import is_loopback
 from tuneline.core.serving.protocol import RequestLimits
 
@@ -55,6 +58,11 @@ class ServerSettings:
     host other than a loopback one, the Host header is checked only when some are given."""
     allow_no_key: bool = False
     """Serve on a host other than a loopback one without API_KEY (--allow-no-key), with a warning."""
+    max_batch: int = DEFAULT_MAX_BATCH
+    """Requests decoded together in one batch (--max-batch, API_MAX_BATCH)."""
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    """Requests that may wait for a place in the batch (--queue-size, API_QUEUE_SIZE); one more is answered
+    503 with Retry-After."""
 
     @property
     def checked_hosts(self) -> tuple[str, ...] | None:
@@ -111,6 +119,23 @@ def exposure_warning(settings: ServerSettings) -> str | None:
             "can use the model.")
 
 
+def with_decoding(settings: ServerSettings, env: Mapping[str, str], *, max_batch: int | None = None,
+                  queue_size: int | None = None) -> ServerSettings:
+    """`settings` with the batch and queue sizes of the flags, else of `env` (API_MAX_BATCH, API_QUEUE_SIZE)."""
+    values, problems = {}, []
+    for key, flag, name, given in (("max_batch", "--max-batch", "API_MAX_BATCH", max_batch),
+                                   ("queue_size", "--queue-size", "API_QUEUE_SIZE", queue_size)):
+        raw = str(given) if given is not None else env.get(name, "").strip()
+        if raw and (not raw.isdigit() or int(raw) < 1):
+            problems.append(f"{f'{flag} {raw}' if given is not None else f'{name}={raw!r}'} is not a positive whole number; set it to one, "
+                            f"or leave it out for the default ({getattr(ServerSettings, key)}).")
+        elif raw:
+            values[key] = int(raw)
+    if problems:
+        raise ConfigError(problems)
+    return dataclasses.replace(settings, **values)
+
+
 def bind(settings: ServerSettings) -> socket.socket:
     """A listening socket on the host and port, or a ConfigError saying the port is taken."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
@@ -131,9 +156,10 @@ def url_of(sock: socket.socket, host: str) -> str:
     return f"http://{shown}:{sock.getsockname()[1]}"
 
 
-def load_engine(served: ServedModel) -> HuggingFaceEngine:
+def load_engine(served: ServedModel, *, max_batch: int = DEFAULT_MAX_BATCH, queue_size: int = DEFAULT_QUEUE_SIZE) -> HuggingFaceEngine:
     """The served model loaded, its prompts rendered as its training template writes them (or with its
-    tokenizer's saved chat template when no template is named)."""
+    tokenizer's saved chat template when no template is named); `max_batch` requests decoded together,
+    `queue_size` more waiting."""
     import torch
 
     from tuneline.core.inference.chat import chat_template, load_chat_model
@@ -145,7 +171,8 @@ def load_engine(served: ServedModel) -> HuggingFaceEngine:
     if served.inference.infer_dtype != "auto":
         model = model.to(getattr(torch, served.inference.infer_dtype))
     template = chat_template(served.template, tokenizer, keys=served.keys) if served.template else None
-    return HuggingFaceEngine(model, PromptRenderer(tokenizer, template), defaults=served.generating)
+    return HuggingFaceEngine(model, PromptRenderer(tokenizer, template), defaults=served.generating, max_batch=max_batch,
+                             queue_size=queue_size)
 
 
 def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
@@ -165,7 +192,7 @@ def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
         print(warning, file=sys.stderr, flush=True)
     sock = bind(settings)
     engine, scorer = (None, load_scoring_engine(served.source, model_config=served.model_config)) if rewarding \
-        else (load_engine(served), None)
+        else (load_engine(served, max_batch=settings.max_batch, queue_size=settings.queue_size), None)
     name = settings.model_name or served.name
     if served.origin:
         print(f"tuneline {'webchat' if page else 'api'}: {served.name} is {served.origin}", flush=True)

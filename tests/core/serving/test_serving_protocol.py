@@ -9,8 +9,8 @@ import json
 import pytest
 
 from tuneline.core.config import GeneratingConfig
-from tuneline.core.serving.engine import StopText
 from tuneline.core.serving.protocol import RequestError, generating_for, parse_chat_request
+from tuneline.core.serving.stop_text import StopText
 
 
 def parse(**body) -> object:
