@@ -127,8 +127,8 @@ def _check_name(uri: str, name: str) -> None:
     guess = nearest(name, names)
     hint = f"did you mean '{guess}'? " if guess else ""
     listing = f"its registered models: {', '.join(names[:30])}" if names else "it has no registered models"
-    raise ConfigError(f"unknown registered model '{name}' in {mask_password(uri)}; {hint}{listing}. Point --workspace, --tracking-uri "
-                      "or MLFLOW_TRACKING_URI at the store the pipeline registered into.")
+    raise ConfigError(f"unknown registered model '{name}' in {mask_password(uri)}; {hint}{listing}. Point --workspace, "
+                      "--tracking-uri or MLFLOW_TRACKING_URI at the store the pipeline registered into.")
 
 
 def _version(uri: str, name: str, *, alias: str | None, version: str | None) -> str:
@@ -136,8 +136,8 @@ def _version(uri: str, name: str, *, alias: str | None, version: str | None) -> 
         aliases = {key: str(value) for key, value in tracking.client(uri).get_registered_model(name).aliases.items()}
         if alias not in aliases:
             held = ", ".join(f"@{key} (version {value})" for key, value in sorted(aliases.items())) or "none"
-            raise ConfigError(f"registered model '{name}' has no alias @{alias} in {mask_password(uri)}; its aliases: {held}. Use one of "
-                              f"them, models:/{name}/VERSION, or `tuneline promote {name} VERSION` to set @champion.")
+            raise ConfigError(f"registered model '{name}' has no alias @{alias} in {mask_password(uri)}; its aliases: {held}. "
+                              f"Use one of them, models:/{name}/VERSION, or `tuneline promote {name} VERSION` to set @champion.")
         return aliases[alias]
     versions = tracking.model_version_numbers(uri, name)
     if version not in versions:
