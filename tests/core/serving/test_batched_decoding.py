@@ -137,3 +137,21 @@ def test_max_tokens_is_bounded_by_the_context_left_after_the_prompt(tiny_base: P
         assert raised.value.status == 400 and raised.value.code == "context_length_exceeded"
     finally:
         engine.close()
+
+
+def test_beam_search_decodes_alone_through_generate(tiny_base: Path):
+    from tuneline.core.inference.chat import ModelSource
+    from tuneline.core.serving.decoding import SoloDecoder
+    from tuneline.core.serving.server import load_engine
+    from tuneline.core.serving.sources import ServedModel
+
+    beams = dataclasses.replace(GREEDY, num_beams=3)
+    engine = load_engine(ServedModel(ModelSource(str(tiny_base), None, str(tiny_base)), name="tiny", template="chatml",
+                                     generating=beams), max_batch=4)
+    try:
+        assert isinstance(engine.scheduler.decoder, SoloDecoder)  # beams reorder rows: no shared cache
+        prepared = [engine.prepare(request(words, max_tokens=8)) for words in (2, 15, 6)]
+        answers = submit_all(engine, prepared)
+        assert [(a.text, a.completion_tokens, a.finish_reason) for a in answers] == [alone(engine, p) for p in prepared]
+    finally:
+        engine.close()
