@@ -1,6 +1,6 @@
 """`tuneline api` under load and hostile input, against the same requests sent one at a time.
 
-    python benchmarks/serve_load.py [--requests 200] [--clients 32] [--max-new-tokens 16] [--min-speedup 3]
+    python benchmarks/serve_load.py [--requests 200] [--clients 32] [--max-new-tokens 16] [--min-speedup 3] [--model DIR]
 
 Builds the project's tiny LLaMA-shaped model in a temporary folder, serves it with `tuneline api`
 (127.0.0.1, a free port, chatml, greedy with a repetition penalty) and sends REQUESTS requests from
@@ -199,7 +199,7 @@ class Measured:
 def measure(args: argparse.Namespace, folder: Path) -> tuple[Measured, Reference]:
     """The warm-up round, the concurrent run and the sequential one against a server started here and
     always stopped, and the reference the answers are checked against."""
-    model = build_model(folder)
+    model = args.model or build_model(folder)
     inference_yaml = write_inference_yaml(model, folder, max_new_tokens=args.max_new_tokens)
     process, log = start_server(inference_yaml, folder)
     try:
@@ -213,8 +213,10 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[Measured, Reference
             if planned.reference is not None:
                 reference.answer(planned.reference)
         url = wait_for_url(process, log)
-        print(f"tuneline api on a tiny LLaMA-shaped model (hidden {MODEL['hidden_size']}, {MODEL['num_hidden_layers']} "
-              f"layers, context {reference.context}), chatml, greedy, repetition_penalty {REPETITION_PENALTY}, "
+        shape = reference.model.config.get_text_config()
+        print(f"tuneline api on {'the tiny LLaMA-shaped model' if args.model is None else args.model} (hidden "
+              f"{shape.hidden_size}, {shape.num_hidden_layers} layers, context {reference.context}), chatml, greedy, "
+              f"repetition_penalty {REPETITION_PENALTY}, "
               f"max_new_tokens {args.max_new_tokens}; {os.cpu_count()} CPUs; server {url} (pid {process.pid})")
         print(f"plan: {args.requests} requests from {args.clients} clients: "
               + ", ".join(f"{kind} {count}" for kind, count in Counter(p.kind for p in plan).most_common()))
@@ -287,6 +289,8 @@ def main() -> int:
     parser.add_argument("--min-speedup", type=float, default=3.0,
                         help="the least ratio of concurrent to sequential answers per second that passes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", type=Path, help="serve this model folder (its tokenizer beside it) instead of "
+                        "building the tiny one; it is loaded here too, for the reference answers")
     args = parser.parse_args()
     os.environ.update(QUIET)
     # a SIGTERM ends the run through the finally blocks, which stop the server
