@@ -1,6 +1,7 @@
 """`tuneline api` under load and hostile input, against the same requests sent one at a time.
 
-    python benchmarks/serve_load.py [--requests 200] [--clients 32] [--max-new-tokens 16] [--min-speedup 3] [--model DIR]
+    python benchmarks/serve_load.py [--requests 200] [--clients 32] [--max-new-tokens 16] [--min-speedup 3]
+                                    [--max-batch N] [--queue-size N] [--model DIR]
 
 Builds the project's tiny LLaMA-shaped model in a temporary folder, serves it with `tuneline api`
 (127.0.0.1, a free port, chatml, greedy with a repetition penalty) and sends REQUESTS requests from
@@ -117,12 +118,13 @@ def write_inference_yaml(model: Path, folder: Path, *, max_new_tokens: int) -> P
     return path
 
 
-def start_server(inference_yaml: Path, folder: Path) -> tuple[subprocess.Popen, Path]:
+def start_server(inference_yaml: Path, folder: Path, *, decoding: list[str]) -> tuple[subprocess.Popen, Path]:
     log = folder / "api.log"
     # the server's settings left at their defaults (no key, the limits the hostile requests exceed)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("API_")}, **QUIET,
            "TUNELINE_CACHE": str(folder / "cache")}
-    command = [sys.executable, "-m", "tuneline.flows.cli", "api", str(inference_yaml), "--host", "127.0.0.1", "--port", "0"]
+    command = [sys.executable, "-m", "tuneline.flows.cli", "api", str(inference_yaml), "--host", "127.0.0.1", "--port", "0",
+               *decoding]
     return subprocess.Popen(command, env=env, cwd=folder, stdout=log.open("w"), stderr=subprocess.STDOUT), log
 
 
@@ -194,6 +196,8 @@ class Measured:
     rss_warm: float
     rss_after: float
     rss_sequential: float
+    log: Path
+    """The server's output (read before the temporary folder goes)."""
 
 
 def measure(args: argparse.Namespace, folder: Path) -> tuple[Measured, Reference]:
@@ -201,7 +205,9 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[Measured, Reference
     always stopped, and the reference the answers are checked against."""
     model = args.model or build_model(folder)
     inference_yaml = write_inference_yaml(model, folder, max_new_tokens=args.max_new_tokens)
-    process, log = start_server(inference_yaml, folder)
+    decoding = [*(["--max-batch", str(args.max_batch)] if args.max_batch else []),
+                *(["--queue-size", str(args.queue_size)] if args.queue_size else [])]
+    process, log = start_server(inference_yaml, folder, decoding=decoding)
     try:
         reference = Reference(inference_yaml)  # loads while the server loads its copy
         lines = (REPO_ROOT / "data/demo_pretrain.jsonl").read_text().splitlines()[:200]
@@ -217,7 +223,8 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[Measured, Reference
         print(f"tuneline api on {'the tiny LLaMA-shaped model' if args.model is None else args.model} (hidden "
               f"{shape.hidden_size}, {shape.num_hidden_layers} layers, context {reference.context}), chatml, greedy, "
               f"repetition_penalty {REPETITION_PENALTY}, "
-              f"max_new_tokens {args.max_new_tokens}; {os.cpu_count()} CPUs; server {url} (pid {process.pid})")
+              f"max_new_tokens {args.max_new_tokens}; {os.cpu_count()} CPUs; server {url} (pid {process.pid}"
+              f"{', ' + ' '.join(decoding) if decoding else ''})")
         print(f"plan: {args.requests} requests from {args.clients} clients: "
               + ", ".join(f"{kind} {count}" for kind, count in Counter(p.kind for p in plan).most_common()))
         warm_outcomes, warm_wall = run_all(url, warm_plan, clients=args.clients)
@@ -233,7 +240,7 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[Measured, Reference
         rss_after = rss_mib(process.pid)
         sequential, sequential_wall = run_all(url, [o.planned for o in full_answers(outcomes)], clients=1)
         return Measured(outcomes, wall, sequential, sequential_wall, probe.latencies, rss_warm, rss_after,
-                        rss_mib(process.pid)), reference
+                        rss_mib(process.pid), log), reference
     finally:
         stop_server(process)
 
@@ -269,6 +276,8 @@ def report(measured: Measured, reference: Reference, *, min_speedup: float) -> l
           f"within {RSS_GROWTH:.0%}), {m.rss_sequential:.1f} MiB after the sequential run")
     for line in (wrong + [f"sequential {line}" for line in wrong_sequential])[:10]:
         print(f"  wrong: {line}")
+    if unexpected_5xx or broken:
+        print("the server's log ends:\n" + "\n".join(m.log.read_text(errors="replace").splitlines()[-40:]))
 
     checks = {f"no 5xx but 503 ({unexpected_5xx} seen)": unexpected_5xx == 0,
               f"no broken connection or stream ({broken} seen)": broken == 0,
@@ -289,6 +298,9 @@ def main() -> int:
     parser.add_argument("--min-speedup", type=float, default=3.0,
                         help="the least ratio of concurrent to sequential answers per second that passes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-batch", type=int, help="the server's --max-batch (default: its own)")
+    parser.add_argument("--queue-size", type=int, help="the server's --queue-size (default: its own); a small one "
+                        "makes clients meet 503s")
     parser.add_argument("--model", type=Path, help="serve this model folder (its tokenizer beside it) instead of "
                         "building the tiny one; it is loaded here too, for the reference answers")
     args = parser.parse_args()
