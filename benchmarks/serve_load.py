@@ -17,7 +17,8 @@ Checks: no 5xx but 503 and no broken connection; each hostile request answered w
 full answer (non-streamed, or streamed to its end, in both runs) equal to the greedy answer of the
 same model loaded here with transformers on the prompt ids the server's renderer writes;
 `/v1/models` always within 1 s; the server's RSS after the run within 10% of its RSS after a
-warm-up round; the full answers per second of the concurrent run at least MIN_SPEEDUP times those
+warm-up round; the server idle (under half a CPU) in the second after the run, so no dropped
+stream's generation went on; the full answers per second of the concurrent run at least MIN_SPEEDUP times those
 of the same requests sent one at a time to the same server. Prints the numbers, then PASS, or FAIL
 naming each failed check, and exits 1 on failure.
 """
@@ -54,7 +55,7 @@ MODEL = {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128, "num_h
          "num_attention_heads": 2, "num_key_value_heads": 1}
 REPETITION_PENALTY = 3.0  # the random tiny model would otherwise repeat one newline
 URL_LINE = re.compile(r"^tuneline api: .* at (http://[^\s/]+)", re.M)
-PROBE_LIMIT, RSS_GROWTH = 1.0, 0.10
+PROBE_LIMIT, RSS_GROWTH, IDLE_LIMIT = 1.0, 0.10, 0.5
 
 
 class Reference:
@@ -151,6 +152,17 @@ def stop_server(process: subprocess.Popen) -> None:
             process.wait(timeout=5)
 
 
+def busy_share(pid: int, *, seconds: float = 1.0) -> float:
+    """The CPU time the server spends over the next `seconds`, as a share of them: near 0 when idle, 1 or
+    more while a generation nobody waits for goes on."""
+    import psutil
+
+    process = psutil.Process(pid)
+    before = sum(process.cpu_times()[:2])
+    time.sleep(seconds)
+    return (sum(process.cpu_times()[:2]) - before) / seconds
+
+
 def rss_mib(pid: int) -> float:
     import psutil
 
@@ -196,6 +208,8 @@ class Measured:
     rss_warm: float
     rss_after: float
     rss_sequential: float
+    busy_after: float
+    """The server's CPU share in the second after the concurrent run (dropped streams must not go on)."""
     log: Path
     """The server's output (read before the temporary folder goes)."""
 
@@ -237,10 +251,10 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[Measured, Reference
         finally:
             probe.stopped.set()
             probe.join()
-        rss_after = rss_mib(process.pid)
+        rss_after, busy_after = rss_mib(process.pid), busy_share(process.pid)
         sequential, sequential_wall = run_all(url, [o.planned for o in full_answers(outcomes)], clients=1)
         return Measured(outcomes, wall, sequential, sequential_wall, probe.latencies, rss_warm, rss_after,
-                        rss_mib(process.pid), log), reference
+                        rss_mib(process.pid), busy_after, log), reference
     finally:
         stop_server(process)
 
@@ -268,6 +282,8 @@ def report(measured: Measured, reference: Reference, *, min_speedup: float) -> l
     print(f"  latency of full answers: p50 {percentile(latencies, 0.5):.2f} s, p99 {percentile(latencies, 0.99):.2f} s")
     print(f"  answers equal to the greedy reference: {equal}/{len(answered)}")
     print(f"  /v1/models: {len(m.probe_latencies)} probes, max {probe_max:.3f} s (goal < {PROBE_LIMIT:.0f} s)")
+    print(f"  server CPU in the second after the run: {m.busy_after:.0%} (goal < {IDLE_LIMIT:.0%}: dropped streams "
+          "generate no more)")
     print(f"sequential: the {len(m.sequential)} full answers again, one at a time, in {m.sequential_wall:.1f} s "
           f"(statuses: {statuses_line(m.sequential)}; p50 {percentile([o.seconds for o in m.sequential], 0.5):.2f} s)")
     print(f"throughput: concurrent {rate:.2f} answers/s, sequential {sequential_rate:.2f} answers/s, "
@@ -286,6 +302,7 @@ def report(measured: Measured, reference: Reference, *, min_speedup: float) -> l
               f"some full answers ({len(answered)})": bool(answered),
               f"/v1/models within {PROBE_LIMIT:.0f} s ({probe_max:.3f} s)": probe_max < PROBE_LIMIT,
               f"RSS within {RSS_GROWTH:.0%} ({growth:+.1%})": abs(growth) <= RSS_GROWTH,
+              f"server idle after the run ({m.busy_after:.0%} CPU)": m.busy_after < IDLE_LIMIT,
               f"speedup >= {min_speedup:g} ({ratio:.2f})": ratio >= min_speedup}
     return [name for name, passed in checks.items() if not passed]
 
