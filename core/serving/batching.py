@@ -2,9 +2,10 @@
 
 `submit` puts requests in a bounded queue (`queue_size`; when it is full, `QueueFull` says how many
 seconds to wait before retrying, estimated from how long recent answers took). The decoding thread
-admits waiting requests between any two steps, as many as its decoder has room for (`max_batch` rows),
-so a new request never waits for a batch to end; `cancel` takes a request out of the queue at once, or
-out of the batch at its next step. No request holds a thread of its own.
+admits waiting requests between steps, as many as its decoder has room for (`max_batch` rows), a few
+at a time (`admit_at_least`) while a batch runs, so a new request never waits for a batch to end;
+`cancel` takes a request out of the queue at once, or out of the batch at its next step. No request
+holds a thread of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class Decoder(Protocol):
     """A batch of rows advanced together (`BatchDecoder`, or `SoloDecoder` with room for one)."""
 
     capacity: int
+    admit_at_least: int
+    """Rows that join a running batch together (fewer when fewer wait)."""
     rows: list[Row]
 
     def admit(self, rows: Sequence[Row]) -> None: ...
@@ -69,10 +72,9 @@ class Scheduler:
     def cancel(self, ticket: Ticket) -> None:
         ticket.cancelled.set()
         with self._changed:
-            try:
-                self._waiting.remove(ticket)
-            except ValueError:
+            if ticket not in self._waiting:
                 return  # running (its row leaves at the decoder's next step) or already done
+            self._waiting.remove(ticket)
         ticket.done(Cancelled())
 
     def close(self, timeout: float = 10.0) -> None:
@@ -92,8 +94,9 @@ class Scheduler:
                     self._changed.wait()
                 if self._closed:
                     break
-                room = self.decoder.capacity - len(self.decoder.rows)
-                taken = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                running, room = len(self.decoder.rows), self.decoder.capacity - len(self.decoder.rows)
+                enough = not running or room >= min(len(self._waiting), self.decoder.admit_at_least)
+                taken = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)) if enough else 0)]
             try:
                 self._advance(taken)
             except Exception as e:  # a bug here must not stop the server: the rows it touched fail

@@ -42,9 +42,12 @@ class Row:
         self.prompt_length, self.budget = len(prompt), ticket.prepared.generating.max_new_tokens
         self.ids = torch.zeros((1, len(prompt) + self.budget), dtype=torch.long, device=model.device)
         self.ids[0, :len(prompt)] = torch.tensor(prompt)
-        self.length = len(prompt)
+        self.length, self.last = len(prompt), prompt[-1]
         self.kwargs, self.eos = kwargs, frozenset(kwargs["eos_token_id"])
         self.processors, self.sampling = _processors(model, kwargs, self.ids[:, :len(prompt)])
+        self.penalty = None if self.sampling else _only_penalty(self.processors)
+        """The repetition penalty, when it is all this row's greedy decoding applies (1.0: none): the batch
+        then applies it to every such row at once. None: the row's own processors run on its own ids."""
         self.generator = None
         if self.sampling:  # a generator of its own: a row's draws do not depend on which rows share its batch
             self.generator = torch.Generator(device=model.device)
@@ -52,21 +55,21 @@ class Row:
         self.pieces = IncrementalDecoder(decode)
         self.text = StopText(ticket.prepared.stops, ticket.write)
         self.ended_by_stop = False
+        self.left = False
+        """Whether the row has ended, its ticket told (its slot in a batch is then dead until the next rebuild)."""
         self.started = time.monotonic()
 
     @property
     def new_ids(self) -> list[int]:
         return self.ids[0, self.prompt_length:self.length].tolist()
 
-    @property
-    def last(self) -> int:
-        return int(self.ids[0, self.length - 1])
-
     def choose(self, logits: torch.Tensor) -> int:
         """The next token from this row's (1, vocab) float32 logits."""
         import torch
 
-        scores = self.processors(self.ids[:, :self.length], logits)
+        ids, scores = self.ids[:, :self.length], logits
+        for processor in self.processors:  # as LogitsProcessorList calls them, without its signature check per call
+            scores = processor(ids, scores)
         if self.sampling:
             return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=self.generator))
         return int(torch.argmax(scores, dim=-1))
@@ -74,7 +77,7 @@ class Row:
     def push(self, token: int) -> bool:
         """Append `token`; True when the answer has ended (a stop token, its budget, a stop string)."""
         self.ids[0, self.length] = token
-        self.length += 1
+        self.length, self.last = self.length + 1, token
         if token in self.eos:
             self.ended_by_stop = True
         elif self.text.feed(self.pieces.push(token)):
@@ -86,9 +89,11 @@ class Row:
         new = self.new_ids
         text = self.text.finish(self.decode(new))
         stopped = self.ended_by_stop or self.text.stopped
+        self.left = True
         self.ticket.done(Answer(text, self.prompt_length, len(new), "stop" if stopped else "length"))
 
     def fail(self, error: BaseException) -> None:
+        self.left = True
         self.ticket.done(error)
 
 
@@ -107,82 +112,118 @@ def batchable(model: PreTrainedModel, *, num_beams: int) -> bool:
 
 
 class BatchDecoder:
-    """Up to `capacity` rows decoded together, one token each per step."""
+    """Up to `capacity` rows decoded together, one token each per step.
+
+    Copying the cache is what joining and leaving cost, so both happen together: a row that ends keeps
+    its slot (fed, its output unread) until rows join, or until half the slots are dead; and waiting
+    rows join `admit_at_least` at a time (fewer only when that is all that waits, or nothing runs).
+    """
+
+    PREFILL_TOKENS = 8192
+    """Prompt tokens, padding included, read by one prefill forward at most."""
 
     def __init__(self, model: PreTrainedModel, *, capacity: int) -> None:
         self.model, self.capacity = model, capacity
-        self.rows: list[Row] = []
+        self.admit_at_least = max(1, capacity // 4)
+        self.slots: list[Row] = []
+        """The rows of the cache, in its order, those that have left included."""
         self.cache = None
         self.mask: torch.Tensor | None = None
+        """(slots, cached length): 1 where a row has a token, 0 where it is padded on the left."""
+        self.seen: torch.Tensor | None = None
+        """(slots, vocabulary + 1): the tokens each row holds, for the repetition penalty of the whole batch."""
+        self.penalties: torch.Tensor | None = None
+        self.vocabulary = 0
         forward = inspect.signature(model.forward).parameters
         self.cache_key = "cache" if "cache" in forward else "past_key_values"  # renamed in transformers 5.25
         self.extra = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
 
+    @property
+    def rows(self) -> list[Row]:
+        """The rows still generating."""
+        return [row for row in self.slots if not row.left]
+
     def admit(self, rows: Sequence[Row]) -> None:
-        """Prefill each row alone, choose its first token, and add those that go on to the batch."""
+        """Prefill the rows (those of similar lengths together, left-padded), choose each one's first token,
+        and rebuild the batch with those that go on in place of the rows that left."""
         import torch
 
-        joining = []
-        for row in rows:
+        parts = []
+        for group in _similar_lengths(rows, most=self.PREFILL_TOKENS):
+            width = max(row.length for row in group)
+            mask = torch.tensor([[0] * (width - row.length) + [1] * row.length for row in group], device=self.model.device)
             try:
                 with torch.no_grad():
-                    ids = row.ids[:, :row.length]
-                    cache, logits = self._forward(ids, torch.ones_like(ids), torch.arange(row.length, device=ids.device)[None])
-                    ended = row.push(row.choose(logits[0:1]))
-            except Exception as e:  # this request alone fails; the batch goes on
-                log.exception("Generation failed while reading a prompt of %d tokens", row.length)
-                row.fail(e)
+                    ids = torch.stack([torch.nn.functional.pad(row.ids[0, :row.length], (width - row.length, 0))
+                                       for row in group])
+                    cache, logits = self._forward(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+                    ended = [row.push(row.choose(logits[i:i + 1])) for i, row in enumerate(group)]
+            except Exception as e:  # these requests alone fail; the batch goes on
+                log.exception("Generation failed while reading %d prompts of up to %d tokens", len(group), width)
+                for row in group:
+                    row.fail(e)
                 continue
-            if ended:
+            self.vocabulary = logits.shape[-1]
+            for row in (row for row, done in zip(group, ended) if done):
                 row.finish()
-            else:
-                joining.append((row, cache))
-        if joining:
-            self._join(joining)
+            going = [i for i, done in enumerate(ended) if not done]
+            if going:
+                rows_going = [group[i] for i in going]
+                parts.append((rows_going, cache, mask) if len(going) == len(group) else (rows_going, *_select(cache, mask, going)))
+        if parts:
+            self._rebuild(parts)
 
     def step(self) -> None:
         """One token for every row; rows that end or were cancelled leave."""
         import torch
 
-        self.drop([row for row in self.rows if row.ticket.cancelled.is_set()], reason=Cancelled())
-        if not self.rows:
+        for row in self.slots:
+            if not row.left and row.ticket.cancelled.is_set():
+                row.fail(Cancelled())
+        live = len(self.rows)
+        if live == 0 or 2 * live <= len(self.slots):
+            self._rebuild([])
+        if not self.slots:
             return
-        tokens = torch.tensor([[row.last] for row in self.rows], device=self.model.device)
-        positions = torch.tensor([[row.length - 1] for row in self.rows], device=self.model.device)
+        tokens = torch.tensor([[row.last] for row in self.slots], device=self.model.device)
+        positions = torch.tensor([[row.length - 1] for row in self.slots], device=self.model.device)
         self.mask = torch.cat([self.mask, torch.ones_like(tokens)], dim=1)
         try:
             with torch.no_grad():
                 _, logits = self._forward(tokens, self.mask, positions, cache=self.cache)
-                ended = [row for i, row in enumerate(self.rows) if row.push(row.choose(logits[i:i + 1]))]
+                chosen = self._choose(logits)
         except Exception as e:  # the batch's state is unknown now: its rows fail, the server goes on
-            log.exception("Generation failed for a batch of %d requests", len(self.rows))
-            self.drop(list(self.rows), reason=e)
+            log.exception("Generation failed for a batch of %d requests", live)
+            self.drop(self.rows, reason=e)
             return
-        for row in ended:
-            row.finish()
-        self.drop(ended, reason=None)
+        for row, token in zip(self.slots, chosen):
+            if not row.left and row.push(token):
+                row.finish()
 
     def drop(self, leaving: Sequence[Row], *, reason: BaseException | None) -> None:
-        """Remove `leaving` from the batch (telling each `reason`, if given) and trim padding no row needs."""
-        if not leaving:
-            return
+        """Remove `leaving` from the batch, telling each `reason` if given."""
         for row in leaving:
-            if reason is not None:
+            if reason is not None and not row.left:
                 row.fail(reason)
-        gone = {id(row) for row in leaving}
-        keep = [i for i, row in enumerate(self.rows) if id(row) not in gone]
-        self.rows = [self.rows[i] for i in keep]
-        if not self.rows:
-            self.cache = self.mask = None
-            return
-        import torch
-        from transformers import DynamicCache
+            row.left = True
+        self._rebuild([])
 
-        index = torch.tensor(keep, device=self.mask.device)
-        mask = self.mask[index]
-        start = int(mask.any(dim=0).nonzero()[0])  # columns before it are padding in every row left
-        self.mask = mask[:, start:]
-        self.cache = DynamicCache([(keys[index, :, start:], values[index, :, start:]) for keys, values, *_ in self.cache])
+    def _choose(self, logits: torch.Tensor) -> list[int]:
+        """Each slot's next token: the rows whose greedy decoding only applies a repetition penalty at once (the
+        penalty's arithmetic, on the tokens each row holds), the others through their own processors."""
+        import torch
+
+        shared = [row.penalty is not None for row in self.slots]
+        best: list[int] = []
+        if any(shared):
+            held = self.seen[:, :logits.shape[-1]]
+            penalized = torch.where(logits < 0, logits * self.penalties, logits / self.penalties)
+            best = torch.where(held, penalized, logits).argmax(dim=-1).tolist()
+        chosen = [best[i] if shared[i] else row.last if row.left else row.choose(logits[i:i + 1])
+                  for i, row in enumerate(self.slots)]
+        index = torch.tensor(chosen, device=logits.device).clamp(max=self.vocabulary)
+        self.seen[torch.arange(len(chosen), device=logits.device), index] = True
+        return chosen
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, *, cache: object = None):
         """The cache after reading `ids` and the float32 logits of each row's last token (as generate() casts them)."""
@@ -194,15 +235,28 @@ class BatchDecoder:
                             **{self.cache_key: cache}, **self.extra)
         return cache, output.logits[:, -1].to(dtype=torch.float32)
 
-    def _join(self, joining: Sequence[tuple[Row, object]]) -> None:
-        """Add prefilled rows: every cache left-padded to the longest, the padding masked."""
+    def _rebuild(self, joining: Sequence[tuple[Sequence[Row], object, torch.Tensor]]) -> None:
+        """The batch of the rows still generating and the `joining` (rows, cache, mask) parts, in one copy:
+        every cache left-padded to the longest, the padding masked."""
         import torch
         import torch.nn.functional as F
         from transformers import DynamicCache
 
-        parts = [(self.rows, self.cache, self.mask)] if self.rows else []
-        for row, cache in joining:
-            parts.append(([row], cache, torch.ones((1, cache.get_seq_length()), dtype=torch.long, device=self.model.device)))
+        keep = [i for i, row in enumerate(self.slots) if not row.left]
+        parts = [(self.rows, *_select(self.cache, self.mask, keep))] if keep else []
+        parts += list(joining)
+        if not parts:
+            self.slots, self.cache, self.mask, self.seen, self.penalties = [], None, None, None, None
+            return
+        seen = [self.seen[keep]] if keep else []
+        penalties = [self.penalties[keep]] if keep else []
+        device = self.model.device
+        for rows, _, _ in joining:
+            held = torch.zeros((len(rows), self.vocabulary + 1), dtype=torch.bool, device=device)
+            for i, row in enumerate(rows):
+                held[i, row.ids[0, :row.length].clamp(max=self.vocabulary)] = True
+            seen.append(held)
+            penalties.append(torch.tensor([[row.penalty or 1.0] for row in rows], dtype=torch.float32, device=device))
         width = max(mask.shape[1] for _, _, mask in parts)
 
         def padded(tensors: Sequence[torch.Tensor]) -> torch.Tensor:  # (rows, heads, length, dim) each, to `width`
@@ -212,7 +266,44 @@ class BatchDecoder:
         self.cache = DynamicCache([(padded([part[i][0] for part in layers]), padded([part[i][1] for part in layers]))
                                    for i in range(len(layers[0]))])
         self.mask = torch.cat([F.pad(mask, (width - mask.shape[1], 0)) for _, _, mask in parts])
-        self.rows = [row for rows, _, _ in parts for row in rows]
+        self.seen, self.penalties = torch.cat(seen), torch.cat(penalties)
+        self.slots = [row for rows, _, _ in parts for row in rows]
+
+
+def _select(cache: object, mask: torch.Tensor, keep: Sequence[int]) -> tuple[object, torch.Tensor]:
+    """The rows `keep` of a cache and its mask, without the columns that are padding in all of them."""
+    import torch
+    from transformers import DynamicCache
+
+    index = torch.tensor(keep, device=mask.device)
+    mask = mask[index]
+    start = int(mask.any(dim=0).nonzero()[0])
+    return DynamicCache([(keys[index, :, start:], values[index, :, start:]) for keys, values, *_ in cache]), mask[:, start:]
+
+
+def _similar_lengths(rows: Sequence[Row], *, most: int) -> list[list[Row]]:
+    """`rows` in groups to prefill together: none more than twice (and 16 tokens) longer than the shortest of
+    its group, and at most `most` tokens once padded."""
+    groups: list[list[Row]] = []
+    for row in sorted(rows, key=lambda row: row.length):
+        group = groups[-1] if groups else None
+        if group and row.length <= 2 * group[0].length + 16 and row.length * (len(group) + 1) <= most:
+            group.append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def _only_penalty(processors: LogitsProcessorList) -> float | None:
+    """The penalty when `processors` apply nothing but a repetition penalty over all the ids (1.0 for none)."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    if not processors:
+        return 1.0
+    only = processors[0]
+    if len(processors) == 1 and type(only) is RepetitionPenaltyLogitsProcessor and only.prompt_ignore_length is None:
+        return float(only.penalty)
+    return None
 
 
 def _processors(model: PreTrainedModel, kwargs: dict, prompt: torch.Tensor) -> tuple[LogitsProcessorList, bool]:
@@ -232,7 +323,7 @@ def _processors(model: PreTrainedModel, kwargs: dict, prompt: torch.Tensor) -> t
 class SoloDecoder:
     """One row at a time through the model's own generate(), for a model `batchable` refuses."""
 
-    capacity = 1
+    capacity = admit_at_least = 1
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model

@@ -9,7 +9,8 @@ API_MAX_BODY_BYTES), as is `API_ALLOWED_HOSTS`, names a server bound to a loopba
 besides localhost and the loopback addresses (`guards.py`). A host other than a loopback one without
 API_KEY is refused unless `allow_no_key` (--allow-no-key), then warned about. `API_MAX_BATCH`
 (--max-batch, default 16) requests are decoded together, and `API_QUEUE_SIZE` (--queue-size, default
-64) more may wait; the next is answered 503 with Retry-After. The port is bound before
+64) more may wait; the next is answered 503 with Retry-After. Torch computes on one core fewer than the
+machine has, unless OMP_NUM_THREADS says otherwise (`torch_threads`). The port is bound before
 the model loads, so a taken port fails at once; one line with the URL is printed when the server
 accepts requests.
 """
@@ -139,7 +140,9 @@ def with_decoding(settings: ServerSettings, env: Mapping[str, str], *, max_batch
 def bind(settings: ServerSettings) -> socket.socket:
     """A listening socket on the host and port, or a ConfigError saying the port is taken."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off only on sockets that say so, and with it on, a
+    # keep-alive client's next answer waits for a delayed ACK (40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((settings.host, settings.port))
@@ -175,14 +178,28 @@ def load_engine(served: ServedModel, *, max_batch: int = DEFAULT_MAX_BATCH, queu
                              queue_size=queue_size)
 
 
+def torch_threads(env: Mapping[str, str], *, cores: int) -> int | None:
+    """Torch's CPU threads for a server on `cores` cores: one fewer (at least one), leaving a core to the
+    event loop that answers HTTP, unless OMP_NUM_THREADS sets them (None). A torch thread waiting for the
+    core the loop holds stalls every operation of the others: on two busy cores, decoding with two
+    threads ran some twenty times slower than with one."""
+    return None if env.get("OMP_NUM_THREADS") else max(1, cores - 1)
+
+
 def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
     """Load the model and serve it until interrupted; prints the URL once requests are accepted."""
+    import os
+
+    import torch
     import uvicorn
 
     from tuneline.core.serving.app import create_app
 
     from tuneline.core.serving.scoring import is_reward_model, load_scoring_engine
 
+    threads = torch_threads(os.environ, cores=len(os.sched_getaffinity(0)))
+    if threads:
+        torch.set_num_threads(threads)
     rewarding = is_reward_model(served.source)
     if rewarding and page:
         raise ConfigError(f"'{served.source.describe()}' is a reward model, which scores texts and writes none, so there is "
