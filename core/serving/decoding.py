@@ -3,13 +3,15 @@
 A `Row` is one answer being written: its ids (prompt and answer, unpadded), the logits processors
 `generate()` itself would build for its settings (repetition penalty, temperature, top-k/top-p, and
 whatever the model's generation config adds), its own random generator when it samples, and its text
-cut at its stop strings. `BatchDecoder` keeps the rows of a batch in one left-padded KV cache: a row
-is prefilled alone (no padding in its prompt), then joins the batch, its cache padded on the left;
-each step feeds every row's last token at that row's own position, masks the padding, and applies
-each row's processors to that row's own ids, so a repetition penalty never sees a pad token. A row
-leaves as soon as it ends (a stop token, its token budget, a stop string, or a cancel), and padding
-no row needs any more is trimmed. `SoloDecoder` runs `generate()` itself, one row at a time, for
-the models a shared cache cannot serve (see `batchable`).
+cut at its stop strings. `BatchDecoder` keeps the rows of a batch in one left-padded KV cache: rows
+that arrive together are prefilled together, those of similar lengths in one forward (left-padded,
+the padding masked), then join the batch, their caches padded on the left; each step feeds every
+row's last token at that row's own position and masks the padding. Each row's processors see only
+that row's own ids, so a repetition penalty never sees a pad token; for greedy rows whose only
+processor is a repetition penalty, the same arithmetic runs on the whole batch at once, over the
+tokens each row holds. A row ends with a stop token, its token budget, a stop string or a cancel,
+and the padding no row needs any more is trimmed. `SoloDecoder` runs `generate()` itself, one row
+at a time, for the models a shared cache cannot serve (see `batchable`).
 """
 
 from __future__ import annotations
