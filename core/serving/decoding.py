@@ -121,8 +121,9 @@ class BatchDecoder:
     rows join `admit_at_least` at a time (fewer only when that is all that waits, or nothing runs).
     """
 
-    PREFILL_TOKENS = 8192
-    """Prompt tokens, padding included, read by one prefill forward at most."""
+    PREFILL_TOKENS, GROUPED_LENGTH = 8192, 192
+    """Prompt tokens, padding included, read by one prefill forward at most; and the longest prompt prefilled
+    with others (a longer one reads faster alone, where attention needs no padding mask)."""
 
     def __init__(self, model: PreTrainedModel, *, capacity: int) -> None:
         self.model, self.capacity = model, capacity
@@ -151,7 +152,7 @@ class BatchDecoder:
         import torch
 
         parts = []
-        for group in _similar_lengths(rows, most=self.PREFILL_TOKENS):
+        for group in _similar_lengths(rows, most=self.PREFILL_TOKENS, longest=self.GROUPED_LENGTH):
             width = max(row.length for row in group)
             mask = torch.tensor([[0] * (width - row.length) + [1] * row.length for row in group], device=self.model.device)
             try:
@@ -283,13 +284,14 @@ def _select(cache: object, mask: torch.Tensor, keep: Sequence[int]) -> tuple[obj
     return DynamicCache([(keys[index, :, start:], values[index, :, start:]) for keys, values, *_ in cache]), mask[:, start:]
 
 
-def _similar_lengths(rows: Sequence[Row], *, most: int) -> list[list[Row]]:
+def _similar_lengths(rows: Sequence[Row], *, most: int, longest: int) -> list[list[Row]]:
     """`rows` in groups to prefill together: none more than twice (and 16 tokens) longer than the shortest of
-    its group, and at most `most` tokens once padded."""
+    its group, at most `most` tokens once padded; a row longer than `longest` alone."""
     groups: list[list[Row]] = []
     for row in sorted(rows, key=lambda row: row.length):
         group = groups[-1] if groups else None
-        if group and row.length <= 2 * group[0].length + 16 and row.length * (len(group) + 1) <= most:
+        if (group and row.length <= min(2 * group[0].length + 16, longest)
+                and row.length * (len(group) + 1) <= most):
             group.append(row)
         else:
             groups.append([row])
