@@ -197,7 +197,8 @@ def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
 
     from tuneline.core.serving.scoring import is_reward_model, load_scoring_engine
 
-    threads = torch_threads(os.environ, cores=len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0)) if sys.platform == "linux" else os.cpu_count() or 1  # the cores this process may use
+    threads = torch_threads(os.environ, cores=cores)
     if threads:
         torch.set_num_threads(threads)
     rewarding = is_reward_model(served.source)
