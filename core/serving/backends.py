@@ -63,7 +63,8 @@ class Cancelled(Exception):
 @dataclass(eq=False)
 class Ticket:
     """One submitted request. `write` gets its text piece by piece and `done` its Answer (or the exception
-    that ended it) exactly once, both from the engine's thread."""
+    that ended it) exactly once, both from the engine's thread (`done` from the cancelling thread for a
+    request cancelled while it waits)."""
 
     prepared: Prepared
     write: Callable[[str], None]
