@@ -18,9 +18,10 @@ full answer (non-streamed, or streamed to its end, in both runs) equal to the gr
 same model loaded here with transformers on the prompt ids the server's renderer writes;
 `/v1/models` always within 1 s; the server's RSS after the run within 10% of its RSS after a
 warm-up round; the server idle (under half a CPU) in the second after the run, so no dropped
-stream's generation went on; the full answers per second of the concurrent run at least MIN_SPEEDUP times those
-of the same requests sent one at a time to the same server. Prints the numbers, then PASS, or FAIL
-naming each failed check, and exits 1 on failure.
+stream's generation went on; the full answers per second of the concurrent run (whose wall time
+holds the other requests too) at least MIN_SPEEDUP times those of the same requests sent one at a
+time to the same server. Prints the numbers, then PASS, or FAIL naming each failed check, and exits
+1 on failure. The server takes the environment's OMP_NUM_THREADS; its API_* settings are left out.
 """
 
 from __future__ import annotations
@@ -286,8 +287,8 @@ def report(measured: Measured, reference: Reference, *, min_speedup: float) -> l
           "generate no more)")
     print(f"sequential: the {len(m.sequential)} full answers again, one at a time, in {m.sequential_wall:.1f} s "
           f"(statuses: {statuses_line(m.sequential)}; p50 {percentile([o.seconds for o in m.sequential], 0.5):.2f} s)")
-    print(f"throughput: concurrent {rate:.2f} answers/s, sequential {sequential_rate:.2f} answers/s, "
-          f"ratio {ratio:.2f} (goal >= {min_speedup:g})")
+    print(f"throughput of the full answers: concurrent {rate:.2f} requests/s, sequential {sequential_rate:.2f} "
+          f"requests/s, ratio {ratio:.2f} (goal >= {min_speedup:g})")
     print(f"server RSS: {m.rss_warm:.1f} MiB after warm-up, {m.rss_after:.1f} MiB after the run ({growth:+.1%}, goal "
           f"within {RSS_GROWTH:.0%}), {m.rss_sequential:.1f} MiB after the sequential run")
     for line in (wrong + [f"sequential {line}" for line in wrong_sequential])[:10]:
