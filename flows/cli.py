@@ -8,7 +8,7 @@
     tuneline data preview CONFIG.yaml [--count N] [key=value ...]
     tuneline export CONFIG.yaml [key=value ...]
     tuneline chat PATH|CONFIG.yaml [--system TEXT] [--max-new-tokens N] [--do-sample] [--temperature T] ...
-    tuneline api|webchat CONFIG.yaml|MODEL_PATH|models:/NAME@ALIAS [--host H] [--port P] [key=value ...]
+    tuneline api|webchat CONFIG.yaml|MODEL_PATH|models:/NAME@ALIAS [--host H] [--port P] [--allow-no-key] [--max-batch N] [--queue-size N] [key=value ...]
     tuneline promote MODEL_NAME VERSION [--workspace DIR | --tracking-uri URI]
     tuneline rollback MODEL_NAME [--workspace DIR | --tracking-uri URI]
     tuneline verify [--workspace DIR]
