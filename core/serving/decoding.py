@@ -171,8 +171,7 @@ class BatchDecoder:
                 row.finish()
             going = [i for i, done in enumerate(ended) if not done]
             if going:
-                rows_going = [group[i] for i in going]
-                parts.append((rows_going, cache, mask) if len(going) == len(group) else (rows_going, *_select(cache, mask, going)))
+                parts.append(([group[i] for i in going], cache, mask, None if len(going) == len(group) else going))
         if parts:
             self._rebuild(parts)
 
@@ -238,50 +237,53 @@ class BatchDecoder:
                             **{self.cache_key: cache}, **self.extra)
         return cache, output.logits[:, -1].to(dtype=torch.float32)
 
-    def _rebuild(self, joining: Sequence[tuple[Sequence[Row], object, torch.Tensor]]) -> None:
-        """The batch of the rows still generating and the `joining` (rows, cache, mask) parts, in one copy:
-        every cache left-padded to the longest, the padding masked."""
+    def _rebuild(self, joining: Sequence[tuple[Sequence[Row], object, torch.Tensor, Sequence[int] | None]]) -> None:
+        """The batch of the rows still generating and the `joining` (rows, cache, mask, the cache's rows they
+        are, or None for all) parts: every cache left-padded to the longest, the padding masked, without the
+        columns that are padding in every row. Each part is copied once, into its place in the new cache."""
         import torch
-        import torch.nn.functional as F
         from transformers import DynamicCache
 
         keep = [i for i, row in enumerate(self.slots) if not row.left]
-        parts = [(self.rows, *_select(self.cache, self.mask, keep))] if keep else []
+        parts = [(self.rows, self.cache, self.mask, None if len(keep) == len(self.slots) else keep)] if keep else []
         parts += list(joining)
         if not parts:
             self.slots, self.cache, self.mask, self.seen, self.penalties = [], None, None, None, None
             return
-        seen = [self.seen[keep]] if keep else []
-        penalties = [self.penalties[keep]] if keep else []
+        seen = [self.seen if len(keep) == len(self.slots) else self.seen[keep]] if keep else []
+        penalties = [self.penalties if len(keep) == len(self.slots) else self.penalties[keep]] if keep else []
         device = self.model.device
-        for rows, _, _ in joining:
+        for rows, *_ in joining:
             held = torch.zeros((len(rows), self.vocabulary + 1), dtype=torch.bool, device=device)
             for i, row in enumerate(rows):
                 held[i, row.ids[0, :row.length].clamp(max=self.vocabulary)] = True
             seen.append(held)
             penalties.append(torch.tensor([[row.penalty or 1.0] for row in rows], dtype=torch.float32, device=device))
-        width = max(mask.shape[1] for _, _, mask in parts)
+        index = [None if chosen is None else torch.tensor(chosen, device=device) for _, _, _, chosen in parts]
+        masks = [mask if chosen is None else mask[chosen] for (_, _, mask, _), chosen in zip(parts, index)]
+        starts = [int(mask.any(dim=0).nonzero()[0]) for mask in masks]  # the first column some row needs
+        width = max(mask.shape[1] - start for mask, start in zip(masks, starts))
+        total = sum(len(rows) for rows, *_ in parts)
 
-        def padded(tensors: Sequence[torch.Tensor]) -> torch.Tensor:  # (rows, heads, length, dim) each, to `width`
-            return torch.cat([F.pad(t, (0, 0, width - t.shape[2], 0)) for t in tensors])
+        def joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:  # (rows, heads, length, dim) each
+            first = tensors[0]
+            out = first.new_zeros((total, first.shape[1], width, first.shape[3]))
+            at = 0
+            for tensor, chosen, start in zip(tensors, index, starts):
+                rows = tensor.shape[0] if chosen is None else len(chosen)
+                length = tensor.shape[2] - start
+                target = out[at:at + rows, :, width - length:]
+                target.copy_(tensor[:, :, start:] if chosen is None else tensor[chosen, :, start:])
+                at += rows
+            return out
 
-        layers = [[(keys, values) for keys, values, *_ in cache] for _, cache, _ in parts]
-        self.cache = DynamicCache([(padded([part[i][0] for part in layers]), padded([part[i][1] for part in layers]))
+        layers = [[(keys, values) for keys, values, *_ in cache] for _, cache, _, _ in parts]
+        self.cache = DynamicCache([(joined([part[i][0] for part in layers]), joined([part[i][1] for part in layers]))
                                    for i in range(len(layers[0]))])
-        self.mask = torch.cat([F.pad(mask, (width - mask.shape[1], 0)) for _, _, mask in parts])
+        self.mask = torch.cat([torch.nn.functional.pad(mask[:, start:], (width - mask.shape[1] + start, 0))
+                               for mask, start in zip(masks, starts)])
         self.seen, self.penalties = torch.cat(seen), torch.cat(penalties)
-        self.slots = [row for rows, _, _ in parts for row in rows]
-
-
-def _select(cache: object, mask: torch.Tensor, keep: Sequence[int]) -> tuple[object, torch.Tensor]:
-    """The rows `keep` of a cache and its mask, without the columns that are padding in all of them."""
-    import torch
-    from transformers import DynamicCache
-
-    index = torch.tensor(keep, device=mask.device)
-    mask = mask[index]
-    start = int(mask.any(dim=0).nonzero()[0])
-    return DynamicCache([(keys[index, :, start:], values[index, :, start:]) for keys, values, *_ in cache]), mask[:, start:]
+        self.slots = [row for rows, *_ in parts for row in rows]
 
 
 def _similar_lengths(rows: Sequence[Row], *, most: int, longest: int) -> list[list[Row]]:
