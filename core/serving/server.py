@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -99,17 +99,11 @@ def server_settings(env: Mapping[str, str], *, host: str | None = None, port: in
 
 def request_limits(env: Mapping[str, str]) -> RequestLimits:
     """The request limits `env` sets (`LIMIT_SETTINGS`), the others at their defaults; all wrong ones listed at once."""
-    values, problems = {}, []
-    for name, key in LIMIT_SETTINGS.items():
-        raw = env.get(name, "").strip()
-        if raw and (not raw.isdigit() or int(raw) < 1):
-            problems.append(f"{name}={raw!r} is not a positive whole number; set it to one, or unset it for the default "
-                            f"({getattr(RequestLimits(), key)}).")
-        elif raw:
-            values[key] = int(raw)
-    if problems:
-        raise ConfigError(problems)
-    return dataclasses.replace(RequestLimits(), **values)
+    defaults = RequestLimits()
+    raw = {name: env.get(name, "").strip() for name in LIMIT_SETTINGS}
+    values = _positive_whole_numbers((key, f"{name}={raw[name]!r}", raw[name], getattr(defaults, key))
+                                     for name, key in LIMIT_SETTINGS.items())
+    return dataclasses.replace(defaults, **values)
 
 
 def exposure_warning(settings: ServerSettings) -> str | None:
@@ -123,18 +117,28 @@ def exposure_warning(settings: ServerSettings) -> str | None:
 def with_decoding(settings: ServerSettings, env: Mapping[str, str], *, max_batch: int | None = None,
                   queue_size: int | None = None) -> ServerSettings:
     """`settings` with the batch and queue sizes of the flags, else of `env` (API_MAX_BATCH, API_QUEUE_SIZE)."""
-    values, problems = {}, []
+    chosen = []
     for key, flag, name, given in (("max_batch", "--max-batch", "API_MAX_BATCH", max_batch),
                                    ("queue_size", "--queue-size", "API_QUEUE_SIZE", queue_size)):
         raw = str(given) if given is not None else env.get(name, "").strip()
+        label = f"{flag} {raw}" if given is not None else f"{name}={raw!r}"
+        chosen.append((key, label, raw, getattr(ServerSettings, key)))
+    return dataclasses.replace(settings, **_positive_whole_numbers(chosen))
+
+
+def _positive_whole_numbers(settings: Iterable[tuple[str, str, str, int]]) -> dict[str, int]:
+    """The value of each (key, label, raw text, default) setting given (raw text not empty); a ConfigError
+    listing every one that is not a positive whole number."""
+    values, problems = {}, []
+    for key, label, raw, default in settings:
         if raw and (not raw.isdigit() or int(raw) < 1):
-            problems.append(f"{f'{flag} {raw}' if given is not None else f'{name}={raw!r}'} is not a positive whole number; set it to one, "
-                            f"or leave it out for the default ({getattr(ServerSettings, key)}).")
+            problems.append(f"{label} is not a positive whole number; set it to one, or leave it out for the default "
+                            f"({default}).")
         elif raw:
             values[key] = int(raw)
     if problems:
         raise ConfigError(problems)
-    return dataclasses.replace(settings, **values)
+    return values
 
 
 def bind(settings: ServerSettings) -> socket.socket:

@@ -125,10 +125,10 @@ def test_limits_are_read_from_the_environment_and_wrong_ones_listed():
     assert request_limits({}) == DEFAULTS
     with pytest.raises(ConfigError) as raised:
         request_limits({"API_MAX_BODY_BYTES": "1MB", "API_MAX_N": "0"})
-    assert raised.value.problems == ["API_MAX_BODY_BYTES='1MB' is not a positive whole number; set it to one, or unset it "
-                                     "for the default (1048576).",
-                                     "API_MAX_N='0' is not a positive whole number; set it to one, or unset it for the "
-                                     "default (16)."]
+    assert raised.value.problems == ["API_MAX_BODY_BYTES='1MB' is not a positive whole number; set it to one, or leave it "
+                                     "out for the default (1048576).",
+                                     "API_MAX_N='0' is not a positive whole number; set it to one, or leave it out for "
+                                     "the default (16)."]
 
 
 @pytest.mark.parametrize(("header", "allowed"), [
