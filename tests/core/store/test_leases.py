@@ -1,0 +1,164 @@
+"""Leases on a real S3 store (SeaweedFS): one holder at a time across threads and processes, a
+killed holder's lease taken after its ttl and not before, renewal past several ttls, and a lease
+never deleted or overwritten by one who no longer holds it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tuneline.core.store.leases import LeaseObject, LeaseRecord, lease_url, new_record, remote_lease
+
+pytestmark = pytest.mark.slow
+
+HOLD = """
+import os, sys, time
+import s3fs
+from tuneline.core.store.leases import remote_lease
+bucket, ttl_s, hold_s, rounds, log = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+fs = s3fs.S3FileSystem(skip_instance_cache=True)  # endpoint and keys from the AWS_* variables
+for _ in range(rounds):
+    with remote_lease((fs, bucket), "trained", "sft-1", ttl_s=ttl_s, on_wait=lambda: print("waiting", flush=True)):
+        with open(log, "a") as out:
+            out.write(f"enter {os.getpid()}\\n")
+        print("held", flush=True)
+        time.sleep(hold_s)
+        with open(log, "a") as out:
+            out.write(f"leave {os.getpid()}\\n")
+print("done", flush=True)
+"""
+
+
+@pytest.fixture()
+def workspace(s3_store):
+    return s3_store.filesystem(), s3_store.make_bucket("leases")
+
+
+def holder_process(s3_store, bucket: str, *, ttl_s: float, hold_s: float, rounds: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, **s3_store.env()}
+    command = [sys.executable, "-c", HOLD, bucket, str(ttl_s), str(hold_s), str(rounds), str(log)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+
+
+def the_lease(workspace) -> LeaseObject:
+    fs, bucket = workspace
+    return LeaseObject(fs, lease_url(bucket, "trained", "sft-1"))
+
+
+def test_threads_hold_it_one_at_a_time(workspace):
+    inside, most_inside, entries = [], [], []
+    guard = threading.Lock()
+
+    def compute(name: str) -> None:
+        for _ in range(2):
+            with remote_lease(workspace, "trained", "sft-1", ttl_s=2):
+                with guard:
+                    inside.append(name)
+                    most_inside.append(len(inside))
+                    entries.append(name)
+                time.sleep(0.05)
+                with guard:
+                    inside.remove(name)
+
+    threads = [threading.Thread(target=compute, args=(name,)) for name in ("a", "b", "c")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(entries) == ["a", "a", "b", "b", "c", "c"]
+    assert max(most_inside) == 1
+    assert the_lease(workspace).read() is None  # the last holder deleted it
+
+
+def test_processes_hold_it_one_at_a_time(workspace, s3_store, tmp_path):
+    log = tmp_path / "entries.log"
+    holders = [holder_process(s3_store, workspace[1], ttl_s=2, hold_s=0.15, rounds=2, log=log) for _ in range(2)]
+    outputs = [holder.communicate(timeout=60)[0] for holder in holders]
+    assert [holder.returncode for holder in holders] == [0, 0]
+    lines = log.read_text().split("\n")[:-1]
+    assert len(lines) == 8
+    for enter, leave in zip(lines[0::2], lines[1::2]):  # each entry left before the next begins
+        assert enter.startswith("enter ") and leave == "leave " + enter.removeprefix("enter ")
+    assert {line.split()[1] for line in lines} == {str(holder.pid) for holder in holders}
+    assert any("waiting" in output for output in outputs)
+
+
+def test_a_killed_holder_blocks_the_next_for_its_ttl_and_no_longer(workspace, s3_store, tmp_path):
+    ttl_s = 2.0
+    holder = holder_process(s3_store, workspace[1], ttl_s=ttl_s, hold_s=600, rounds=1, log=tmp_path / "log")
+    assert holder.stdout.readline().strip() == "held"
+    time.sleep(0.8)  # renewed at least once
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait(timeout=10)
+    killed = time.monotonic()
+    left = the_lease(workspace).read().record
+    assert left.pid == holder.pid and left.expires > datetime.now(timezone.utc)
+    waited = []
+    with remote_lease(workspace, "trained", "sft-1", ttl_s=ttl_s, on_wait=lambda: waited.append(True)) as lease:
+        blocked_s = time.monotonic() - killed
+        taken = datetime.now(timezone.utc)
+        assert the_lease(workspace).read().record.holder == lease.holder
+    assert waited == [True]
+    assert taken >= left.expires  # not before the killed holder's lease ran out
+    assert ttl_s <= blocked_s < ttl_s + 1.0
+
+
+def test_renewal_keeps_a_long_holder_past_several_ttls(workspace):
+    ttl_s, hold_s = 1.0, 3.0
+    held, released, taken, waited = threading.Event(), [], [], []
+
+    def hold() -> None:
+        with remote_lease(workspace, "trained", "sft-1", ttl_s=ttl_s) as lease:
+            first = the_lease(workspace).read()
+            held.set()
+            time.sleep(hold_s)
+            last = the_lease(workspace).read()
+            released.append((lease.lost, first, last))
+            released.append(time.monotonic())
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(timeout=30)
+    with remote_lease(workspace, "trained", "sft-1", ttl_s=ttl_s, on_wait=lambda: waited.append(True)):
+        taken.append(time.monotonic())
+    holder.join(timeout=30)
+    (lost, first, last), released_at = released
+    assert lost is None and waited == [True]
+    assert taken[0] >= released_at  # waited the whole hold, three ttls
+    assert last.record.holder == first.record.holder and last.etag != first.etag
+    assert last.record.expires - first.record.expires > timedelta(seconds=hold_s - ttl_s)
+
+
+def test_a_lease_taken_by_another_is_neither_renewed_nor_deleted(workspace):
+    other = new_record("another-holder", 60.0)
+    with remote_lease(workspace, "trained", "sft-1", ttl_s=0.6) as lease:
+        workspace[0].pipe_file(lease.url, other.to_bytes())  # another host's take-over, as the store sees it
+        time.sleep(0.5)  # a renewal finds it
+        assert lease.lost is not None and "another-holder" in lease.lost
+    assert the_lease(workspace).read().record == other
+
+    # released before any renewal looks: the delete, conditional on its own ETag, leaves it too
+    workspace[0].rm_file(lease.url)
+    with remote_lease(workspace, "trained", "sft-1", ttl_s=60) as lease:
+        workspace[0].pipe_file(lease.url, other.to_bytes())
+    assert lease.lost is None and the_lease(workspace).read().record == other
+
+
+def test_a_lease_expired_long_ago_is_taken_at_once(workspace):
+    past = datetime.now(timezone.utc) - timedelta(hours=1)
+    stale = LeaseRecord("gone", "old-host", 1, created=past, expires=past + timedelta(seconds=30), ttl_s=30.0)
+    assert the_lease(workspace).create(stale) is not None
+    waited = []
+    started = time.monotonic()
+    with remote_lease(workspace, "trained", "sft-1", ttl_s=30, on_wait=lambda: waited.append(True)) as lease:
+        assert time.monotonic() - started < 1.0 and waited == []
+        assert the_lease(workspace).read().record.holder == lease.holder
+    assert the_lease(workspace).read() is None
