@@ -33,6 +33,11 @@ class DataError(TunelineError):
     """A dataset file, row or registry entry that cannot be used as given."""
 
 
+class ObjectStoreError(TunelineError):
+    """An object-store workspace that did not answer after retries, or an object that differs from
+    the manifest that vouches for it: the message names the URL, the file and what differs."""
+
+
 def nearest(name: str, candidates: Iterable[str]) -> str | None:
     """The candidate closest to `name`, for "did you mean" hints."""
     matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)

@@ -56,6 +56,7 @@ class ObjectStoreServer:
     endpoint_url: str
     data_dir: Path
     process: subprocess.Popen
+    command: list[str] = field(default_factory=list)  # to restart it on the same ports and data
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
     region: str = REGION
@@ -122,10 +123,9 @@ def start_object_store(data_dir: Path, *, timeout_s: float = START_TIMEOUT_S) ->
         ports = {flag: free_port() for flag in PORT_FLAGS}
         command = [binary, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
                    *OFF_FLAGS, *(f"-{flag}={port}" for flag, port in ports.items())]
-        with (data_dir / "weed.log").open("w") as log:
-            process = subprocess.Popen(command, cwd=data_dir, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        server = ObjectStoreServer(endpoint_url=f"http://127.0.0.1:{ports['s3.port']}", data_dir=data_dir, process=process)
+        process = _launch(command, data_dir)
+        server = ObjectStoreServer(endpoint_url=f"http://127.0.0.1:{ports['s3.port']}", data_dir=data_dir, process=process,
+                                   command=command)
         try:
             wait_until_answering(server, timeout_s=timeout_s)
             return server
@@ -133,6 +133,41 @@ def start_object_store(data_dir: Path, *, timeout_s: float = START_TIMEOUT_S) ->
             problem = str(error)
             server.stop()
     raise RuntimeError(problem)
+
+
+def _launch(command: list[str], data_dir: Path) -> subprocess.Popen:
+    with (data_dir / "weed.log").open("a") as log:
+        return subprocess.Popen(command, cwd=data_dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def restart_object_store(server: ObjectStoreServer, *, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Start a stopped store again on its ports and data (its buckets and objects are kept)."""
+    server.process = _launch(server.command, server.data_dir)
+    wait_until_answering(server, timeout_s=timeout_s)
+
+
+class RequestCounter:
+    """Counts the requests an s3fs filesystem sends (botocore's `before-send` event), as HTTP method
+    and URL: `with RequestCounter(fs) as counted: ...; counted.requests == [("GET", "http://.../key")]`."""
+
+    def __init__(self, filesystem: Any) -> None:
+        filesystem.connect()
+        self._events = filesystem.s3.meta.events
+        self.requests: list[tuple[str, str]] = []
+
+    def _count(self, request: Any, **_: Any) -> None:
+        self.requests.append((request.method, request.url.split("?", 1)[0]))
+
+    def __enter__(self) -> RequestCounter:
+        self._events.register("before-send.s3", self._count)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._events.unregister("before-send.s3", self._count)
+
+    def methods(self) -> list[str]:
+        return [method for method, _ in self.requests]
 
 
 def wait_until_answering(server: ObjectStoreServer, *, timeout_s: float) -> None:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from tuneline.core.store.durable import OWNER_ONLY, fsync_path, seal, write_durably
@@ -113,6 +113,13 @@ def manifest_damage(folder: Path) -> str | None:
         return None
     except (OSError, ValueError) as e:
         return f"{MANIFEST} cannot be read ({e})"
+    judged = judge_manifest(text, folder)
+    return judged if isinstance(judged, str) else None
+
+
+def judge_manifest(text: str, folder: PurePath) -> dict[str, Any] | str:
+    """The manifest that `text` holds for `folder` (local, or `kind/key` of an object store), or why
+    it is not one (empty, cut short, not an object, naming another kind or key)."""
     if not text.strip():
         return f"{MANIFEST} is empty ({len(text.encode())} bytes)"
     try:
@@ -123,10 +130,10 @@ def manifest_damage(folder: Path) -> str | None:
         return f"{MANIFEST} holds a JSON {type(manifest).__name__}, not an object"
     if not names_itself(folder, manifest):
         return f"{MANIFEST} names kind {manifest.get('kind')!r} and key {manifest.get('key')!r}, not this folder"
-    return None
+    return manifest
 
 
-def names_itself(folder: Path, manifest: Mapping[str, Any]) -> bool:
+def names_itself(folder: PurePath, manifest: Mapping[str, Any]) -> bool:
     """Whether `manifest` is one tuneline wrote for `folder`: it names the folder's kind and key
     (another program's `manifest.json` in a shared cache folder does not)."""
     return manifest.get("kind") == folder.parent.name and manifest.get("key") == folder.name
@@ -209,11 +216,16 @@ def mark_damaged(path: Path, problems: list[str], *, manifest: Mapping[str, Any]
     `manifest`, when it could be read): the artifact stops existing for readers, and the run that
     recomputes it reads why. The note is written before the manifest goes, so an interrupted mark
     leaves the artifact as it was, never unmarked and unlisted."""
-    note = {"problems": problems, "manifest": dict(manifest) if manifest is not None else None}
     tmp_note = path / f".{DAMAGE_NOTE}.tmp"
-    tmp_note.write_text(json.dumps(note, indent=2, default=str), encoding="utf-8")
+    tmp_note.write_text(damage_note(problems, manifest=manifest), encoding="utf-8")
     os.replace(tmp_note, path / DAMAGE_NOTE)
     (path / MANIFEST).unlink()
+
+
+def damage_note(problems: list[str], *, manifest: Mapping[str, Any] | None) -> str:
+    """The text of `damage.json`: what was found, and the manifest that vouched for the files."""
+    return json.dumps({"problems": problems, "manifest": dict(manifest) if manifest is not None else None},
+                      indent=2, default=str)
 
 
 def damage_noted(path: Path) -> list[str] | None:

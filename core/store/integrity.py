@@ -14,10 +14,10 @@ damage like a missing file, found before any file is read.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tuneline.core.store.names import name_problem
 
@@ -33,10 +33,15 @@ class FileRecord:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(_CHUNK_BYTES), b""):
-            digest.update(block)
+        return sha256_of_stream(handle)
+
+
+def sha256_of_stream(handle: BinaryIO) -> str:
+    """The sha256 of what `handle` reads to its end (a local file, or an object opened with fsspec)."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: handle.read(_CHUNK_BYTES), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -58,9 +63,10 @@ def recorded_files(manifest: Mapping[str, Any]) -> dict[str, FileRecord] | None:
     return {name: _record(entry) for name, entry in table.items()}
 
 
-def table_problems(path: Path, manifest: Mapping[str, Any]) -> list[str]:
-    """What makes the manifest's file table unusable for the artifact at `path`: not a table, an
-    entry that records no size, a name that is not a file inside the artifact (no file is read)."""
+def table_problems(path: Path | None, manifest: Mapping[str, Any]) -> list[str]:
+    """What makes the manifest's file table unusable for the artifact at `path` (None: one in an
+    object store): not a table, an entry that records no size, a name that is not a file inside
+    the artifact (no file is read)."""
     table = manifest.get("files")
     if table is None:
         return []
@@ -94,14 +100,7 @@ def size_problems(path: Path, manifest: Mapping[str, Any]) -> list[str]:
     table = recorded_files(manifest)
     if table is None:
         return []
-    problems = []
-    for name, record in table.items():
-        file = path / name
-        if not file.is_file():
-            problems.append(f"{name}: missing")
-        elif (size := file.stat().st_size) != record.size:
-            problems.append(f"{name}: {size} bytes, manifest says {record.size}")
-    return problems
+    return compare_files(table, _sizes_on_disk(path, table), digest=None)
 
 
 def content_problems(path: Path, manifest: Mapping[str, Any], *, manifest_name: str) -> list[str]:
@@ -112,11 +111,29 @@ def content_problems(path: Path, manifest: Mapping[str, Any], *, manifest_name: 
     table = recorded_files(manifest)
     if table is None:
         return []
-    problems = size_problems(path, manifest)
-    damaged = {problem.split(": ", 1)[0] for problem in problems}
-    for name, record in table.items():
-        if name not in damaged and record.sha256 is not None and sha256_of(path / name) != record.sha256:
-            problems.append(f"{name}: content changed (same size, sha256 differs from the manifest's)")
     on_disk = {f.relative_to(path).as_posix() for f in path.rglob("*") if f.is_file()}
-    problems += [f"{name}: extra file, not in the manifest" for name in sorted(on_disk - set(table) - {manifest_name})]
-    return problems
+    return compare_files(table, _sizes_on_disk(path, table), digest=lambda name: sha256_of(path / name),
+                         extra=on_disk - set(table) - {manifest_name})
+
+
+def compare_files(table: Mapping[str, FileRecord], sizes: Mapping[str, int], *, digest: Callable[[str], str] | None,
+                  extra: Collection[str] = ()) -> list[str]:
+    """What differs between the manifest's `table` and the files found (`sizes`, name -> bytes; on
+    disk or in an object store): missing files and sizes, then, with `digest` (name -> sha256),
+    the contents of the files of the right size, then the `extra` files the manifest does not list."""
+    problems = []
+    for name, record in table.items():
+        if name not in sizes:
+            problems.append(f"{name}: missing")
+        elif sizes[name] != record.size:
+            problems.append(f"{name}: {sizes[name]} bytes, manifest says {record.size}")
+    damaged = {problem.split(": ", 1)[0] for problem in problems}
+    if digest is not None:
+        problems += [f"{name}: content changed (same size, sha256 differs from the manifest's)"
+                     for name, record in table.items()
+                     if name not in damaged and record.sha256 is not None and digest(name) != record.sha256]
+    return problems + [f"{name}: extra file, not in the manifest" for name in sorted(extra)]
+
+
+def _sizes_on_disk(path: Path, table: Mapping[str, FileRecord]) -> dict[str, int]:
+    return {name: (path / name).stat().st_size for name in table if (path / name).is_file()}

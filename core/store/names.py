@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 
-def name_problem(folder: Path, name: object, *, nested: bool) -> str | None:
+def name_problem(folder: Path | None, name: object, *, nested: bool) -> str | None:
     """Why `name` cannot be a file of `folder` (None: it can). `nested` allows `sub/file`; without
-    it a name is one entry of the folder itself."""
+    it a name is one entry of the folder itself. `folder` None: a folder in an object store, which
+    has no symlinks (the name alone is checked)."""
     if not isinstance(name, str) or not name or "\0" in name:
         return "it is not a file name"
     pure = PurePosixPath(name)
@@ -25,6 +26,8 @@ def name_problem(folder: Path, name: object, *, nested: bool) -> str | None:
         return "it is not a plain relative path (an empty or '.' part)"
     if not nested and len(pure.parts) != 1:
         return "it names something below an entry, not an entry of the folder"
+    if folder is None:
+        return None
     target = folder / name
     if (target.is_symlink() or any((folder / p).is_symlink() for p in _parents(pure))) and not _resolves_inside(folder, target):
         return "it is a symlink that resolves outside the folder"
