@@ -23,8 +23,12 @@ HOLD = """
 import os, sys, time
 import s3fs
 from tuneline.core.store.leases import remote_lease
-bucket, ttl_s, hold_s, rounds, log = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+bucket, ttl_s, hold_s, rounds, log, go = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:]
 fs = s3fs.S3FileSystem(skip_instance_cache=True)  # endpoint and keys from the AWS_* variables
+fs.exists(bucket)  # connected before the start
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
 for _ in range(rounds):
     with remote_lease((fs, bucket), "trained", "sft-1", ttl_s=ttl_s, on_wait=lambda: print("waiting", flush=True)):
         with open(log, "a") as out:
@@ -37,14 +41,23 @@ print("done", flush=True)
 """
 
 
-@pytest.fixture()
-def workspace(s3_store):
+@pytest.fixture(scope="module")
+def bucket(s3_store):
     return s3_store.filesystem(), s3_store.make_bucket("leases")
 
 
-def holder_process(s3_store, bucket: str, *, ttl_s: float, hold_s: float, rounds: int, log: Path) -> subprocess.Popen:
+@pytest.fixture()
+def workspace(bucket, request):
+    """A workspace of its own for each test, in the module's bucket, through one client."""
+    fs, url = bucket
+    return fs, f"{url}/{request.node.name}"
+
+
+def holder_process(s3_store, bucket: str, *, ttl_s: float, hold_s: float, rounds: int, log: Path, go: Path) -> subprocess.Popen:
+    """A process that takes the lease `rounds` times once the file `go` exists, holding it `hold_s`
+    each time and writing its entries to `log`; it says "ready" when connected."""
     env = {**os.environ, **s3_store.env()}
-    command = [sys.executable, "-c", HOLD, bucket, str(ttl_s), str(hold_s), str(rounds), str(log)]
+    command = [sys.executable, "-c", HOLD, bucket, str(ttl_s), str(hold_s), str(rounds), str(log), str(go)]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
 
 
@@ -79,8 +92,10 @@ def test_threads_hold_it_one_at_a_time(workspace):
 
 
 def test_processes_hold_it_one_at_a_time(workspace, s3_store, tmp_path):
-    log = tmp_path / "entries.log"
-    holders = [holder_process(s3_store, workspace[1], ttl_s=2, hold_s=0.15, rounds=2, log=log) for _ in range(2)]
+    log, go = tmp_path / "entries.log", tmp_path / "go"
+    holders = [holder_process(s3_store, workspace[1], ttl_s=2, hold_s=0.15, rounds=2, log=log, go=go) for _ in range(2)]
+    assert [holder.stdout.readline().strip() for holder in holders] == ["ready", "ready"]
+    go.touch()  # both contend from the same moment
     outputs = [holder.communicate(timeout=60)[0] for holder in holders]
     assert [holder.returncode for holder in holders] == [0, 0]
     lines = log.read_text().split("\n")[:-1]
@@ -93,8 +108,10 @@ def test_processes_hold_it_one_at_a_time(workspace, s3_store, tmp_path):
 
 def test_a_killed_holder_blocks_the_next_for_its_ttl_and_no_longer(workspace, s3_store, tmp_path):
     ttl_s = 2.0
-    holder = holder_process(s3_store, workspace[1], ttl_s=ttl_s, hold_s=600, rounds=1, log=tmp_path / "log")
-    assert holder.stdout.readline().strip() == "held"
+    go = tmp_path / "go"
+    go.touch()
+    holder = holder_process(s3_store, workspace[1], ttl_s=ttl_s, hold_s=600, rounds=1, log=tmp_path / "log", go=go)
+    assert holder.stdout.readline().strip() == "ready" and holder.stdout.readline().strip() == "held"
     time.sleep(0.8)  # renewed at least once
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait(timeout=10)
