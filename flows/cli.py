@@ -11,8 +11,8 @@
     tuneline api|webchat CONFIG.yaml|MODEL_PATH|models:/NAME@ALIAS [--host H] [--port P] [--allow-no-key] [--max-batch N] [--queue-size N] [key=value ...]
     tuneline promote MODEL_NAME VERSION [--workspace DIR | --tracking-uri URI]
     tuneline rollback MODEL_NAME [--workspace DIR | --tracking-uri URI]
-    tuneline verify [--workspace DIR]
-    tuneline gc [--workspace DIR] [--keep-runs N] [--yes]
+    tuneline verify [--workspace DIR|URL]
+    tuneline gc [--workspace DIR|URL] [--keep-runs N] [--yes]
 
 Exit status: 0 success, 2 bad configuration or input (one paragraph, no traceback), 1 otherwise
 (`verify`: 1 when an artifact is damaged).
@@ -149,11 +149,13 @@ def add_store_parsers(commands: argparse._SubParsersAction) -> None:
     also = "and the tokenized-data cache under $TUNELINE_CACHE"
     verify = commands.add_parser("verify", help=f"re-hash every artifact of the workspace {also} against its manifest; list "
                                                 "(and mark for recomputing) the damaged")
-    verify.add_argument("--workspace", default=None, help="workspace to check (default: ./workspace, when it exists)")
+    verify.add_argument("--workspace", default=None, help="workspace to check: a folder, or a URL such as s3://bucket/prefix "
+                        "(default: ./workspace, when it exists)")
     verify.set_defaults(handler=run_verify)
     gc = commands.add_parser("gc", help=f"list the artifacts and drafts of the workspace {also} that no recent run or "
                                         "registered model needs; --yes removes them")
-    gc.add_argument("--workspace", default=None, help="workspace to clean (default: ./workspace, when it exists)")
+    gc.add_argument("--workspace", default=None, help="workspace to clean: a folder, or a URL such as s3://bucket/prefix "
+                    "(default: ./workspace, when it exists)")
     gc.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
                     help=f"keep what each pipeline's last N runs used, and the cache's N most recently used tokenized "
                          f"data (default: {DEFAULT_KEEP_RUNS})")

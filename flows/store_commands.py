@@ -3,7 +3,8 @@
 Both cover two artifact stores of one layout: the workspace a pipeline ran in (`--workspace`, or
 ./workspace when it exists) and the tokenized-data cache that `tuneline train` and `data preview`
 fill under `$TUNELINE_CACHE` (when it holds any). In the cache only tokenized artifacts are
-considered, and gc keeps the `--keep-runs` most recently used of them.
+considered, and gc keeps the `--keep-runs` most recently used of them. A workspace URL
+(`--workspace s3://bucket/prefix`) is checked and cleaned in the object store itself.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuneline.core.store.location import WorkspaceLocation
+    from tuneline.core.store.remote import RemoteWorkspace
 
 DEFAULT_WORKSPACE = "workspace"
 CACHE_NAME = "tokenized-data cache"
@@ -22,16 +28,18 @@ class Store:
     """One artifact store a command covers."""
 
     name: str  # "workspace" or CACHE_NAME, for the output
-    root: Path
+    root: Path | str  # a folder, or a workspace URL
     kinds: tuple[str, ...] | None  # the artifact kinds tuneline writes there (None: all)
+    remote: RemoteWorkspace | None = None  # the workspace URL's objects
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from tuneline.core.store.verify import verify_workspace
+    from tuneline.core.store.verify import verify_remote, verify_workspace
 
     any_damaged = False
     for store in covered_stores(args):
-        verdicts = verify_workspace(store.root, kinds=store.kinds)
+        verdicts = (verify_remote(store.remote, kinds=store.kinds) if store.remote is not None
+                    else verify_workspace(store.root, kinds=store.kinds))
         for verdict in verdicts:
             if verdict.damaged:
                 print(f"damaged: {verdict.path}")
@@ -48,7 +56,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    from tuneline.core.store.gc import find_garbage, remove_garbage
+    from tuneline.core.store.gc import find_garbage, find_remote_garbage, remove_garbage, remove_remote_garbage
 
     if args.keep_runs < 0:
         from tuneline.core.errors import ConfigError
@@ -58,7 +66,9 @@ def run_gc(args: argparse.Namespace) -> int:
     found = []
     for store in stores:  # every store's references are read before anything is listed
         referenced, unreferenced = _kept_keys(store, args)
-        found.append((store, find_garbage(store.root, referenced=referenced, kinds=store.kinds, unreferenced=unreferenced)))
+        find = (lambda **given: find_remote_garbage(store.remote, **given)) if store.remote is not None else (
+            lambda **given: find_garbage(store.root, **given))
+        found.append((store, find(referenced=referenced, kinds=store.kinds, unreferenced=unreferenced)))
     garbage = [item for _, items in found for item in items]
     for item in garbage:
         kept = "; kept while a process reads it" if item.in_use else ""
@@ -70,7 +80,8 @@ def run_gc(args: argparse.Namespace) -> int:
         print(f"{len(garbage)} unreferenced folder(s), {total}{read_now}"
               + ("; run again with --yes to remove them" if len(garbage) > in_use else ""))
         return 0
-    removed = [item for store, items in found for item in remove_garbage(store.root, items)]
+    removed = [item for store, items in found
+               for item in (remove_remote_garbage(store.remote, items) if store.remote is not None else remove_garbage(store.root, items))]
     print(f"removed {len(removed)} folder(s), {_size_text(sum(item.size for item in removed))}"
           + (f"; {len(garbage) - len(removed)} kept: in use by a process that reads them, or taken by a running "
              "process meanwhile" if len(removed) < len(garbage) else ""))
@@ -88,7 +99,7 @@ def _kept_keys(store: Store, args: argparse.Namespace) -> tuple[set[str], str]:
     from tuneline.core.store.gc import UNREFERENCED
     from tuneline.core.tracking.references import referenced_keys
 
-    return referenced_keys(_workspace_store(store.root, args), keep_runs=args.keep_runs), UNREFERENCED
+    return referenced_keys(_workspace_store(store, args), keep_runs=args.keep_runs), UNREFERENCED
 
 
 def covered_stores(args: argparse.Namespace) -> list[Store]:
@@ -97,7 +108,11 @@ def covered_stores(args: argparse.Namespace) -> list[Store]:
     from tuneline.core.config import cache_root
     from tuneline.core.errors import ConfigError
     from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND
+    from tuneline.core.store.location import parse_workspace
 
+    location = parse_workspace(args.workspace or DEFAULT_WORKSPACE, source=f"tuneline {args.command} --workspace")
+    if location.is_remote:
+        return [_remote_store(location, args)]
     workspace = Path(args.workspace or DEFAULT_WORKSPACE)
     has_workspace = (workspace / "artifacts").is_dir()
     if args.workspace and not has_workspace:
@@ -114,11 +129,34 @@ def covered_stores(args: argparse.Namespace) -> list[Store]:
     return stores
 
 
-def _workspace_store(workspace: Path, args: argparse.Namespace) -> str:
+def _remote_store(location: WorkspaceLocation, args: argparse.Namespace) -> Store:
+    """The URL workspace, which must hold artifacts/ (one request). Its fetched copies in
+    $TUNELINE_CACHE are a cache of it, not a store of their own."""
+    from tuneline.core.errors import ConfigError
+    from tuneline.core.store.remote import RemoteWorkspace
+
+    remote = RemoteWorkspace(location)
+    url = location.artifacts_url()
+    if not remote.attempt("listing", url, lambda: remote.filesystem.exists(url)):
+        raise ConfigError(f"--workspace {location.url}: nothing under {url}/; pass the workspace URL a pipeline ran in.",
+                          source=f"tuneline {args.command}")
+    return Store("workspace", location.url, None, remote=remote)
+
+
+def _workspace_store(store: Store, args: argparse.Namespace) -> str:
     """MLFLOW_TRACKING_URI, else the workspace's SQLite store, which must exist: without it gc cannot
-    tell what recent runs use (and opening a missing one would create an empty store)."""
+    tell what recent runs use (and opening a missing one would create an empty store). A URL
+    workspace has no SQLite store: its runs went to the tracking server MLFLOW_TRACKING_URI names."""
     from tuneline.core.errors import ConfigError
     from tuneline.core.tracking import runs as tracking
+
+    if store.remote is not None:
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            raise ConfigError(f"--workspace {store.root}: gc needs the MLflow tracking server its runs went to, to tell "
+                              f"which artifacts recent runs and registered models use; set MLFLOW_TRACKING_URI to it.",
+                              source=f"tuneline {args.command}")
+        return os.environ["MLFLOW_TRACKING_URI"]
+    workspace = Path(store.root)
 
     store = workspace / "mlflow.db"
     if not os.environ.get("MLFLOW_TRACKING_URI") and not store.is_file():

@@ -15,19 +15,25 @@ Garbage that a process is reading (`core.store.readers`) is listed as in use and
 readers are gone. Removal takes each key's lock and its reader lock first, without waiting
 (skipping what a process took meanwhile), and deletes an artifact's manifest before its files, so
 no reader ever sees half an artifact.
+
+A URL workspace (`find_remote_garbage`) is judged by the same rules (`judge_folder`) from one
+listing and a read of each manifest; its readers hold no lock there (they fetch into their own
+cache, `core.store.remote_artifacts`), and its manifests are removed before their files too.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Collection, Iterator, Set
+from collections.abc import Callable, Collection, Iterator, Set
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from tuneline.core.store.artifacts import MANIFEST, damage_noted, lock_path, manifest_damage, own_manifest
+from tuneline.core.store.artifacts import DAMAGE_NOTE, MANIFEST, damage_noted, judge_manifest, lock_path, manifest_damage, own_manifest
 from tuneline.core.store.fingerprints import looks_like_key
 from tuneline.core.store.locks import lock_if_free
 from tuneline.core.store.readers import without_readers
+from tuneline.core.store.remote import RemoteWorkspace
+from tuneline.core.store.verify import remote_folders
 
 _PARTIAL, _DAMAGED, _LOCK = ".partial", ".damaged", ".lock"
 UNREFERENCED = "artifact that no recent run or registered model references"
@@ -37,7 +43,7 @@ UNREFERENCED = "artifact that no recent run or registered model references"
 class Garbage:
     """One folder `tuneline gc` would remove."""
 
-    path: Path
+    path: Path | str  # a folder, or its URL in an object store
     kind: str
     key: str
     size: int  # bytes, all files below
@@ -67,21 +73,31 @@ def find_garbage(workspace: str | Path, *, referenced: Set[str], kinds: Collecti
 
 def _judge(entry: Path, *, referenced: Set[str], unreferenced: str) -> tuple[str, str | None]:
     """The folder's key, and why it is garbage (None: it is kept)."""
-    name = entry.name
+    return judge_folder(entry.name, finished=lambda name: own_manifest(entry.with_name(name)) is not None,
+                        noted=lambda: damage_noted(entry) is not None, unusable=lambda: manifest_damage(entry),
+                        referenced=referenced, unreferenced=unreferenced)
+
+
+def judge_folder(name: str, *, finished: Callable[[str], bool], noted: Callable[[], bool],
+                 unusable: Callable[[], str | None], referenced: Set[str], unreferenced: str) -> tuple[str, str | None]:
+    """The key of the folder `name` of a kind, and why it is garbage (None: it is kept), wherever it
+    lies: `finished(name)` says whether a folder of that kind holds the manifest tuneline wrote for
+    it, `noted()` whether `tuneline verify` marked this one damaged, `unusable()` why its
+    manifest.json is not one."""
     if name.startswith(".") and name.endswith(_PARTIAL):
         key = name[1 : -len(_PARTIAL)]
-        if own_manifest(entry.with_name(key)) is not None:
+        if finished(key):
             return key, "draft superseded by its finished artifact"
         return key, None if key in referenced else "draft that no recent run references"
     if name.startswith(".") and name.endswith(_DAMAGED):
         return name[1 : -len(_DAMAGED)], "damaged artifact, set aside"
     if name.startswith("."):
         return name, None  # nothing tuneline writes: left alone
-    if own_manifest(entry) is None:  # none, or not tuneline's for this folder: left alone unless verify set it aside
-        if damage_noted(entry) is not None:
+    if not finished(name):  # no manifest, or not tuneline's for this folder: left alone unless verify marked it
+        if noted():
             return name, "artifact marked damaged by tuneline verify"
-        unusable = manifest_damage(entry) if looks_like_key(name) else None
-        return name, f"damaged artifact: {unusable}" if unusable else None
+        why = unusable() if looks_like_key(name) else None
+        return name, f"damaged artifact: {why}" if why else None
     return name, None if name in referenced else unreferenced
 
 
@@ -108,3 +124,42 @@ def remove_garbage(workspace: str | Path, garbage: list[Garbage]) -> Iterator[Ga
             (item.path / MANIFEST).unlink(missing_ok=True)  # first: readers stop seeing it at once
             shutil.rmtree(item.path)
             yield item
+
+
+def find_remote_garbage(remote: RemoteWorkspace, *, referenced: Set[str], kinds: Collection[str] | None = None,
+                        unreferenced: str = UNREFERENCED) -> list[Garbage]:
+    """`find_garbage` for a URL workspace: the same judgement of each folder, from the store."""
+    folders = remote_folders(remote.list_files())
+    judged: dict[tuple[str, str], dict | str | None] = {}
+
+    def manifest(kind: str, name: str) -> dict | str | None:
+        """The folder's manifest, why it is not one, or None when it has none (read once)."""
+        if (kind, name) not in judged:
+            objects = folders.get((kind, name), {})
+            text = remote.read_text(remote.artifact_url(kind, name, MANIFEST)) if MANIFEST in objects else None
+            judged[kind, name] = judge_manifest(text, PurePosixPath(kind, name)) if text is not None else None
+        return judged[kind, name]
+
+    found = []
+    for (kind, name), objects in sorted(folders.items()):
+        if kinds is not None and kind not in kinds:
+            continue
+        key, reason = judge_folder(
+            name, finished=lambda other, kind=kind: isinstance(manifest(kind, other), dict),
+            noted=lambda objects=objects: DAMAGE_NOTE in objects,
+            unusable=lambda kind=kind, name=name: why if isinstance(why := manifest(kind, name), str) else None,
+            referenced=referenced, unreferenced=unreferenced)
+        if reason is not None:
+            found.append(Garbage(path=remote.artifact_url(kind, name), kind=kind, key=key, size=sum(objects.values()),
+                                 reason=reason))
+    return found
+
+
+def remove_remote_garbage(remote: RemoteWorkspace, garbage: list[Garbage]) -> Iterator[Garbage]:
+    """Remove each folder's objects from the store, its manifest first; yield those removed."""
+    listing = remote_folders(remote.list_files())
+    for item in garbage:
+        name = str(item.path).rsplit("/", 1)[-1]
+        objects = sorted(listing.get((item.kind, name), {}), key=lambda object_name: object_name != MANIFEST)
+        remote.remove([remote.artifact_url(item.kind, name, object_name) for object_name in objects])
+        yield item

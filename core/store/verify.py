@@ -7,24 +7,41 @@ needs its key sets it aside and recomputes it (tagging its MLflow run with the r
 gc` removes what nothing needs. Marking, not moving, keeps it where a person looking for the
 artifact of that key will find it, with the reason beside it. A folder named like a stage key whose
 `manifest.json` is damaged (empty, cut short, not an object) is reported and marked the same way.
+
+A URL workspace (`verify_remote`) is checked the same way in the store: one listing gives every
+object's size, each object is re-hashed as it streams in (nothing is kept on disk), and a damaged
+artifact is marked there (`damage.json` uploaded, then its manifest removed). No run of any host
+fetches it from then on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
-from tuneline.core.store.artifacts import MANIFEST, Artifact, artifact_lock, manifest_damage, mark_damaged, own_manifest
+from tuneline.core.store.artifacts import (
+    DAMAGE_NOTE,
+    MANIFEST,
+    Artifact,
+    artifact_lock,
+    damage_note,
+    judge_manifest,
+    manifest_damage,
+    mark_damaged,
+    own_manifest,
+)
 from tuneline.core.store.fingerprints import looks_like_key
-from tuneline.core.store.integrity import content_problems
+from tuneline.core.store.integrity import compare_files, content_problems, recorded_files, sha256_of_stream, table_problems
+from tuneline.core.store.remote import RemoteWorkspace
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What `verify_workspace` found for one artifact."""
 
-    path: Path
+    path: Path | str  # a folder, or an artifact's URL in an object store
     problems: list[str]
     checked: bool  # False: its manifest has no file table to check against (written by an older tuneline)
 
@@ -78,3 +95,53 @@ def verify_workspace(workspace: str | Path, *, mark: bool = True, kinds: Collect
                     mark_damaged(folder, [why], manifest=None)
         verdicts.append(Verdict(path=folder, problems=[why], checked=True))
     return sorted(verdicts, key=lambda verdict: verdict.path)
+
+
+def verify_remote(remote: RemoteWorkspace, *, mark: bool = True, kinds: Collection[str] | None = None) -> list[Verdict]:
+    """`verify_workspace` for a URL workspace: every artifact with a manifest (those of `kinds`,
+    when given) re-hashed in the store; with `mark`, the damaged ones marked there."""
+    verdicts = []
+    for (kind, key), sizes in sorted(remote_folders(remote.list_files()).items()):
+        if key.startswith(".") or MANIFEST not in sizes or (kinds is not None and kind not in kinds):
+            continue
+        text = remote.read_text(remote.artifact_url(kind, key, MANIFEST))
+        judged = judge_manifest(text, PurePosixPath(kind, key)) if text is not None else None
+        if judged is None or (isinstance(judged, str) and not looks_like_key(key)):
+            continue  # removed meanwhile, or another program's manifest.json: not tuneline's
+        manifest = judged if isinstance(judged, dict) else None
+        problems = [judged] if isinstance(judged, str) else _remote_problems(remote, kind, key, judged, sizes)
+        if problems and mark:
+            remote.write_bytes(remote.artifact_url(kind, key, DAMAGE_NOTE), damage_note(problems, manifest=manifest).encode())
+            remote.remove([remote.artifact_url(kind, key, MANIFEST)])
+        verdicts.append(Verdict(path=remote.artifact_url(kind, key), problems=problems,
+                                checked=manifest is None or manifest.get("files") is not None))
+    return verdicts
+
+
+def remote_folders(files: Mapping[str, int]) -> dict[tuple[str, str], dict[str, int]]:
+    """The objects of a listing (`kind/key/name` -> size) grouped by artifact folder, names relative to it."""
+    folders: dict[tuple[str, str], dict[str, int]] = {}
+    for path, size in files.items():
+        parts = path.split("/", 2)
+        if len(parts) == 3:
+            folders.setdefault((parts[0], parts[1]), {})[parts[2]] = size
+    return folders
+
+
+def _remote_problems(remote: RemoteWorkspace, kind: str, key: str, manifest: dict[str, Any], sizes: dict[str, int]) -> list[str]:
+    if problems := table_problems(None, manifest):
+        return problems
+    table = recorded_files(manifest)
+    if table is None:
+        return []
+
+    def digest(name: str) -> str:
+        url = remote.artifact_url(kind, key, name)
+
+        def read() -> str:
+            with remote.filesystem.open(url, "rb", block_size=16 << 20) as handle:
+                return sha256_of_stream(handle)
+
+        return remote.attempt("reading", url, read)
+
+    return compare_files(table, sizes, digest=digest, extra=set(sizes) - set(table) - {MANIFEST})
