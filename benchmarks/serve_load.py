@@ -158,10 +158,10 @@ def busy_share(pid: int, *, seconds: float = 1.0) -> float:
     more while a generation nobody waits for goes on."""
     import psutil
 
-    process = psutil.Process(pid)
-    before = sum(process.cpu_times()[:2])
+    processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]  # the decoding process too
+    before = sum(sum(process.cpu_times()[:2]) for process in processes)
     time.sleep(seconds)
-    return (sum(process.cpu_times()[:2]) - before) / seconds
+    return (sum(sum(process.cpu_times()[:2]) for process in processes) - before) / seconds
 
 
 def rss_mib(pid: int) -> float:

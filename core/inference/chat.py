@@ -98,14 +98,9 @@ def load_chat_model(source: ModelSource, *, template: str | None = None, keys: D
     of an inference YAML (trust_remote_code, hub token, revision)."""
     import torch
 
-    from tuneline.core.models.loading import load_model, load_tokenizer
+    from tuneline.core.models.loading import load_model
 
-    tokenizer = load_tokenizer(source.tokenizer, model=model_config)
-    if template is not None:
-        _use_template(tokenizer, chat_template(template, tokenizer, keys=keys))
-    if not tokenizer.chat_template:
-        raise ConfigError(f"the tokenizer of '{source.describe()}' has no chat template; pass --template NAME "
-                          "(a tuneline template such as chatml), or chat with a model that tuneline trained or exported.")
+    tokenizer = load_chat_tokenizer(source, template=template, keys=keys, model_config=model_config)
     model = load_model(source.model, model=model_config, vocab_size=len(tokenizer))
     if source.adapter is not None:
         from peft import PeftModel
@@ -114,6 +109,20 @@ def load_chat_model(source: ModelSource, *, template: str | None = None, keys: D
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model.eval(), tokenizer
+
+
+def load_chat_tokenizer(source: ModelSource, *, template: str | None = None, keys: DataConfig | None = None,
+                        model_config: ModelConfig | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of `source` with the chat template `load_chat_model` gives it (see there)."""
+    from tuneline.core.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(source.tokenizer, model=model_config)
+    if template is not None:
+        _use_template(tokenizer, chat_template(template, tokenizer, keys=keys))
+    if not tokenizer.chat_template:
+        raise ConfigError(f"the tokenizer of '{source.describe()}' has no chat template; pass --template NAME "
+                          "(a tuneline template such as chatml), or chat with a model that tuneline trained or exported.")
+    return tokenizer
 
 
 def chat_template(name: str, tokenizer: PreTrainedTokenizerBase, *, keys: DataConfig | None = None) -> Template:

@@ -39,14 +39,13 @@ from tuneline.core.serving.tool_calls import read_tool_calls
 
 if TYPE_CHECKING:
     from tuneline.core.serving.backends import Answer, GenerationEngine, Ticket
-    from tuneline.core.serving.engine import HuggingFaceEngine
     from tuneline.core.serving.scoring import ScoringEngine
 
 PAGE = Path(__file__).with_name("webchat.html")
 log = logging.getLogger(__name__)
 
 
-def create_app(engine: HuggingFaceEngine | None, *, model_name: str, api_key: str | None, page: bool = False,
+def create_app(engine: GenerationEngine | None, *, model_name: str, api_key: str | None, page: bool = False,
                root_path: str = "", scorer: ScoringEngine | None = None, limits: RequestLimits = RequestLimits(),
                allowed_hosts: Collection[str] | None = None) -> FastAPI:
     """The app serving `engine` (a model that generates) or `scorer` (a reward model) as `model_name`;
@@ -86,7 +85,7 @@ def create_app(engine: HuggingFaceEngine | None, *, model_name: str, api_key: st
         prepared = await run_in_threadpool(engine.prepare, chat)  # a template that cannot write the tools: 400
         completion_id, relay = f"chatcmpl-{uuid.uuid4().hex}", Relay()
         try:
-            tickets = engine.submit(prepared, copies=chat.n, write=relay.write if chat.stream else _ignore, done=relay.done)
+            tickets = engine.submit(prepared, copies=chat.n, write=relay.write if chat.stream else None, done=relay.done)
         except QueueFull as full:
             return busy_response(full)
         if chat.stream:
@@ -117,7 +116,7 @@ def _html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
-def _choice(index: int, answer: Answer, chat: ChatRequest, engine: HuggingFaceEngine) -> dict[str, Any]:
+def _choice(index: int, answer: Answer, chat: ChatRequest, engine: GenerationEngine) -> dict[str, Any]:
     """A choice of a whole answer; with tools, an answer in the template's tool-call format becomes `tool_calls`."""
     template = engine.renderer.template
     calls = read_tool_calls(answer.text, tool_format=template.tool_format) if chat.tools and template else None
@@ -156,10 +155,6 @@ async def _events(engine: GenerationEngine, ticket: Ticket, relay: Relay, *, com
         yield "data: [DONE]\n\n"
     finally:
         engine.cancel(ticket)
-
-
-def _ignore(_: str) -> None:
-    """A non-streamed answer's pieces: it is read whole."""
 
 
 def _add_error_handlers(app: FastAPI) -> None:

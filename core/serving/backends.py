@@ -73,6 +73,10 @@ class Ticket:
     submitted: float = field(default_factory=time.monotonic)
 
 
+def discard_text(_: str) -> None:
+    """The `write` of a request whose text is read only from its Answer."""
+
+
 class GenerationEngine(Protocol):
     """What the HTTP app needs of an engine that generates."""
 
@@ -82,9 +86,10 @@ class GenerationEngine(Protocol):
         """The prompt ids and settings of `request`; a RequestError when the prompt leaves no room to answer."""
         ...
 
-    def submit(self, prepared: Prepared, *, copies: int, write: Callable[[str], None],
+    def submit(self, prepared: Prepared, *, copies: int, write: Callable[[str], None] | None,
                done: Callable[[Answer | BaseException], None]) -> list[Ticket]:
-        """`copies` generations of `prepared`, queued together; QueueFull when the queue has no room for them."""
+        """`copies` generations of `prepared`, queued together; QueueFull when the queue has no room for them.
+        `write` None: the text is read only from the Answer (nothing is streamed)."""
         ...
 
     def cancel(self, ticket: Ticket) -> None:

@@ -59,6 +59,11 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def answer_seconds(self) -> float:
+        """A moving mean of how long an admitted request took to end."""
+        return self._answer_seconds
+
     def submit(self, tickets: Sequence[Ticket]) -> None:
         """Queue `tickets` together, or raise QueueFull (none queued) when the queue has no room for all."""
         with self._changed:
@@ -84,8 +89,7 @@ class Scheduler:
         self._thread.join(timeout)
 
     def _retry_after(self) -> int:
-        rounds = len(self._waiting) / max(self.decoder.capacity, 1) + 1
-        return max(1, math.ceil(rounds * self._answer_seconds))
+        return retry_seconds(len(self._waiting), self.decoder.capacity, self._answer_seconds)
 
     def _run(self) -> None:
         while True:
@@ -132,3 +136,10 @@ class Scheduler:
         for ticket in waiting:
             ticket.done(Cancelled())
         self.decoder.drop(list(self.decoder.rows), reason=Cancelled())
+
+
+def retry_seconds(waiting: int, capacity: int, answer_seconds: float) -> int:
+    """Seconds a refused client should wait: the rounds of `capacity` answers the `waiting` requests need,
+    and its own, at `answer_seconds` each."""
+    rounds = waiting / max(capacity, 1) + 1
+    return max(1, math.ceil(rounds * answer_seconds))

@@ -30,7 +30,6 @@ from tuneline.core.serving.guards import is_loopback
 from tuneline.core.serving.protocol import RequestLimits
 
 if TYPE_CHECKING:
-    from tuneline.core.serving.engine import HuggingFaceEngine
     from tuneline.core.serving.sources import ServedModel
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
@@ -163,25 +162,6 @@ def url_of(sock: socket.socket, host: str) -> str:
     return f"http://{shown}:{sock.getsockname()[1]}"
 
 
-def load_engine(served: ServedModel, *, max_batch: int = DEFAULT_MAX_BATCH, queue_size: int = DEFAULT_QUEUE_SIZE) -> HuggingFaceEngine:
-    """The served model loaded, its prompts rendered as its training template writes them (or with its
-    tokenizer's saved chat template when no template is named); `max_batch` requests decoded together,
-    `queue_size` more waiting."""
-    import torch
-
-    from tuneline.core.inference.chat import chat_template, load_chat_model
-    from tuneline.core.inference.prompts import PromptRenderer
-    from tuneline.core.serving.engine import HuggingFaceEngine
-
-    model, tokenizer = load_chat_model(served.source, template=served.template, keys=served.keys,
-                                       model_config=served.model_config)
-    if served.inference.infer_dtype != "auto":
-        model = model.to(getattr(torch, served.inference.infer_dtype))
-    template = chat_template(served.template, tokenizer, keys=served.keys) if served.template else None
-    return HuggingFaceEngine(model, PromptRenderer(tokenizer, template), defaults=served.generating, max_batch=max_batch,
-                             queue_size=queue_size)
-
-
 def torch_threads(env: Mapping[str, str], *, cores: int) -> int | None:
     """Torch's CPU threads for a server on `cores` cores: one fewer (at least one), leaving a core to the
     event loop that answers HTTP, unless OMP_NUM_THREADS sets them (None). A torch thread waiting for the
@@ -191,20 +171,18 @@ def torch_threads(env: Mapping[str, str], *, cores: int) -> int | None:
 
 
 def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
-    """Load the model and serve it until interrupted; prints the URL once requests are accepted."""
+    """Load the model and serve it until interrupted; prints the URL once requests are accepted. A model that
+    generates decodes in a child process (`engine_process.py`) while this one answers HTTP."""
     import os
 
-    import torch
     import uvicorn
 
     from tuneline.core.serving.app import create_app
-
+    from tuneline.core.serving.engine_process import EngineProcess
     from tuneline.core.serving.scoring import is_reward_model, load_scoring_engine
 
     cores = len(os.sched_getaffinity(0)) if sys.platform == "linux" else os.cpu_count() or 1  # the cores this process may use
     threads = torch_threads(os.environ, cores=cores)
-    if threads:
-        torch.set_num_threads(threads)
     rewarding = is_reward_model(served.source)
     if rewarding and page:
         raise ConfigError(f"'{served.source.describe()}' is a reward model, which scores texts and writes none, so there is "
@@ -212,26 +190,40 @@ def serve(served: ServedModel, settings: ServerSettings, *, page: bool) -> int:
     warning = exposure_warning(settings)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    sock = bind(settings)
-    engine, scorer = (None, load_scoring_engine(served.source, model_config=served.model_config)) if rewarding \
-        else (load_engine(served, max_batch=settings.max_batch, queue_size=settings.queue_size), None)
-    name = settings.model_name or served.name
-    if served.origin:
-        print(f"tuneline {'webchat' if page else 'api'}: {served.name} is {served.origin}", flush=True)
-    app = create_app(engine, model_name=name, api_key=settings.api_key, page=page, root_path=settings.root_path,
-                     scorer=scorer, limits=settings.limits, allowed_hosts=settings.checked_hosts)
-    url = url_of(sock, settings.host)
-    announce = (f"tuneline webchat: chat with {name} at {url}/" if page
-                else f"tuneline api: scoring with the reward model {name} at {url}/v1/score/evaluation" if rewarding
-                else f"tuneline api: serving {name} at {url}/v1 (OpenAI-compatible)")
+    # the decoding process starts first: forked before this one runs torch, it loads the model while the port is bound
+    engine = None if rewarding else EngineProcess(served, max_batch=settings.max_batch, queue_size=settings.queue_size,
+                                                   torch_threads=threads)
+    try:
+        sock = bind(settings)
+        if engine is not None:
+            engine.wait_until_ready()
+            scorer = None
+        else:
+            import torch
 
-    class AnnouncingServer(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                print(announce, flush=True)
+            if threads:
+                torch.set_num_threads(threads)
+            scorer = load_scoring_engine(served.source, model_config=served.model_config)
+        name = settings.model_name or served.name
+        if served.origin:
+            print(f"tuneline {'webchat' if page else 'api'}: {served.name} is {served.origin}", flush=True)
+        app = create_app(engine, model_name=name, api_key=settings.api_key, page=page, root_path=settings.root_path,
+                         scorer=scorer, limits=settings.limits, allowed_hosts=settings.checked_hosts)
+        url = url_of(sock, settings.host)
+        announce = (f"tuneline webchat: chat with {name} at {url}/" if page
+                    else f"tuneline api: scoring with the reward model {name} at {url}/v1/score/evaluation" if rewarding
+                    else f"tuneline api: serving {name} at {url}/v1 (OpenAI-compatible)")
 
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
-    AnnouncingServer(config).run(sockets=[sock])
+        class AnnouncingServer(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets=sockets)
+                if self.started:
+                    print(announce, flush=True)
+
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+        AnnouncingServer(config).run(sockets=[sock])
+    finally:
+        if engine is not None:
+            engine.close()
     sys.stdout.flush()
     return 0

@@ -24,7 +24,7 @@ WORDS = ("the model reads every token of the prompt before it writes a word of i
 
 def load(tiny_base: Path, *, max_batch: int, queue_size: int = 64):
     from tuneline.core.inference.chat import ModelSource
-    from tuneline.core.serving.server import load_engine
+    from tuneline.core.serving.engine import load_engine
     from tuneline.core.serving.sources import ServedModel
 
     served = ServedModel(ModelSource(str(tiny_base), None, str(tiny_base)), name="tiny", template="chatml", generating=GREEDY)
@@ -143,7 +143,7 @@ def test_max_tokens_is_bounded_by_the_context_left_after_the_prompt(tiny_base: P
 def test_beam_search_decodes_alone_through_generate(tiny_base: Path):
     from tuneline.core.inference.chat import ModelSource
     from tuneline.core.serving.decoding import SoloDecoder
-    from tuneline.core.serving.server import load_engine
+    from tuneline.core.serving.engine import load_engine
     from tuneline.core.serving.sources import ServedModel
 
     beams = dataclasses.replace(GREEDY, num_beams=3)

@@ -23,7 +23,7 @@ BODY = {"model": "tiny", "messages": [{"role": "user", "content": "What is 2 plu
 @pytest.fixture(scope="module")
 def engine(tiny_base: Path):
     from tuneline.core.inference.chat import ModelSource
-    from tuneline.core.serving.server import load_engine
+    from tuneline.core.serving.engine import load_engine
     from tuneline.core.serving.sources import ServedModel
 
     generating = GeneratingConfig(max_new_tokens=8, do_sample=False, repetition_penalty=3.0)

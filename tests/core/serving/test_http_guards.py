@@ -24,7 +24,7 @@ def app(tiny_base: Path):
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.inference.chat import ModelSource
     from tuneline.core.serving.app import create_app
-    from tuneline.core.serving.server import load_engine
+    from tuneline.core.serving.engine import load_engine
     from tuneline.core.serving.sources import ServedModel
 
     served = ServedModel(ModelSource(str(tiny_base), None, str(tiny_base)), name="tiny", template="chatml",

@@ -49,7 +49,7 @@ def client(taught: Path):
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.inference.chat import ModelSource
     from tuneline.core.serving.app import create_app
-    from tuneline.core.serving.server import load_engine
+    from tuneline.core.serving.engine import load_engine
     from tuneline.core.serving.sources import ServedModel
 
     served = ServedModel(ModelSource(str(taught), None, str(taught)), name="taught", template="qwen",

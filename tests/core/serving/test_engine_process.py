@@ -1,0 +1,145 @@
+"""The decoding engine in a child process (`tuneline api`'s engine): the same answers, text and ends as the
+engine in this process; the queue bounded in the server's process; a cancel that reaches the child; a
+child that dies ends the open requests with an error naming it; a model that cannot load is reported with
+its own error; `close` leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from tuneline.core.config import GeneratingConfig
+from tuneline.core.errors import ConfigError
+from tuneline.core.serving.backends import Answer, Cancelled, QueueFull
+from tuneline.core.serving.protocol import parse_chat_request
+
+pytestmark = pytest.mark.slow
+
+GREEDY = GeneratingConfig(max_new_tokens=12, do_sample=False, repetition_penalty=3.0)
+PROMPTS = ("What is 2 plus 2?", "Name a colour.", "the model reads every token of the prompt before it writes a word")
+
+
+def served_tiny(folder: Path, generating: GeneratingConfig = GREEDY):
+    from tuneline.core.inference.chat import ModelSource
+    from tuneline.core.serving.sources import ServedModel
+
+    return ServedModel(ModelSource(str(folder), None, str(folder)), name="tiny", template="chatml", generating=generating)
+
+
+def start(served, *, max_batch: int = 4, queue_size: int = 8):
+    from tuneline.core.serving.engine_process import EngineProcess
+
+    engine = EngineProcess(served, max_batch=max_batch, queue_size=queue_size, torch_threads=1)
+    engine.wait_until_ready()
+    return engine
+
+
+def chat(prompt: str, **extra) -> object:
+    import json
+
+    return parse_chat_request(json.dumps({"model": "tiny", "messages": [{"role": "user", "content": prompt}], **extra}).encode())
+
+
+class Collected:
+    """What a submitted request wrote and how it ended."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.outcome: Answer | BaseException | None = None
+        self.ended = threading.Event()
+
+    def write(self, piece: str) -> None:
+        self.pieces.append(piece)
+
+    def done(self, outcome: Answer | BaseException) -> None:
+        self.outcome = outcome
+        self.ended.set()
+
+    def wait(self) -> Answer | BaseException:
+        assert self.ended.wait(60), "the request never ended"
+        return self.outcome
+
+
+@pytest.fixture(scope="module")
+def child(tiny_base: Path):
+    engine = start(served_tiny(tiny_base))
+    yield engine
+    engine.close()
+
+
+def test_answers_and_streamed_text_equal_the_engine_in_this_process(child, tiny_base: Path):
+    from tuneline.core.serving.engine import load_engine
+
+    here = load_engine(served_tiny(tiny_base), max_batch=4)
+    try:
+        for prompt in PROMPTS:
+            expected = here.generate(here.prepare(chat(prompt)))
+            prepared = child.prepare(chat(prompt))
+            assert prepared == here.prepare(chat(prompt))  # rendered and bounded alike
+            streamed, whole = Collected(), Collected()
+            child.submit(prepared, write=streamed.write, done=streamed.done)
+            child.submit(prepared, done=whole.done)
+            assert streamed.wait() == expected and whole.wait() == expected
+            assert "".join(streamed.pieces) == expected.text and whole.pieces == []
+    finally:
+        here.close()
+
+
+def test_the_queue_is_bounded_here_and_a_cancel_reaches_the_child(tiny_base: Path):
+    long = GeneratingConfig(max_new_tokens=600, do_sample=False, repetition_penalty=1.0)  # runs for seconds
+    engine = start(served_tiny(tiny_base, long), max_batch=1, queue_size=1)
+    try:
+        prepared = engine.prepare(chat("Count on and on."))
+        running, waiting = Collected(), Collected()
+        [first] = engine.submit(prepared, done=running.done)
+        [second] = engine.submit(prepared, done=waiting.done)
+        with pytest.raises(QueueFull) as refused:
+            engine.submit(prepared, done=Collected().done)
+        assert refused.value.waiting == 1 and refused.value.retry_after >= 1
+        engine.cancel(second)
+        engine.cancel(first)
+        assert isinstance(waiting.wait(), Cancelled) and isinstance(running.wait(), Cancelled)
+        after = Collected()
+        engine.submit(engine.prepare(chat("Name a colour.", max_tokens=3)), done=after.done)
+        assert isinstance(after.wait(), Answer)  # the places the cancelled ones held are free again
+    finally:
+        engine.close()
+
+
+def test_a_child_that_dies_ends_open_requests_with_an_error_naming_it(tiny_base: Path):
+    long = GeneratingConfig(max_new_tokens=600, do_sample=False, repetition_penalty=1.0)
+    engine = start(served_tiny(tiny_base, long))
+    pid = engine.pid
+    try:
+        open_request = Collected()
+        engine.submit(engine.prepare(chat("Count on and on.")), done=open_request.done)
+        os.kill(pid, signal.SIGKILL)
+        ended = open_request.wait()
+        assert isinstance(ended, RuntimeError) and f"pid {pid}" in str(ended)
+        with pytest.raises(RuntimeError, match=f"pid {pid}"):
+            engine.submit(engine.prepare(chat("Name a colour.")), done=Collected().done)
+    finally:
+        engine.close()
+
+
+def test_a_model_that_cannot_load_is_reported_with_its_own_error_and_close_leaves_no_process(tiny_base: Path, tmp_path: Path):
+    import psutil
+
+    tokenizer_only = tmp_path / "tokenizer_only"
+    shutil.copytree(tiny_base, tokenizer_only, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    from tuneline.core.serving.engine_process import EngineProcess
+
+    engine = EngineProcess(served_tiny(tokenizer_only), max_batch=2, queue_size=2, torch_threads=1)
+    with pytest.raises(ConfigError):
+        engine.wait_until_ready()
+    assert not psutil.pid_exists(engine.pid) or psutil.Process(engine.pid).status() == psutil.STATUS_ZOMBIE
+
+    engine = start(served_tiny(tiny_base))
+    pid = engine.pid
+    engine.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
