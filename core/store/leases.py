@@ -1,13 +1,13 @@
 """Leases between hosts on an object store: one process at a time computes an artifact of a URL
 workspace, as `artifact_lock` (an `flock`, `core.store.locks`) does on a local one.
 
-    with remote_lease((fs, "s3://bucket/prefix"), "trained", key, on_wait=say_waiting) as lease:
+    with remote_lease(workspace, "sft", key, on_wait=say_waiting) as lease:
         ...  # compute, upload, commit; `lease.lost` says whether another host took it meanwhile
 
 `flock` cannot guard a bucket, so the lease is an object, `<url>/artifacts/<kind>/.<key>.lease`,
-made with the store's own conditional writes (S3's, through s3fs and botocore):
-- taken by a create-only write (`If-None-Match: *`): of two writers, the store lets one create it
-  and answers the other 412;
+written with the store's own conditional requests (S3's, through s3fs and botocore):
+- taken by a create-only write (`If-None-Match: *`): of two writers the store lets one create it
+  and answers the other 412 Precondition Failed;
 - holding who holds it (a fresh uuid, host, pid) and until when (created and expiry times in UTC
   from the holder's clock), renewed every ttl/3 by a daemon thread with an overwrite conditional on
   the ETag it last wrote (`If-Match`), so a renewal never overwrites another holder's lease;
@@ -19,10 +19,16 @@ the waiter's clock, or the waiter has seen the same object unchanged for the lea
 its own monotonic clock. The second rule needs no agreement between clocks and bounds what a
 holder killed with SIGKILL costs the next taker: at most its ttl after the kill. The first serves
 a lease left long ago at once. A holder that cannot renew for a whole ttl, or finds the lease
-taken, records why in `lease.lost` and stops renewing.
+taken, records why in `lease.lost` and stops renewing; the lease saves repeated work, and the
+artifact's commit (its manifest, uploaded last) stays safe without it.
 
-For a local workspace (a plain path) this is not the tool: `artifact_lock` is, whose lock the
-kernel frees when its holder dies.
+Every request goes through the workspace's retries (`RemoteWorkspace.attempt`): a store that does
+not answer becomes an `ObjectStoreError` naming the URL. An answer to a condition (412) is no
+outage and is not retried. If a write that landed is retried after its answer was lost, the store
+answers 412 to the retry; the lease then read back names this holder, which is how it is told.
+
+A local workspace (a plain path) does not use this: `artifact_lock` is its lock, and the kernel
+frees it when its holder dies.
 """
 
 from __future__ import annotations
@@ -38,14 +44,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem
+from tuneline.core.errors import ConfigError
+from tuneline.core.store.location import WorkspaceLocation
+from tuneline.core.store.remote import RemoteWorkspace
 
 LEASE_TTL_S = 30.0  # how long a lease lasts unrenewed: what a killed holder costs the next taker
 CLOCK_SKEW_S = 30.0  # how far two hosts' clocks may disagree before an expiry is trusted
 _POLL_START_S = 0.05
+_CONDITIONAL_PROTOCOLS = ("s3", "s3a")  # stores whose conditional writes are reached (s3fs, botocore)
+T = TypeVar("T")
 
 _LOG = logging.getLogger(__name__)
 
@@ -118,54 +127,65 @@ class SeenLease:
 
 
 class LeaseObject:
-    """One lease object on an S3 store (s3fs), written and removed only under the store's
-    conditions; a condition that fails is an answer (None or False), any other error is raised."""
+    """One lease object on an S3 workspace, written and removed only under the store's conditions:
+    a condition that fails is an answer (None or False); a store that does not answer is retried,
+    then an ObjectStoreError."""
 
-    def __init__(self, fs: AbstractFileSystem, url: str) -> None:
-        self.fs = fs
+    def __init__(self, workspace: RemoteWorkspace, url: str) -> None:
+        self.workspace = workspace
         self.url = url
-        self.bucket, self.key, _ = fs.split_path(url)
+        self.bucket, self.key, _ = workspace.filesystem.split_path(url)
 
     def create(self, record: LeaseRecord) -> str | None:
         """The new object's ETag, or None when one exists already (`If-None-Match: *`)."""
-        return self._put(record, mode="create")
+        return self._put("taking the lease", record, mode="create")
 
     def replace(self, record: LeaseRecord, etag: str) -> str | None:
         """The new ETag, or None when the object is gone or no longer the one with `etag`."""
-        return self._put(record, IfMatch=etag)
+        return self._put("renewing the lease", record, IfMatch=etag)
 
     def delete(self, etag: str) -> bool:
-        """Delete the object only if it is still the one with `etag`."""
+        """Delete the object only if it is still the one with `etag`; False when it is not, or gone."""
+        fs = self.workspace.filesystem
+
+        def delete() -> bool:
+            fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=etag)
+            fs.invalidate_cache(self.url)
+            return True
+
         try:
-            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=etag)
-        except OSError as error:
-            if precondition_failed(error):
-                return False
-            raise
-        self.fs.invalidate_cache(self.url)
-        return True
+            return self._attempt("releasing the lease", delete, refused=False)
+        except FileNotFoundError:
+            return False
 
     def read(self) -> SeenLease | None:
         """The object with the ETag of that very body (one GET), or None when there is none."""
         from fsspec.asyn import sync
 
+        fs = self.workspace.filesystem
         try:
-            body, etag = sync(self.fs.loop, self._get)
+            body, etag = self.workspace.attempt("reading the lease", self.url, lambda: sync(fs.loop, self._get))
         except FileNotFoundError:
             return None
         return SeenLease(LeaseRecord.parse(body), etag)
 
-    def _put(self, record: LeaseRecord, **condition: str) -> str | None:
-        try:
-            response = self.fs.pipe_file(self.url, record.to_bytes(), **condition)
-        except OSError as error:
-            if precondition_failed(error):
-                return None
-            raise
-        return response["ETag"]
+    def _put(self, what: str, record: LeaseRecord, **condition: str) -> str | None:
+        fs = self.workspace.filesystem
+        return self._attempt(what, lambda: fs.pipe_file(self.url, record.to_bytes(), **condition)["ETag"], refused=None)
+
+    def _attempt(self, what: str, request: Callable[[], T], *, refused: T) -> T:
+        def answered() -> T:
+            try:
+                return request()
+            except OSError as error:
+                if precondition_failed(error):
+                    return refused
+                raise
+
+        return self.workspace.attempt(what, self.url, answered)
 
     async def _get(self) -> tuple[bytes, str]:
-        response = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key)
+        response = await self.workspace.filesystem._call_s3("get_object", Bucket=self.bucket, Key=self.key)
         try:
             body = await response["Body"].read()
         finally:
@@ -274,23 +294,30 @@ class _Staleness:
 
 @contextmanager
 def remote_lease(
-    store: tuple[AbstractFileSystem, str],
+    workspace: RemoteWorkspace | WorkspaceLocation,
     kind: str,
     key: str,
     *,
     ttl_s: float = LEASE_TTL_S,
     on_wait: Callable[[], None] | None = None,
 ) -> Iterator[RemoteLease]:
-    """Hold the lease on one artifact key of the workspace at `store` (an s3fs filesystem and the
-    workspace's `s3://bucket/prefix` URL) across hosts, waiting while another holder has it;
-    `on_wait` is called once if this one has to wait. Renewed every `ttl_s / 3` while held, deleted
-    on leaving if still this holder's. A local workspace uses `artifact_lock` instead."""
-    fs, workspace_url = store
-    if "s3" not in fs.protocol:
-        raise ValueError(f"leases need an S3 store's conditional writes; {workspace_url} is on {fs.protocol!r}")
+    """Hold the lease on one artifact key of an S3 workspace across hosts, waiting while another
+    holder has it; `on_wait` is called once if this one has to wait. Renewed every `ttl_s / 3` while
+    held, deleted on leaving if still this holder's. A local workspace uses `artifact_lock`."""
+    if isinstance(workspace, WorkspaceLocation):
+        if not workspace.is_remote:
+            raise ValueError(f"{workspace} is a local workspace: its lock is artifact_lock")
+        workspace = RemoteWorkspace(workspace)
+    location = workspace.location
+    if location.protocol not in _CONDITIONAL_PROTOCOLS:
+        raise ConfigError(
+            f"workspace {location.url}: stages on several hosts agree on who computes an artifact through the "
+            f"store's conditional writes (If-None-Match, If-Match), which tuneline uses on S3 stores only; give an "
+            f"s3:// workspace (AWS S3 or any S3-compatible store: MinIO, SeaweedFS, Ceph, R2)."
+        )
     if ttl_s <= 0:
         raise ValueError(f"a lease's ttl must be positive, not {ttl_s}")
-    lease = LeaseObject(fs, lease_url(workspace_url, kind, key))
+    lease = LeaseObject(workspace, lease_url(location.url, kind, key))
     held = _take_lease(lease, holder=uuid.uuid4().hex, ttl_s=ttl_s, on_wait=on_wait)
     held._start_renewing()
     try:

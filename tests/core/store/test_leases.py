@@ -15,22 +15,26 @@ from pathlib import Path
 
 import pytest
 
+from tuneline.core.errors import ConfigError, ObjectStoreError
 from tuneline.core.store.leases import LeaseObject, LeaseRecord, lease_url, new_record, remote_lease
+from tuneline.core.store.location import parse_workspace
+from tuneline.core.store.remote import RemoteWorkspace, RetryPolicy
 
 pytestmark = pytest.mark.slow
 
 HOLD = """
 import os, sys, time
-import s3fs
 from tuneline.core.store.leases import remote_lease
-bucket, ttl_s, hold_s, rounds, log, go = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:]
-fs = s3fs.S3FileSystem(skip_instance_cache=True)  # endpoint and keys from the AWS_* variables
-fs.exists(bucket)  # connected before the start
+from tuneline.core.store.location import parse_workspace
+from tuneline.core.store.remote import RemoteWorkspace, RetryPolicy
+url, ttl_s, hold_s, rounds, log, go = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:]
+workspace = RemoteWorkspace(parse_workspace(url))  # endpoint and keys from the AWS_* variables
+workspace.filesystem.exists(url)  # connected before the start
 print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.01)
 for _ in range(rounds):
-    with remote_lease((fs, bucket), "trained", "sft-1", ttl_s=ttl_s, on_wait=lambda: print("waiting", flush=True)):
+    with remote_lease(workspace, "trained", "sft-1", ttl_s=ttl_s, on_wait=lambda: print("waiting", flush=True)):
         with open(log, "a") as out:
             out.write(f"enter {os.getpid()}\\n")
         print("held", flush=True)
@@ -47,10 +51,10 @@ def bucket(s3_store):
 
 
 @pytest.fixture()
-def workspace(bucket, request):
+def workspace(bucket, request) -> RemoteWorkspace:
     """A workspace of its own for each test, in the module's bucket, through one client."""
     fs, url = bucket
-    return fs, f"{url}/{request.node.name}"
+    return RemoteWorkspace(parse_workspace(f"{url}/{request.node.name}"), filesystem=fs)
 
 
 def holder_process(s3_store, bucket: str, *, ttl_s: float, hold_s: float, rounds: int, log: Path, go: Path) -> subprocess.Popen:
@@ -61,9 +65,8 @@ def holder_process(s3_store, bucket: str, *, ttl_s: float, hold_s: float, rounds
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
 
 
-def the_lease(workspace) -> LeaseObject:
-    fs, bucket = workspace
-    return LeaseObject(fs, lease_url(bucket, "trained", "sft-1"))
+def the_lease(workspace: RemoteWorkspace) -> LeaseObject:
+    return LeaseObject(workspace, lease_url(workspace.location.url, "trained", "sft-1"))
 
 
 def test_threads_hold_it_one_at_a_time(workspace):
@@ -93,7 +96,7 @@ def test_threads_hold_it_one_at_a_time(workspace):
 
 def test_processes_hold_it_one_at_a_time(workspace, s3_store, tmp_path):
     log, go = tmp_path / "entries.log", tmp_path / "go"
-    holders = [holder_process(s3_store, workspace[1], ttl_s=2, hold_s=0.15, rounds=2, log=log, go=go) for _ in range(2)]
+    holders = [holder_process(s3_store, workspace.location.url, ttl_s=2, hold_s=0.15, rounds=2, log=log, go=go) for _ in range(2)]
     assert [holder.stdout.readline().strip() for holder in holders] == ["ready", "ready"]
     go.touch()  # both contend from the same moment
     outputs = [holder.communicate(timeout=60)[0] for holder in holders]
@@ -110,7 +113,7 @@ def test_a_killed_holder_blocks_the_next_for_its_ttl_and_no_longer(workspace, s3
     ttl_s = 2.0
     go = tmp_path / "go"
     go.touch()
-    holder = holder_process(s3_store, workspace[1], ttl_s=ttl_s, hold_s=600, rounds=1, log=tmp_path / "log", go=go)
+    holder = holder_process(s3_store, workspace.location.url, ttl_s=ttl_s, hold_s=600, rounds=1, log=tmp_path / "log", go=go)
     assert holder.stdout.readline().strip() == "ready" and holder.stdout.readline().strip() == "held"
     time.sleep(0.8)  # renewed at least once
     os.kill(holder.pid, signal.SIGKILL)
@@ -129,7 +132,7 @@ def test_a_killed_holder_blocks_the_next_for_its_ttl_and_no_longer(workspace, s3
 
 
 def test_renewal_keeps_a_long_holder_past_several_ttls(workspace):
-    ttl_s, hold_s = 1.0, 3.0
+    ttl_s, hold_s = 1.0, 2.5
     held, released, taken, waited = threading.Event(), [], [], []
 
     def hold() -> None:
@@ -149,7 +152,7 @@ def test_renewal_keeps_a_long_holder_past_several_ttls(workspace):
     holder.join(timeout=30)
     (lost, first, last), released_at = released
     assert lost is None and waited == [True]
-    assert taken[0] >= released_at  # waited the whole hold, three ttls
+    assert taken[0] >= released_at  # waited the whole hold, two and a half ttls
     assert last.record.holder == first.record.holder and last.etag != first.etag
     assert last.record.expires - first.record.expires > timedelta(seconds=hold_s - ttl_s)
 
@@ -157,15 +160,15 @@ def test_renewal_keeps_a_long_holder_past_several_ttls(workspace):
 def test_a_lease_taken_by_another_is_neither_renewed_nor_deleted(workspace):
     other = new_record("another-holder", 60.0)
     with remote_lease(workspace, "trained", "sft-1", ttl_s=0.6) as lease:
-        workspace[0].pipe_file(lease.url, other.to_bytes())  # another host's take-over, as the store sees it
+        workspace.filesystem.pipe_file(lease.url, other.to_bytes())  # another host's take-over, as the store sees it
         time.sleep(0.5)  # a renewal finds it
         assert lease.lost is not None and "another-holder" in lease.lost
     assert the_lease(workspace).read().record == other
 
     # released before any renewal looks: the delete, conditional on its own ETag, leaves it too
-    workspace[0].rm_file(lease.url)
+    workspace.filesystem.rm_file(lease.url)
     with remote_lease(workspace, "trained", "sft-1", ttl_s=60) as lease:
-        workspace[0].pipe_file(lease.url, other.to_bytes())
+        workspace.filesystem.pipe_file(lease.url, other.to_bytes())
     assert lease.lost is None and the_lease(workspace).read().record == other
 
 
@@ -179,3 +182,26 @@ def test_a_lease_expired_long_ago_is_taken_at_once(workspace):
         assert time.monotonic() - started < 1.0 and waited == []
         assert the_lease(workspace).read().record.holder == lease.holder
     assert the_lease(workspace).read() is None
+
+
+def test_a_store_that_does_not_answer_is_named(s3_store):
+    from object_store_server import free_port
+
+    import s3fs
+
+    unreachable = s3fs.S3FileSystem(key="k", secret="s", endpoint_url=f"http://127.0.0.1:{free_port()}", skip_instance_cache=True,
+                                    config_kwargs={"retries": {"max_attempts": 1}}, client_kwargs={"region_name": "us-east-1"})
+    unreachable.retries = 1
+    workspace = RemoteWorkspace(parse_workspace("s3://gone/team"), filesystem=unreachable, retry=RetryPolicy(attempts=1))
+    with pytest.raises(ObjectStoreError, match="taking the lease s3://gone/team/artifacts/trained/.sft-1.lease failed 1 times"):
+        with remote_lease(workspace, "trained", "sft-1"):
+            pass
+
+
+def test_only_s3_workspaces_take_leases(tmp_path):
+    with pytest.raises(ConfigError, match="gs://bucket/team: .* s3:// workspace"):
+        with remote_lease(parse_workspace("gs://bucket/team"), "trained", "sft-1"):
+            pass
+    with pytest.raises(ValueError, match="local workspace: its lock is artifact_lock"):
+        with remote_lease(parse_workspace(str(tmp_path)), "trained", "sft-1"):
+            pass
