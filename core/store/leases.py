@@ -83,10 +83,11 @@ class LeaseRecord:
 
     @classmethod
     def parse(cls, body: bytes) -> LeaseRecord | None:
-        """The record in `body`, or None for one that is not a lease this module wrote."""
+        """The record in `body`, or None for one that is not a lease this module wrote (a waiter then
+        judges it by how long it stays unchanged)."""
         try:
             fields = json.loads(body)
-            return cls(
+            record = cls(
                 holder=str(fields["holder"]),
                 host=str(fields["host"]),
                 pid=int(fields["pid"]),
@@ -96,6 +97,7 @@ class LeaseRecord:
             )
         except (ValueError, TypeError, KeyError):
             return None
+        return record if record.expires.tzinfo is not None and record.ttl_s > 0 else None
 
     def describe(self) -> str:
         return f"holder {self.holder} (pid {self.pid} on {self.host}, expires {self.expires.isoformat()})"
@@ -142,7 +144,7 @@ class LeaseObject:
 
     def replace(self, record: LeaseRecord, etag: str) -> str | None:
         """The new ETag, or None when the object is gone or no longer the one with `etag`."""
-        return self._put("renewing the lease", record, IfMatch=etag)
+        return self._put("writing the lease", record, IfMatch=etag)
 
     def delete(self, etag: str) -> bool:
         """Delete the object only if it is still the one with `etag`; False when it is not, or gone."""

@@ -110,12 +110,12 @@ def test_processes_hold_it_one_at_a_time(workspace, s3_store, tmp_path):
 
 
 def test_a_killed_holder_blocks_the_next_for_its_ttl_and_no_longer(workspace, s3_store, tmp_path):
-    ttl_s = 2.0
+    ttl_s = 1.5
     go = tmp_path / "go"
     go.touch()
     holder = holder_process(s3_store, workspace.location.url, ttl_s=ttl_s, hold_s=600, rounds=1, log=tmp_path / "log", go=go)
     assert holder.stdout.readline().strip() == "ready" and holder.stdout.readline().strip() == "held"
-    time.sleep(0.8)  # renewed at least once
+    time.sleep(0.6)  # renewed at least once (every ttl/3)
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait(timeout=10)
     killed = time.monotonic()
@@ -205,3 +205,12 @@ def test_only_s3_workspaces_take_leases(tmp_path):
     with pytest.raises(ValueError, match="local workspace: its lock is artifact_lock"):
         with remote_lease(parse_workspace(str(tmp_path)), "trained", "sft-1"):
             pass
+
+
+def test_an_object_that_is_no_lease_is_taken_once_unchanged_for_a_ttl(workspace):
+    workspace.filesystem.pipe_file(the_lease(workspace).url, b"not a lease")
+    waited = []
+    started = time.monotonic()
+    with remote_lease(workspace, "trained", "sft-1", ttl_s=0.5, on_wait=lambda: waited.append(True)) as lease:
+        assert 0.5 <= time.monotonic() - started < 1.5 and waited == [True]
+        assert the_lease(workspace).read().record.holder == lease.holder
