@@ -65,9 +65,9 @@ def parse_workspace(text: str | Path, *, source: str | None = None) -> Workspace
     from fsspec.registry import known_implementations, registry
 
     if protocol not in known_implementations and protocol not in registry:
-        known = set(known_implementations) | set(registry)
-        raise ConfigError(f"workspace {text!r}: {unknown_name_message('URL scheme', protocol, known)} Give a local folder "
-                          "or an object-store URL such as s3://bucket/prefix.", source=source)
+        unknown = unknown_name_message("URL scheme", protocol, set(known_implementations) | set(registry)).rstrip(".")
+        raise ConfigError(f"workspace {text!r}: {unknown}{'' if unknown.endswith('?') else '.'} Give a local folder or an "
+                          "object-store URL such as s3://bucket/prefix.", source=source)
     if not rest.strip("/"):
         raise ConfigError(f"workspace {text!r}: the URL names no bucket or container; give one, e.g. {protocol}://bucket/prefix.",
                           source=source)

@@ -27,7 +27,10 @@ S3_OPTIONS = {"max_concurrency": 8, "default_block_size": 16 << 20,
               # one connection attempt per try here: the waits between tries are `RetryPolicy`'s
               "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 1}}}
 _FILESYSTEM_OPTIONS: Mapping[str, Mapping[str, Any]] = {"s3": S3_OPTIONS, "s3a": S3_OPTIONS}
-_NOT_TRANSIENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ObjectStoreError)
+_ANSWERS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)  # the store answered: no retry
+# The client libraries whose own exception classes mean "no answer" (a refused connection, a timeout):
+# fsspec backends raise them as they are, or as OSError.
+_CLIENT_PACKAGES = {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "azure"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,15 @@ class RetryPolicy:
 
     def waits(self) -> list[float]:
         return [self.first_wait_s * 2**n for n in range(self.attempts - 1)]
+
+
+def transient(error: Exception) -> bool:
+    """Whether `error` may pass if the request is sent again: a failure to reach the store or a
+    5xx/throttling answer (OSError, or the client library's own class), not an answer such as
+    "no such object", and not tuneline's own ObjectStoreError."""
+    if isinstance(error, (*_ANSWERS, ObjectStoreError)):
+        return False
+    return isinstance(error, OSError) or type(error).__module__.split(".")[0] in _CLIENT_PACKAGES
 
 
 class RemoteWorkspace:
@@ -72,9 +84,9 @@ class RemoteWorkspace:
         for wait_s in [*self.retry.waits(), None]:
             try:
                 return operation()
-            except _NOT_TRANSIENT:
-                raise
-            except Exception as error:  # noqa: BLE001 - fsspec backends raise their own classes; all are store failures
+            except Exception as error:
+                if not transient(error):
+                    raise
                 if wait_s is None:
                     raise ObjectStoreError(
                         f"the object store did not answer: {what} {url} failed {self.retry.attempts} times over "
