@@ -45,6 +45,8 @@ class Row:
         self.ids = torch.zeros((1, len(prompt) + self.budget), dtype=torch.long, device=model.device)
         self.ids[0, :len(prompt)] = torch.tensor(prompt)
         self.length, self.last = len(prompt), prompt[-1]
+        self.tokens = list(prompt)
+        """Prompt and answer so far; `ids` holds them as a tensor only where the row's own processors read it."""
         self.kwargs, self.eos = kwargs, frozenset(kwargs["eos_token_id"])
         self.processors, self.sampling = _processors(model, kwargs, self.ids[:, :len(prompt)])
         self.penalty = None if self.sampling else _only_penalty(self.processors)
@@ -63,7 +65,7 @@ class Row:
 
     @property
     def new_ids(self) -> list[int]:
-        return self.ids[0, self.prompt_length:self.length].tolist()
+        return self.tokens[self.prompt_length:]
 
     def choose(self, logits: torch.Tensor) -> int:
         """The next token from this row's (1, vocab) float32 logits."""
@@ -78,7 +80,9 @@ class Row:
 
     def push(self, token: int) -> bool:
         """Append `token`; True when the answer has ended (a stop token, its budget, a stop string)."""
-        self.ids[0, self.length] = token
+        if self.penalty is None:  # its own processors read its ids; a batch-penalized row's tensor stays the prompt
+            self.ids[0, self.length] = token
+        self.tokens.append(token)
         self.length, self.last = self.length + 1, token
         if token in self.eos:
             self.ended_by_stop = True
@@ -256,7 +260,7 @@ class BatchDecoder:
         for rows, *_ in joining:
             held = torch.zeros((len(rows), self.vocabulary + 1), dtype=torch.bool, device=device)
             for i, row in enumerate(rows):
-                held[i, row.ids[0, :row.length].clamp(max=self.vocabulary)] = True
+                held[i, torch.tensor(row.tokens, device=device).clamp(max=self.vocabulary)] = True
             seen.append(held)
             penalties.append(torch.tensor([[row.penalty or 1.0] for row in rows], dtype=torch.float32, device=device))
         index = [None if chosen is None else torch.tensor(chosen, device=device) for _, _, _, chosen in parts]
