@@ -164,6 +164,16 @@ def busy_share(pid: int, *, seconds: float = 1.0) -> float:
     return (sum(sum(process.cpu_times()[:2]) for process in processes) - before) / seconds
 
 
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server's HTTP process, its decoding process and this process (the clients)."""
+    import psutil
+
+    server = psutil.Process(pid)
+    used = lambda process: sum(process.cpu_times()[:2])  # noqa: E731
+    return {"HTTP process": used(server), "decoding process": sum(used(child) for child in server.children(recursive=True)),
+            "clients": used(psutil.Process())}
+
+
 def rss_mib(pid: int) -> float:
     import psutil
 
@@ -210,6 +220,8 @@ class Measured:
     rss_after: float
     rss_sequential: float
     busy_after: float
+    cpu: dict[str, float]
+    """CPU seconds each process spent during the concurrent run."""
     """The server's CPU share in the second after the concurrent run (dropped streams must not go on)."""
     log: Path
     """The server's output (read before the temporary folder goes)."""
@@ -247,15 +259,17 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[Measured, Reference
         print(f"warm-up: {len(warm_plan)} requests in {warm_wall:.1f} s ({statuses_line(warm_outcomes)})")
         probe = Probe(url)
         probe.start()
+        before = cpu_seconds(process.pid)
         try:
             outcomes, wall = run_all(url, plan, clients=args.clients)
         finally:
             probe.stopped.set()
             probe.join()
+        cpu = {role: seconds - before[role] for role, seconds in cpu_seconds(process.pid).items()}
         rss_after, busy_after = rss_mib(process.pid), busy_share(process.pid)
         sequential, sequential_wall = run_all(url, [o.planned for o in full_answers(outcomes)], clients=1)
         return Measured(outcomes, wall, sequential, sequential_wall, probe.latencies, rss_warm, rss_after,
-                        rss_mib(process.pid), busy_after, log), reference
+                        rss_mib(process.pid), busy_after, cpu, log), reference
     finally:
         stop_server(process)
 
@@ -283,6 +297,8 @@ def report(measured: Measured, reference: Reference, *, min_speedup: float) -> l
     print(f"  latency of full answers: p50 {percentile(latencies, 0.5):.2f} s, p99 {percentile(latencies, 0.99):.2f} s")
     print(f"  answers equal to the greedy reference: {equal}/{len(answered)}")
     print(f"  /v1/models: {len(m.probe_latencies)} probes, max {probe_max:.3f} s (goal < {PROBE_LIMIT:.0f} s)")
+    print(f"  CPU seconds in it: " + ", ".join(f"{role} {seconds:.2f}" for role, seconds in m.cpu.items())
+          + f" (of {m.wall * (os.cpu_count() or 1):.2f} on {os.cpu_count()} cores)")
     print(f"  server CPU in the second after the run: {m.busy_after:.0%} (goal < {IDLE_LIMIT:.0%}: dropped streams "
           "generate no more)")
     print(f"sequential: the {len(m.sequential)} full answers again, one at a time, in {m.sequential_wall:.1f} s "
