@@ -127,16 +127,23 @@ class RemoteWorkspace:
                                    f"{self.location.url}` to mark it, and the next run computes it again.")
         return judged
 
-    def list_files(self) -> dict[str, int]:
-        """Every object under `<url>/artifacts/`, by its path below it (`kind/key/name`), with its size."""
+    def list_files(self, below: str = "") -> dict[str, int]:
+        """Every object under `<url>/artifacts/` (under `<url>/artifacts/<below>/` when given), by its
+        path below `artifacts/` (`kind/key/name`), with its size."""
         root = self.location.artifacts_url()
+        folder = f"{root}/{below}" if below else root
         try:
-            found = self.attempt("listing", root, lambda: self.filesystem.find(root, detail=True))
+            found = self.attempt("listing", folder, lambda: self.filesystem.find(folder, detail=True))
         except FileNotFoundError:
             return {}
         prefix = self.filesystem._strip_protocol(root).rstrip("/") + "/"
         return {path[len(prefix):]: int(info.get("size") or 0) for path, info in found.items()
                 if path.startswith(prefix) and info.get("type", "file") == "file"}
+
+    def folder_files(self, kind: str, key: str) -> dict[str, int]:
+        """The objects of one artifact folder, by name inside it, with their sizes (one listing)."""
+        prefix = f"{kind}/{key}/"
+        return {path[len(prefix):]: size for path, size in self.list_files(f"{kind}/{key}").items() if path.startswith(prefix)}
 
     def remove(self, urls: list[str]) -> None:
         for url in urls:

@@ -2,7 +2,8 @@
 
 `publish_artifact` uploads a finished local artifact: every file its manifest lists, then the
 manifest, which is the commit: an upload cut short leaves objects that no reader trusts, and
-publishing again completes it. A key already published (its manifest is there) is left as it is:
+publishing again completes it (removing first what the folder holds that the manifest does not
+list: a file of the cut-short upload, or `tuneline verify`'s note on a damaged copy). A key already published (its manifest is there) is left as it is:
 keys are content-addressed, so it is the same artifact.
 
 `fetch_artifact` brings an artifact into the cache, where it is a folder exactly as in a local
@@ -51,6 +52,10 @@ def publish_artifact(remote: RemoteWorkspace, artifact: Artifact) -> str:
     if table is None:
         raise ObjectStoreError(f"{artifact.path}/{MANIFEST} lists no files (written by an older tuneline), so it cannot be "
                                f"checked after an upload to {url}; run the stage again to recompute it.")
+    # What an earlier attempt left that this artifact does not hold (a file of an upload cut short,
+    # verify's note on a damaged copy) goes first: the folder ends up holding the manifest's files alone.
+    stale = set(remote.folder_files(kind, key)) - set(table) - {MANIFEST}
+    remote.remove([f"{url}/{name}" for name in sorted(stale)])
     for name in table:
         source, target = str(artifact.path / name), f"{url}/{name}"
         remote.attempt("uploading", target, lambda source=source, target=target: remote.filesystem.put_file(source, target))

@@ -65,6 +65,11 @@ def test_verify_marks_the_damaged_artifacts_in_the_store(workspace, capsys, tmp_
     code, out, _ = tuneline(capsys, "verify", "--workspace", url)
     assert code == 0 and f"workspace {url}: 2 artifact(s) verified, 0 damaged" in out
 
+    publish_artifact(workspace, find_artifact(tmp_path / "writer", "sft", ALTERED))  # recomputed: published again
+    assert set(workspace.folder_files("sft", ALTERED)) == {"weights.bin", MANIFEST}  # verify's note went first
+    code, out, _ = tuneline(capsys, "verify", "--workspace", url)
+    assert code == 0 and f"workspace {url}: 3 artifact(s) verified, 0 damaged" in out
+
 
 def test_gc_keeps_what_recent_runs_use_and_removes_the_rest_from_the_store(workspace, capsys, tmp_path, monkeypatch):
     url = workspace.location.url
