@@ -88,12 +88,13 @@ def _download(remote: RemoteWorkspace, kind: str, key: str, manifest: dict[str, 
         for name in manifest["files"]:
             source, target = f"{url}/{name}", draft / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            remote.attempt("downloading", source,
-                           lambda source=source, target=target: remote.filesystem.get_file(source, str(target)))
+            try:
+                remote.attempt("downloading", source,
+                               lambda source=source, target=target: remote.filesystem.get_file(source, str(target)))
+            except FileNotFoundError as e:
+                raise _refused(remote, url, [f"{name}: missing"]) from e
         if problems := content_problems(draft, manifest, manifest_name=MANIFEST):
-            raise ObjectStoreError(f"the artifact {url} differs from its {MANIFEST} in the object store, so it is not "
-                                   f"served: {'; '.join(problems)}. Run `tuneline verify --workspace {remote.location.url}` "
-                                   "to mark it, and the next run computes it again.")
+            raise _refused(remote, url, problems)
         seal(draft)  # the files on disk before the manifest that vouches for them, as a writer's
         write_durably(draft / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
         fsync_path(draft)
@@ -111,6 +112,12 @@ def _download(remote: RemoteWorkspace, kind: str, key: str, manifest: dict[str, 
     finally:
         shutil.rmtree(draft, ignore_errors=True)
     return Artifact(final, manifest)
+
+
+def _refused(remote: RemoteWorkspace, url: str, problems: list[str]) -> ObjectStoreError:
+    return ObjectStoreError(f"the artifact {url} differs from its {MANIFEST} in the object store, so it is not served: "
+                            f"{'; '.join(problems)}. Run `tuneline verify --workspace {remote.location.url}` to mark it, "
+                            "and the next run computes it again.")
 
 
 def _same_artifact(cache: Path, kind: str, key: str, manifest: dict[str, Any]) -> Artifact | None:

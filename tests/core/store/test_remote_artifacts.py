@@ -87,23 +87,26 @@ def test_a_publish_interrupted_before_the_manifest_leaves_nothing_a_reader_trust
     assert fetch_artifact(remote, KIND, "b2" * 8, cache=tmp_path / "reader-cache").manifest == artifact.manifest
 
 
-@pytest.mark.parametrize("damage", ["truncated", "altered"])
+@pytest.mark.parametrize("damage", ["truncated", "altered", "deleted"])
 def test_a_damaged_object_is_refused_by_name(remote, s3_store, tmp_path, damage):
-    key = ("c3" if damage == "truncated" else "d4") * 8
+    key = {"truncated": "c3", "altered": "d4", "deleted": "d5"}[damage] * 8
     publish_artifact(remote, local_artifact(tmp_path / "writer", key, FILES))
     name = "adapter_model.safetensors"
     url = f"{remote.location.url}/artifacts/{KIND}/{key}/{name}"
     original = FILES[name]
-    changed = original[:1000] if damage == "truncated" else original[:500] + bytes([original[500] ^ 1]) + original[501:]
-    s3_store.filesystem().pipe_file(url, changed)
+    if damage == "deleted":
+        s3_store.filesystem().rm_file(url)
+    else:
+        changed = original[:1000] if damage == "truncated" else original[:500] + bytes([original[500] ^ 1]) + original[501:]
+        s3_store.filesystem().pipe_file(url, changed)
 
     with pytest.raises(ObjectStoreError) as refused:
         fetch_artifact(remote, KIND, key, cache=tmp_path / "reader-cache")
 
     message = str(refused.value)
     assert f"{remote.location.url}/artifacts/{KIND}/{key}" in message
-    expected = (f"{name}: 1000 bytes, manifest says {len(original)}" if damage == "truncated"
-                else f"{name}: content changed (same size, sha256 differs from the manifest's)")
+    expected = {"truncated": f"{name}: 1000 bytes, manifest says {len(original)}", "deleted": f"{name}: missing",
+                "altered": f"{name}: content changed (same size, sha256 differs from the manifest's)"}[damage]
     assert expected in message
     kind_dir = tmp_path / "reader-cache/artifacts" / KIND
     assert find_artifact(tmp_path / "reader-cache", KIND, key) is None
