@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import time
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 from tuneline.flows.eval_command import add_eval_parser
@@ -47,7 +48,8 @@ _QUIET_ENV = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "MLFLOW_LOGGING_LEVEL": "WARNING",
 }
-DEMO_PIPELINE = Path(__file__).resolve().parent.parent / "data" / "demo_pipeline.yaml"
+# Shipped as package data (the repository's data/), so the demo runs from an installed wheel too.
+DEMO_PIPELINE = Path(str(files("tuneline.data") / "demo_pipeline.yaml"))
 
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

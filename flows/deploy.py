@@ -3,8 +3,9 @@
     tuneline deploy [--prefect-file FILE] [--pool NAME]
 
 Creates each process work pool the deployments name (or `--pool`) if it is missing, then runs
-`prefect deploy --all` from the repository root, so that Prefect records a `set_working_directory`
-pull step to that root: a process worker then runs every flow there, where the entrypoint
+`prefect deploy --all` from the folder that holds flows/ and data/ (the repository root in a checkout,
+the installed `tuneline` package's folder otherwise), so that Prefect records a `set_working_directory`
+pull step to that folder: a process worker then runs every flow there, where the entrypoint
 (`flows/pipeline.py:pipeline_flow`) and the relative parameters (`data/demo_pipeline.yaml`,
 `workspace`) resolve.
 """
@@ -15,14 +16,17 @@ import os
 import subprocess
 import sys
 import tempfile
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
 
 from tuneline.core.errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PREFECT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
+# flows/, data/ and deployments/ share one parent: the repository root in a checkout, the installed
+# `tuneline` package's folder in a wheel. prefect.yaml's entrypoint and relative paths resolve there.
+PROJECT_ROOT = Path(str(files("tuneline.flows"))).parent
+DEFAULT_PREFECT_FILE = Path(str(files("tuneline.deployments") / "prefect.yaml"))
 POOL_TYPE = "process"
 
 

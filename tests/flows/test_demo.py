@@ -1,18 +1,23 @@
-"""The demo chain end to end: real Prefect (ephemeral API), real MLflow (SQLite), real training.
+"""The demo chain end to end, as a machine that has tuneline installed and no checkout runs it: the
+wheel (`pip wheel .`) installed in a fresh venv, `tuneline demo` started from an empty directory.
+Real Prefect (the session's local server), real MLflow (SQLite), real training.
 
 One demo run is shared by the module; a second run must be served from cache, and a third run with
-a changed learning rate must retrain without tokenizing again.
+a changed learning rate must retrain without tokenizing again. `tuneline deploy` from the same
+install must register flows that a worker finds in the installed package.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
+from installed_wheel import build_wheel, install_in_fresh_venv, tracked_files, wheel_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
@@ -20,12 +25,23 @@ DEMO_STAGES = ["base", "pt/tokenize", "pt", "sft/tokenize", "sft", "sft/merge", 
                "ppo/tokenize", "ppo", "sft/evaluate", "dpo/merge", "dpo/export", "register"]
 
 
-def run_demo(workspace: Path, *overrides: str) -> tuple[str, float]:
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    """The wheel, and the fresh venv's site-packages and `tuneline` command."""
+    root = tmp_path_factory.mktemp("installed")
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "tuneline.flows.cli", "demo", "--workspace", str(workspace), *overrides],
-        capture_output=True, text=True, timeout=900,
-    )
+    wheel = build_wheel(root / "dist")
+    site_packages = install_in_fresh_venv(wheel, root / "venv")
+    print(f"wheel built and installed in a fresh venv in {time.monotonic() - started:.1f} s")
+    return {"wheel": wheel, "site_packages": site_packages, "package": site_packages / "tuneline",
+            "tuneline": root / "venv" / "bin" / "tuneline"}
+
+
+def run_demo(installed: dict, launch_dir: Path, *overrides: str) -> tuple[str, float]:
+    """`tuneline demo` of the installed wheel, started in `launch_dir` (its workspace: ./workspace)."""
+    started = time.monotonic()
+    result = subprocess.run([str(installed["tuneline"]), "demo", *overrides], cwd=launch_dir, capture_output=True, text=True,
+                            timeout=900)
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout, seconds
@@ -37,11 +53,52 @@ def stage_status(stdout: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory) -> dict:
-    workspace = tmp_path_factory.mktemp("demo") / "workspace"
-    stdout, seconds = run_demo(workspace)
+def first_run(installed, tmp_path_factory) -> dict:
+    launch_dir = tmp_path_factory.mktemp("empty")
+    stdout, seconds = run_demo(installed, launch_dir)
     print(stdout)
-    return {"workspace": workspace, "stdout": stdout, "seconds": seconds}
+    return {"launch_dir": launch_dir, "workspace": launch_dir / "workspace", "stdout": stdout, "seconds": seconds}
+
+
+def test_the_wheel_ships_every_data_and_deployment_file(installed):
+    """Demo data and pipelines, harness task files, deployment files: whatever the checkout has under
+    data/ and deployments/ is in the wheel, at the same place under the package."""
+    shipped = wheel_files(installed["wheel"])
+    checkout = tracked_files("data", "deployments")
+    assert "data/demo_pipeline.yaml" in checkout and "deployments/prefect.yaml" in checkout
+    assert "data/harness_tasks/arith_mc.yaml" in checkout
+    assert [path for path in checkout if f"tuneline/{path}" not in shipped] == []
+
+
+def test_the_fresh_venv_imports_the_wheel_not_the_checkout(installed, tmp_path):
+    python = installed["tuneline"].with_name("python")
+    probe = "import tuneline.flows.cli as cli, tuneline.core.pipeline.spec as spec; print(cli.__file__, spec.__file__, cli.DEMO_PIPELINE)"
+    result = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    cli_file, spec_file, demo_pipeline = result.stdout.split()
+    assert cli_file == str(installed["package"] / "flows" / "cli.py")
+    assert spec_file == str(installed["package"] / "core" / "pipeline" / "spec.py")
+    assert demo_pipeline == str(installed["package"] / "data" / "demo_pipeline.yaml")
+
+
+def test_deploy_from_the_wheel_points_workers_at_the_installed_package(installed, prefect_server, tmp_path):
+    """The flows a worker runs, and the pipeline and data they name, are found in the installed package."""
+    result = subprocess.run([str(installed["tuneline"]), "deploy", "--pool", "tuneline-wheel"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    deployments = httpx.post(f"{prefect_server}/deployments/filter", timeout=10,
+                             json={"work_pools": {"name": {"any_": ["tuneline-wheel"]}}}).json()
+    listed = yaml.safe_load((installed["package"] / "deployments" / "prefect.yaml").read_text(encoding="utf-8"))["deployments"]
+    assert sorted(d["name"] for d in deployments) == sorted(d["name"] for d in listed)
+    for deployment in deployments:
+        (step,) = deployment["pull_steps"]
+        root = Path(step["prefect.deployments.steps.set_working_directory"]["directory"])
+        assert root == installed["package"]
+        assert (root / deployment["entrypoint"].split(":")[0]).is_file()
+        assert (root / deployment["parameters"]["pipeline_path"]).is_file()
+        for folder in (o.split("=", 1)[1] for o in deployment["parameters"]["overrides"] if o.startswith("dataset_dir=")):
+            assert (root / folder / "dataset_info.json").is_file()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_computes_every_stage_and_registers_the_champion(first_run):
@@ -49,6 +106,7 @@ def test_demo_computes_every_stage_and_registers_the_champion(first_run):
     assert list(status) == DEMO_STAGES
     assert set(status.values()) == {"computed"}
     assert "registered model: tuneline-demo version 1 alias @champion" in first_run["stdout"]
+    assert [p.name for p in first_run["launch_dir"].iterdir()] == ["workspace"]  # nothing else written where it started
 
 
 def test_mlflow_store_holds_the_story_of_the_run(first_run):
@@ -74,7 +132,7 @@ def test_mlflow_store_holds_the_story_of_the_run(first_run):
     assert champion.tags["tuneline.export_key"].startswith("export-")
 
 
-def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_run):
+def test_exported_model_answers_like_the_adapter_and_better_than_the_base(installed, first_run):
     """The export is the DPO policy merged: it answers as base plus adapter, and better than the
     pre-trained model the chain fine-tuned: a higher held-out answer F1, and a far lower negative
     log-likelihood of the held-out reference answers."""
@@ -96,7 +154,7 @@ def test_exported_model_answers_like_the_adapter_and_better_than_the_base(first_
     start = trained["dpo"]["start_model"]
     adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(start), str(dpo_dir)).eval()
 
-    rows = json.loads((Path(__file__).resolve().parents[2] / "data/demo_heldout.json").read_text())
+    rows = json.loads((installed["package"] / "data" / "demo_heldout.json").read_text())
     heldout = [{"prompt": [{"role": "user", "content": r["instruction"]}], "response": [{"role": "assistant", "content": r["output"]}]}
                for r in rows]
 
@@ -185,18 +243,18 @@ def test_alignment_stages_meet_their_accuracy_on_held_out_demo_data(first_run):
     assert ppo["eval_ppo_response_length"] >= 0.5 * ppo["eval_ppo_response_length_before"]  # no collapse to empty replies
 
 
-def test_second_run_trains_nothing_and_is_fast(first_run):
-    stdout, seconds = run_demo(first_run["workspace"])
+def test_second_run_trains_nothing_and_is_fast(installed, first_run):
+    stdout, seconds = run_demo(installed, first_run["launch_dir"])
     status = stage_status(stdout)
     assert status and set(status.values()) == {"served from cache"}
     print(f"first run {first_run['seconds']:.1f} s, cached rerun {seconds:.1f} s ({seconds / first_run['seconds']:.0%})")
     assert seconds <= 0.25 * first_run["seconds"]
 
 
-def test_new_learning_rate_retrains_without_tokenizing(first_run):
+def test_new_learning_rate_retrains_without_tokenizing(installed, first_run):
     """A changed DPO learning rate (and, to keep the test short, fewer steps) retrains dpo and what
     follows it (merge, export, a new model version) from the cached tokenized pairs; no other stage reruns."""
-    stdout, _ = run_demo(first_run["workspace"], "dpo.learning_rate=5.0e-4", "dpo.max_steps=8")
+    stdout, _ = run_demo(installed, first_run["launch_dir"], "dpo.learning_rate=5.0e-4", "dpo.max_steps=8")
     status = stage_status(stdout)
     retrained = {"dpo", "dpo/merge", "dpo/export", "register"}
     assert {name for name, state in status.items() if state == "computed"} == retrained
