@@ -59,10 +59,18 @@ def package_version() -> str:
         return "0+unknown"
 
 
+LIBRARY_ROOT = Path(__file__).resolve().parent.parent
+"""`core/`: the code whose results stage keys stand for (the store's own folder is one of its parts)."""
+
+
 @cache
 def code_digest() -> str:
     """Digest of the library's source files: results computed by other code get other keys."""
-    root = Path(__file__).resolve().parent
+    return source_digest(LIBRARY_ROOT)
+
+
+def source_digest(root: Path) -> str:
+    """Digest of every Python file under `root`, with its path relative to it."""
     digest = hashlib.sha256()
     for file in sorted(root.rglob("*.py")):
         digest.update(file.relative_to(root).as_posix().encode())
