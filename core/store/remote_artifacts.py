@@ -9,9 +9,9 @@ keys are content-addressed, so it is the same artifact.
 `fetch_artifact` brings an artifact into the cache, where it is a folder exactly as in a local
 workspace (`artifacts/<kind>/<key>/`), so every local reader works on it. It reads the remote
 manifest (one GET); a cache that already holds the artifact with that manifest's files is served
-as it is (no other request). Otherwise every file is downloaded into a temporary sibling, each
-file's size and sha256 is checked against the manifest, and only then is the folder renamed into
-place. An object that differs (cut short, altered, missing) is refused by name: the URL, the file
+as it is (no other request). Otherwise every file is downloaded into a temporary sibling, hashed
+as it is written and checked against the manifest's size and sha256, and only then is the folder
+renamed into place. An object that differs (cut short, altered, missing) is refused by name: the URL, the file
 and what differs.
 """
 
@@ -33,7 +33,7 @@ from tuneline.core.store.artifacts import (
     set_aside,
 )
 from tuneline.core.store.durable import OWNER_ONLY, fsync_path, seal, write_durably
-from tuneline.core.store.integrity import content_problems, recorded_files, size_problems, table_problems
+from tuneline.core.store.integrity import FileRecord, compare_files, recorded_files, size_problems, table_problems
 from tuneline.core.store.remote import RemoteWorkspace
 
 _DOWNLOAD = ".fetch-"  # `.<key>.fetch-<pid>-<hex>`: a download in progress beside the cache's artifact folder
@@ -57,8 +57,7 @@ def publish_artifact(remote: RemoteWorkspace, artifact: Artifact) -> str:
     stale = set(remote.folder_files(kind, key)) - set(table) - {MANIFEST}
     remote.remove([f"{url}/{name}" for name in sorted(stale)])
     for name in table:
-        source, target = str(artifact.path / name), f"{url}/{name}"
-        remote.attempt("uploading", target, lambda source=source, target=target: remote.filesystem.put_file(source, target))
+        remote.upload(artifact.path / name, f"{url}/{name}")
     remote.write_bytes(f"{url}/{MANIFEST}", (artifact.path / MANIFEST).read_bytes())
     return url
 
@@ -77,7 +76,9 @@ def fetch_artifact(remote: RemoteWorkspace, kind: str, key: str, *, cache: Path)
 def _download(remote: RemoteWorkspace, kind: str, key: str, manifest: dict[str, Any], *, cache: Path) -> Artifact:
     url = remote.artifact_url(kind, key)
     final = artifact_path(cache, kind, key)
-    if (problems := table_problems(None, manifest)) or recorded_files(manifest) is None:
+    problems = table_problems(None, manifest)
+    table = recorded_files(manifest) if not problems else None
+    if table is None:
         raise ObjectStoreError(f"{url}/{MANIFEST} is not one tuneline can check files against: "
                                f"{'; '.join(problems) or 'it lists no files'}. The artifact is not served.")
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -85,15 +86,7 @@ def _download(remote: RemoteWorkspace, kind: str, key: str, manifest: dict[str, 
     draft = final.with_name(f".{key}{_DOWNLOAD}{os.getpid()}-{uuid.uuid4().hex[:8]}")
     draft.mkdir(mode=OWNER_ONLY)
     try:
-        for name in manifest["files"]:
-            source, target = f"{url}/{name}", draft / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                remote.attempt("downloading", source,
-                               lambda source=source, target=target: remote.filesystem.get_file(source, str(target)))
-            except FileNotFoundError as e:
-                raise _refused(remote, url, [f"{name}: missing"]) from e
-        if problems := content_problems(draft, manifest, manifest_name=MANIFEST):
+        if problems := _download_files(remote, url, table, draft):
             raise _refused(remote, url, problems)
         seal(draft)  # the files on disk before the manifest that vouches for them, as a writer's
         write_durably(draft / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
@@ -112,6 +105,19 @@ def _download(remote: RemoteWorkspace, kind: str, key: str, manifest: dict[str, 
     finally:
         shutil.rmtree(draft, ignore_errors=True)
     return Artifact(final, manifest)
+
+
+def _download_files(remote: RemoteWorkspace, url: str, table: dict[str, FileRecord], draft: Path) -> list[str]:
+    """Download every file of the table into `draft`; what differs from the table (sizes, sha256)."""
+    found = {}
+    for name, record in table.items():
+        (draft / name).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            found[name] = remote.download(f"{url}/{name}", draft / name, expected_size=record.size)
+        except FileNotFoundError:
+            return [f"{name}: missing"]
+    return compare_files(table, {name: download.size for name, download in found.items()},
+                         digest=lambda name: found[name].sha256 or "")
 
 
 def _refused(remote: RemoteWorkspace, url: str, problems: list[str]) -> ObjectStoreError:

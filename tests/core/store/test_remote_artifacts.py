@@ -19,6 +19,12 @@ from tuneline.core.store.remote_artifacts import fetch_artifact, publish_artifac
 pytestmark = pytest.mark.slow  # a SeaweedFS process for the session
 KIND = "sft"
 QUICK = RetryPolicy(attempts=2, first_wait_s=0.05)  # a store that is down is found out in about a second
+SMALL_PARTS = {"part_bytes": 64 << 10, "parts_at_once": 2}  # the weights below come down in 5 ranges, 3 windows
+
+
+def in_parts(remote: RemoteWorkspace) -> RemoteWorkspace:
+    """The same workspace, downloading objects over 64 KiB in ranges, as big weights are."""
+    return RemoteWorkspace(remote.location, retry=QUICK, **SMALL_PARTS)
 
 
 class Interrupted(Exception):
@@ -52,7 +58,14 @@ def test_a_published_artifact_is_fetched_with_equal_bytes(remote, tmp_path):
     url = publish_artifact(remote, artifact)
     assert url == f"{remote.location.url}/artifacts/{KIND}/{'a1' * 8}"
 
-    fetched = fetch_artifact(remote, KIND, "a1" * 8, cache=tmp_path / "reader-cache")
+    with RequestCounter(remote.filesystem) as whole, RequestCounter((ranged := in_parts(remote)).filesystem) as parts:
+        fetched = fetch_artifact(remote, KIND, "a1" * 8, cache=tmp_path / "reader-cache")
+        in_ranges = fetch_artifact(ranged, KIND, "a1" * 8, cache=tmp_path / "other-cache")
+
+    assert {name: (in_ranges.path / name).read_bytes() for name in FILES} == FILES
+    assert whole.methods() == ["GET"] * 4  # the manifest and each file, whole
+    # the manifest, the config, the weights' size then their 5 ranges, the trainer state
+    assert parts.methods() == ["GET", "GET", "HEAD", *["GET"] * 5, "GET"]
 
     assert fetched.path == tmp_path / "reader-cache/artifacts" / KIND / ("a1" * 8)
     assert {name: (fetched.path / name).read_bytes() for name in FILES} == FILES
@@ -101,7 +114,7 @@ def test_a_damaged_object_is_refused_by_name(remote, s3_store, tmp_path, damage)
         s3_store.filesystem().pipe_file(url, changed)
 
     with pytest.raises(ObjectStoreError) as refused:
-        fetch_artifact(remote, KIND, key, cache=tmp_path / "reader-cache")
+        fetch_artifact(in_parts(remote), KIND, key, cache=tmp_path / "reader-cache")
 
     message = str(refused.value)
     assert f"{remote.location.url}/artifacts/{KIND}/{key}" in message
