@@ -7,10 +7,11 @@ in a temporary folder, and makes an artifact of one `--size-mb` weights file and
 Upload: tuneline's `publish_artifact` (every file, then the manifest) against s3fs's `put_file` of
 the same two files with s3fs's defaults. Download: tuneline's `fetch_artifact` into an empty cache
 (download, check each file's size and sha256 against the manifest, flush, rename into place)
-against s3fs's `get_file` of the same two objects. After one untimed upload (the store's first volumes
-grow then), each is timed `--repeats` times, alternating, and the best time of each is kept; the ratios are plain s3fs's time over tuneline's (the goal is >= 0.8
-both ways). Then a second fetch of the same key from the filled cache, its requests counted from
-botocore's `before-send` events (the goal: one manifest read).
+against s3fs's `get_file` of the same two objects. After one untimed upload (the store's first
+volumes grow then), each is timed `--repeats` times, in turn, and the best time of each is kept;
+the ratios are plain s3fs's time over tuneline's (the goal is >= 0.8 both ways). Then a second
+fetch of the same key from the filled cache, its requests counted from botocore's `before-send`
+events (the goal: one manifest read).
 """
 
 from __future__ import annotations
