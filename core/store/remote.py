@@ -24,15 +24,14 @@ from tuneline.core.store.artifacts import MANIFEST, judge_manifest
 from tuneline.core.store.location import WorkspaceLocation, filesystem_class
 
 T = TypeVar("T")
-# Transfers of big files: s3fs's multipart uploads and ranged downloads, parts of 16 MiB, 8 at once
-# (measured faster than s3fs's default 50 MiB parts: benchmarks/object_store.py).
+# A big download comes in ranges of 16 MiB, 8 at once, hashed while the next ones arrive. Uploads
+# keep s3fs's multipart defaults (50 MiB parts, 10 at once): smaller parts measured slower
+# (benchmarks/object_store.py).
 _PART_BYTES = 16 << 20
 _PARTS_AT_ONCE = 8
-S3_OPTIONS = {"max_concurrency": _PARTS_AT_ONCE, "default_block_size": _PART_BYTES,
-              # one connection attempt per try here: the waits between tries are `RetryPolicy`'s
-              "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 1}}}
+# one connection attempt per try here: the waits between tries are `RetryPolicy`'s
+S3_OPTIONS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 1}}}
 _FILESYSTEM_OPTIONS: Mapping[str, Mapping[str, Any]] = {"s3": S3_OPTIONS, "s3a": S3_OPTIONS}
-_UPLOAD_OPTIONS: Mapping[str, Mapping[str, Any]] = {"s3": {"chunksize": _PART_BYTES}, "s3a": {"chunksize": _PART_BYTES}}
 _ANSWERS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)  # the store answered: no retry
 # The client libraries whose own exception classes mean "no answer" (a refused connection, a timeout):
 # fsspec backends raise them as they are, or as OSError.
@@ -131,8 +130,7 @@ class RemoteWorkspace:
 
     def upload(self, source: Path, url: str) -> None:
         """Upload a local file (in parts, several at once, when it is big)."""
-        options = _UPLOAD_OPTIONS.get(self.location.protocol or "", {})
-        self.attempt("uploading", url, lambda: self.filesystem.put_file(str(source), url, **options))
+        self.attempt("uploading", url, lambda: self.filesystem.put_file(str(source), url))
 
     def download(self, url: str, target: Path, *, expected_size: int) -> Download:
         """Download an object to a local file, hashing it as it is written: a small one with one GET,
