@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -21,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cluster_services import free_port, start_prefect_server, start_process, stop_process  # noqa: F401
+from cluster_services import mlflow_server, prefect_workers  # noqa: F401  (fixtures: tests/cluster_services.py)
 from object_store_server import ObjectStoreServer, start_object_store, weed_binary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -220,57 +219,6 @@ def _written_by_evaluation(name: str, *, logged: set[str], evaluated: bool) -> b
 
 
 # -- one Prefect server for the session ---------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_process(command: list[str], env: dict[str, str], log: Path, *, cwd: Path = REPO_ROOT) -> subprocess.Popen:
-    """A background process in its own process group (so its children can be stopped with it)."""
-    return subprocess.Popen(command, env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def wait_for_health(api: str, server: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert server.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"Prefect server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
-
-
-def start_prefect_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """`prefect server start` on 127.0.0.1 at a free port with PREFECT_HOME `home`; the process and its API URL."""
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    server_env = {**env, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    server_env.pop("PREFECT_PROFILE", None)
-    server = start_process([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                            "--no-ui"], server_env, home / "server.log")
-    wait_for_health(api, server, home / "server.log")
-    return server, api
-
 
 @pytest.fixture(autouse=True)
 def _environment_kept() -> Iterator[None]:

@@ -3,7 +3,8 @@
 Runs are addressed by id through `MlflowClient`, never through MLflow's global "active run", so a
 flow, its tasks and a training worker in another process can all log to the same run. The store
 defaults to `sqlite:///<workspace>/mlflow.db` with artifacts beside it; `MLFLOW_TRACKING_URI`
-points everything at a server instead.
+points everything at a server instead (which a workspace in an object store needs), and each
+process that runs a stage, on whichever machine, logs its own child run there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from tuneline.core.errors import ConfigError
+from tuneline.core.store.location import parse_workspace
 from tuneline.core.store.locks import file_lock
 from tuneline.core.tracking.privacy import REDACTED, create_owner_only, mask_password
 
@@ -28,14 +32,24 @@ RUN_ID_ENV = "TUNELINE_MLFLOW_RUN_ID"
 PARENT_TAG = "mlflow.parentRunId"
 _MAX_PARAM_CHARS = 6000
 _BATCH = 100
+_CONNECT_TIMEOUT_S = 10
+_SUPPRESS_RUN_LINKS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
 def tracking_uri(workspace: str | Path) -> str:
-    """The tracking URI for a workspace: the environment's if set, else the workspace's SQLite file."""
+    """The tracking URI for a workspace: the environment's if set (a tracking server every machine
+    reaches), else the workspace's SQLite file. A workspace in an object store has no SQLite file:
+    one on each machine would split the pipeline's runs, so it needs the server."""
     from_env = os.environ.get("MLFLOW_TRACKING_URI")
     if from_env:
         return from_env
-    return f"sqlite:///{(Path(workspace) / 'mlflow.db').resolve()}"
+    location = parse_workspace(workspace)
+    if location.path is None:
+        raise ConfigError(f"workspace {location.url} is in an object store, where MLflow cannot keep its SQLite store "
+                          "(mlflow.db) for every machine that runs a stage; set MLFLOW_TRACKING_URI to the tracking server "
+                          "the pipeline's runs go to (a `mlflow server` every machine reaches, e.g. "
+                          "MLFLOW_TRACKING_URI=http://mlflow.internal:5000), or use a local workspace folder.")
+    return f"sqlite:///{(location.path / 'mlflow.db').resolve()}"
 
 
 @cache
@@ -44,9 +58,13 @@ def client(uri: str) -> MlflowClient:
     and runs their migrations without a lock, so two processes opening one new `mlflow.db` together
     fail ("Online migration expected to match one row"); the first open of a SQLite store is done
     under a file lock beside it. A new database file is created owner-only (privacy.py)."""
+    if not uri.startswith("sqlite:///"):
+        _check_server_answers(uri)  # before MLflow is imported: a refusal costs no second of imports
     from mlflow import MlflowClient
 
     if not uri.startswith("sqlite:///"):
+        if mask_password(uri) != uri:  # MLflow prints each ended run's page as this URI, password and all
+            os.environ[_SUPPRESS_RUN_LINKS] = "true"
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
     database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     with file_lock(database.with_name(database.name + ".init.lock")):
@@ -55,6 +73,25 @@ def client(uri: str) -> MlflowClient:
         mlflow_client.search_experiments(max_results=1)  # the tracking store: tables created if new
         mlflow_client.search_registered_models(max_results=1)  # the registry store, same file
     return mlflow_client
+
+
+def _check_server_answers(uri: str) -> None:
+    """A tracking server that cannot be reached at all is named at once: MLflow's client retries each
+    request for about four minutes and then ends in a traceback. Any HTTP answer will do (a server
+    behind a login may answer 401); a TLS problem is left to MLflow, which has its own settings for
+    certificates (MLFLOW_TRACKING_SERVER_CERT_PATH, MLFLOW_TRACKING_INSECURE_TLS)."""
+    if urlsplit(uri).scheme not in ("http", "https"):
+        return
+    import requests
+
+    try:
+        requests.get(f"{uri.rstrip('/')}/health", timeout=(_CONNECT_TIMEOUT_S, 60))
+    except (requests.exceptions.SSLError, requests.exceptions.ReadTimeout):
+        return
+    except requests.exceptions.RequestException as e:
+        raise ConfigError(f"the MLflow tracking server {mask_password(uri)} (MLFLOW_TRACKING_URI, or --tracking-uri) could not "
+                          f"answer: {mask_password(str(e))[:300]}. Start it or point MLFLOW_TRACKING_URI at one that runs; "
+                          "unset MLFLOW_TRACKING_URI to track into the workspace's own SQLite store (mlflow.db).") from e
 
 
 def ensure_experiment(uri: str, name: str, *, artifact_root: Path | None = None) -> str:

@@ -67,6 +67,25 @@ def start_server(command: str, target: str, *, folder: Path, env: dict[str, str]
     return StartingServer(process, log, command)
 
 
+def exported_greedy(folder: Path, messages: list[dict], *, template: str, max_new_tokens: int) -> tuple[list[int], str]:
+    """The model in `folder`'s own greedy generate() on the prompt ids training's template encoder
+    writes for `messages`: (prompt ids, decoded answer). What a served export must answer."""
+    import torch
+
+    from tuneline.core.models.loading import load_model, load_tokenizer
+    from tuneline.core.templates.conversation import Conversation, encode_prompt, fix_tokenizer, get_template
+
+    tokenizer = load_tokenizer(folder)
+    chat_template = get_template(template, tokenizer=tokenizer)
+    fix_tokenizer(chat_template, tokenizer)
+    prompt = encode_prompt(chat_template, tokenizer, Conversation(messages))
+    model = load_model(folder).eval()
+    with torch.no_grad():
+        output = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return prompt, tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True)
+
+
 def greedy_reference(tiny_base: Path):
     """`answer(messages, system, tools=None)`: the tiny base's own greedy generate() on the prompt ids that
     tuneline's training encoder writes for the conversation (the supervised encoder, the reply left out):

@@ -235,12 +235,8 @@ def test_the_champion_is_served_from_the_registry_as_training_rendered_it(story)
     """`tuneline api models:/promo-demo@champion` serves version 2's exported folder; the answer equals the
     exported model's greedy generate() on the prompt ids training's template encoder writes, and the usage
     block counts exactly those ids (the export's parity gate made its chat template write them)."""
-    import torch
     from openai import OpenAI
-    from serving_server import start_server
-
-    from tuneline.core.models.loading import load_model, load_tokenizer
-    from tuneline.core.templates.conversation import Conversation, encode_prompt, fix_tokenizer, get_template
+    from serving_server import exported_greedy, start_server
 
     server = start_server("api", f"models:/{MODEL}@champion", folder=story["project"]).wait()
     try:
@@ -251,16 +247,7 @@ def test_the_champion_is_served_from_the_registry_as_training_rendered_it(story)
         stop_process(server.process)
     log = server.log.read_text()
     assert "version 2" in log and "exported folder" in log, log[-2000:]
-    exported = stage_path_of_version(story, "2")
-    tokenizer = load_tokenizer(exported)
-    template = get_template("default", tokenizer=tokenizer)
-    fix_tokenizer(template, tokenizer)
-    prompt = encode_prompt(template, tokenizer, Conversation(messages))
-    model = load_model(exported).eval()
-    with torch.no_grad():
-        output = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                max_new_tokens=10, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    expected = tokenizer.decode(output[0, len(prompt):], skip_special_tokens=True)
+    prompt, expected = exported_greedy(stage_path_of_version(story, "2"), messages, template="default", max_new_tokens=10)
     print(f"served champion (version 2) answered {completion.choices[0].message.content!r}")
     assert completion.usage.prompt_tokens == len(prompt)
     assert completion.choices[0].message.content.strip() == expected.strip()
