@@ -59,6 +59,30 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL `process` and every process descended from it, those in sessions of their own included
+    (a Prefect worker starts each flow run in a new session): each is stopped (SIGSTOP) as it is found,
+    so none can start another unseen, then all are killed."""
+    import psutil
+
+    found: dict[int, psutil.Process] = {}
+    pending = [process.pid]
+    while pending:
+        try:
+            current = psutil.Process(pending.pop())
+            current.suspend()
+            found[current.pid] = current
+            pending.extend(child.pid for child in current.children() if child.pid not in found)
+        except psutil.NoSuchProcess:
+            continue
+    for victim in found.values():
+        try:
+            victim.kill()
+        except psutil.NoSuchProcess:
+            pass
+    kill_group(process)
+
+
 def wait_until_ok(url: str, process: subprocess.Popen, log: Path, *, what: str, timeout: float = START_TIMEOUT_S) -> None:
     """Poll `url` until it answers 200, failing with the end of `log` if the process exits or time runs out."""
     import httpx
@@ -108,11 +132,11 @@ class PrefectWorker:
         return self.folder / "cache"
 
     def kill(self) -> None:
-        """SIGKILL the worker and the flow runs it started (its process group), as when its machine dies."""
-        kill_group(self.process)
+        """SIGKILL the worker and the flow runs it started, with their own processes, as when its machine
+        dies (also how it is stopped after a test: nothing of it is kept)."""
+        kill_tree(self.process)
 
-    def stop(self) -> None:
-        stop_process(self.process)
+    stop = kill
 
 
 def worker_environment(folder: Path, *, name: str, api: str, env: dict[str, str]) -> dict[str, str]:
