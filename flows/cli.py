@@ -224,16 +224,18 @@ def _run_flow(pipeline: str, overrides: list[str], workspace: str | None) -> int
     from tuneline.core.pipeline.spec import load_pipeline
     from tuneline.core.pipeline.keys import check_pipeline_datasets
 
-    # Config and dataset-entry errors surface before Prefect starts; the flow hashes the data, once.
-    check_pipeline_datasets(load_pipeline(pipeline, overrides, workspace=workspace))
-    from tuneline.flows.pipeline import pipeline_flow
+    # Config and dataset-entry errors surface before Prefect starts; the flow takes the pipeline as
+    # read here and hashes the data, once.
+    checked = load_pipeline(pipeline, overrides, workspace=workspace)
+    check_pipeline_datasets(checked)
+    from tuneline.flows.pipeline import run_checked_pipeline
     from tuneline.flows.prefect_api import start_prefect_api
     from tuneline.flows.report import print_summary
 
     _hide_tracebacks_of_input_errors()
     start_prefect_api()
     started = time.monotonic()
-    summary = pipeline_flow(pipeline, overrides, workspace)
+    summary = run_checked_pipeline(checked, pipeline_path=pipeline, overrides=overrides, workspace=workspace)
     print_summary(summary, seconds=time.monotonic() - started)
     return 0
 

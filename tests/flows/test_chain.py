@@ -13,6 +13,8 @@ Every killed stage ends with A's weights.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -152,6 +154,18 @@ def test_second_run_serves_every_stage_from_cache(uninterrupted, tmp_path: Path)
     # the served rm stage says again what it ignores, and its cache-hit run carries the tag too
     assert warnings_of_ignored_keys(output)[0] == [RM_WARNING]
     assert ("rm", "true", "packing") in ignored_keys_tags(uninterrupted["workspace"])
+
+
+@pytest.mark.slow
+def test_every_stage_run_names_the_machine_that_ran_it(uninterrupted):
+    """`tuneline.worker` on each stage's child run, computed or served (after the second run above)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{uninterrupted['workspace'] / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, "tags.`tuneline.stage` LIKE '%'")
+    assert {r.data.tags["tuneline.cache_hit"] for r in runs} == {"true", "false"}
+    assert {r.data.tags.get("tuneline.worker") for r in runs} == {os.environ.get("TUNELINE_WORKER") or socket.gethostname()}
 
 
 @pytest.mark.slow
