@@ -24,11 +24,10 @@ from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.converters import MEDIA_COLUMNS
 from tuneline.core.data.dataset_info import get_dataset_attrs
 from tuneline.core.data.tokenization import TEMPLATE_WARNING_FILE, TOKENIZER_DIR, dataset_fingerprints, dataset_names, render_preview
-from tuneline.core.training.distributed import check_parallel_settings, plan_from_env
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
-from tuneline.core.worker.launch import JOB_FILE, launch_training, warm_up, worker_started_ahead
+from tuneline.core.worker.launch import JOB_FILE, launch_plan, launch_training, prepare_job, warm_up, worker_started_ahead
 from tuneline.core.worker.preload import needs_bitsandbytes
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.models.gptq import gptq_machine_problems
@@ -36,7 +35,6 @@ from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized
 from tuneline.core.pipeline.tokenized_folders import (holds_files, ignored_settings, load_tokenized, save_tokenized, saved_counters,
                                                        write_record)
 from tuneline.core.training.job import LOG_FILE
-from tuneline.core.training.optimizers.rules import parallel_problems
 
 MEDIA_COLUMNS = frozenset({"images", "videos", "audios"})
 NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
@@ -51,13 +49,17 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
     # a prediction config (do_predict without do_train) reads only its predict set
     _require(config, ("model_name_or_path", "dataset", "output_dir") if trains(config.training) else
              ("model_name_or_path", "output_dir"), source=config_path)
-    plan = plan_from_env(os.environ)  # the launch variables (NPROC_PER_NODE, ...) are checked before any work too
-    problems = check_parallel_settings(config.training, pure_bf16=config.finetuning.pure_bf16)
-    problems += parallel_problems(config.optimizer, config.training, world_size=plan.world_size)
-    if problems:
-        raise ConfigError(problems, source=config_path)
-    saved = config.data.tokenized_path and holds_files(Path(config.data.tokenized_path))
     output_dir = Path(config.training["output_dir"])
+    # the launch variables (NPROC_PER_NODE, ...) and the DeepSpeed/FSDP settings are checked, once, before any work;
+    # the job is complete once its data is tokenized
+    plan = launch_plan(os.environ)
+    job = train_job(config, start_model=config.model.model_name_or_path, dataset_path="", output_dir=str(output_dir),
+                    training=config.training, overwrite_output_dir=config.output.overwrite_output_dir)
+    try:
+        job = prepare_job(job, plan)
+    except ConfigError as e:
+        raise ConfigError(e.problems, source=config_path) from e
+    saved = config.data.tokenized_path and holds_files(Path(config.data.tokenized_path))
     _check_output_dir(output_dir, overwrite=config.output.overwrite_output_dir)
     ft = config.finetuning
     without_bitsandbytes = not needs_bitsandbytes(model=dataclasses.asdict(config.model), training=config.training,
@@ -72,10 +74,7 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
         fingerprints = None if saved else dataset_fingerprints(config)
         with _torch_left_to_the_worker(config):
             tokenized = training_data(config, fingerprints=fingerprints, reading=reading)
-        job = train_job(config, start_model=config.model.model_name_or_path, dataset_path=str(tokenized),
-                        output_dir=str(output_dir), training=config.training,
-                        overwrite_output_dir=config.output.overwrite_output_dir)
-        return launch_training(job, started=worker)
+        return launch_training(dataclasses.replace(job, dataset_path=str(tokenized)), started=worker, plan=plan)
 
 
 def warn_of_ignored_keys(config: StageConfig) -> None:

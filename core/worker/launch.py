@@ -43,7 +43,7 @@ def worker_started_ahead(stage: str, *, without_bitsandbytes: bool, env: Mapping
     """A single worker for stage `stage`, importing what it trains with until `launch_training`
     hands it its job; None when the launch needs torchrun. Ended if the job never comes."""
     env = os.environ if env is None else env
-    plan = plan_from_env(env, visible_gpus=visible_gpus(env))
+    plan = launch_plan(env)
     if plan.torchrun:
         yield None
         return
@@ -63,19 +63,22 @@ def warm_up(env: Mapping[str, str] | None = None) -> bool:
     """Start this process's warm worker now, so that its imports run while the caller prepares the job;
     False where the launch needs torchrun or the warm worker is off (start a worker ahead instead)."""
     env = os.environ if env is None else env
-    plan = plan_from_env(env, visible_gpus=visible_gpus(env))
+    plan = launch_plan(env)
     return not plan.torchrun and warm_worker(worker_env(plan, env)) is not None
 
 
 def launch_training(
     job: TrainJob, *, log: Callable[[str], None] = print, env: Mapping[str, str] | None = None,
-    started: subprocess.Popen | None = None,
+    started: subprocess.Popen | None = None, plan: LaunchPlan | None = None,
 ) -> dict[str, float]:
     """Run `job` in worker processes, passing each output line to `log`; return rank 0's metrics.
-    `started`, a worker from `worker_started_ahead`, gets the job instead of a new process."""
+    `started`, a worker from `worker_started_ahead`, gets the job instead of a new process. With
+    `plan`, `job` is one `prepare_job` already checked and resolved for it (`tuneline train` does
+    so before it tokenizes); without, the job is prepared here."""
     env = os.environ if env is None else env
-    plan = plan_from_env(env, visible_gpus=visible_gpus(env))
-    job = prepare_job(job, plan)
+    if plan is None:
+        plan = launch_plan(env)
+        job = prepare_job(job, plan)
     output_dir = Path(job.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     job_path = job.write(output_dir / JOB_FILE)
@@ -130,6 +133,11 @@ def _error_message(text: str) -> str:
         return str(json.JSONDecoder().raw_decode(text)[0])
     except json.JSONDecodeError:
         return text
+
+
+def launch_plan(env: Mapping[str, str]) -> LaunchPlan:
+    """How many worker processes `env` asks for on this node's GPUs (its launch variables checked)."""
+    return plan_from_env(env, visible_gpus=visible_gpus(env))
 
 
 def prepare_job(job: TrainJob, plan: LaunchPlan) -> TrainJob:

@@ -87,3 +87,20 @@ def test_overrides_may_follow_options():
     with pytest.raises(SystemExit) as error:
         parse_arguments(parser, ["run", "p.yaml", "--workspace", "w", "--bogus"])
     assert error.value.code == 2
+
+
+def test_train_with_a_missing_deepspeed_file_exits_2_before_any_work(tmp_path: Path):
+    """The launch settings are checked once, before tokenizing: nothing is cached or written."""
+    from conftest import run_cli_here
+
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_name_or_path": str(tmp_path / "model"), "stage": "sft", "dataset": "demo_alpaca",
+        "dataset_dir": str(Path(__file__).resolve().parents[2] / "data"), "output_dir": str(tmp_path / "out"),
+        "deepspeed": "ds_missing.json",
+    }))
+    result = run_cli_here("train", str(config), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: Invalid configuration in {config}")
+    assert "'deepspeed: ds_missing.json' names no file" in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache" / "artifacts").exists()
