@@ -1,6 +1,10 @@
 """`tuneline train` for the online RL stages (grpo, rloo) on the reasoning demo's prompts: what a run logs
 and writes, each fine-tuning method, a reward model from an rm stage, two processes, and the errors a
-reward, a reward name or `use_vllm` stop the stage with."""
+reward, a reward name or `use_vllm` stop the stage with.
+
+The runs of one process go through the command's `main` in this process, the worker's run without its
+start (`train_in_this_process`): a process per run would spend seconds importing torch, transformers and
+TRL. The QLoRA run, which needs bitsandbytes, and the torchrun run are commands of their own."""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import assert_output_layout, run_cli_here
+from conftest import assert_output_layout, run_cli_here, train_in_this_process
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # as the commands' OMP_NUM_THREADS=1
 
 REPO = Path(__file__).resolve().parents[2]
 REWARDS_MODULE = '''
@@ -42,10 +48,19 @@ def write_config(folder: Path, name: str, values: dict) -> Path:
 
 
 def train(config: Path, *overrides: str, **env: str) -> subprocess.CompletedProcess:
+    """`tuneline train CONFIG` as a command of its own, its rewards module importable."""
     environment = {**os.environ, "TUNELINE_CACHE": str(config.parent / "cache"), "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": str(config.parent), **env}
     return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "train", str(config), *overrides], cwd=config.parent,
                           capture_output=True, text=True, timeout=300, env=environment)
+
+
+def train_here(config: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`tuneline train CONFIG` as `train` runs it, in this process (its rewards module importable from here)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(config.parent))
+        train_in_this_process(patch)
+        return run_cli_here("train", str(config), *overrides, cwd=config.parent)
 
 
 def log_records(folder: Path) -> list[dict]:
@@ -64,12 +79,12 @@ def folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lora_run(tiny_base: Path, folder: Path) -> Path:
+def lora_run(tiny_base: Path, folder: Path, one_torch_thread) -> Path:
     config = write_config(folder, "lora", {"model_name_or_path": str(tiny_base), "eval_dataset": "reasoning_heldout",
                                            "max_steps": 3, "beta": 0.1, "per_device_eval_batch_size": 16,
                                            "reward_funcs": "answer_match,think_answer_format,overlong_penalty",
                                            "reward_weights": "1.0,0.2,0.5"})
-    result = train(config)
+    result = train_here(config)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return folder / "lora"
 
@@ -110,7 +125,7 @@ def test_grpo_trains_with_each_method_against_its_reference(method: str, tiny_ba
                        "scale_rewards": False}}[method]
     config = write_config(folder, method, {"model_name_or_path": str(tiny_base), "reward_funcs": "my_rewards:characters",
                                            "beta": 0.2, "max_steps": 2, **values})
-    result = train(config)
+    result = train(config) if method == "qlora" else train_here(config)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     first, second = log_records(folder / method)
     assert first["reward_std"] > 0  # the first update has advantages to follow
@@ -120,7 +135,7 @@ def test_grpo_trains_with_each_method_against_its_reference(method: str, tiny_ba
 @pytest.mark.slow
 def test_rloo_trains_on_the_same_prompts(tiny_base: Path, folder: Path):
     config = write_config(folder, "rloo", {"model_name_or_path": str(tiny_base), "stage": "rloo", "beta": 0.05})
-    result = train(config)
+    result = train_here(config)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = log_records(folder / "rloo")
     assert [record["current_steps"] for record in log] == [1, 2] and "rewards/answer_match/mean" in log[0]
@@ -134,11 +149,11 @@ def test_a_reward_model_from_an_rm_stage_scores_the_completions(tiny_base: Path,
         "model_name_or_path": str(tiny_base), "stage": "rm", "finetuning_type": "lora", "lora_rank": 4,
         "dataset_dir": str(REPO / "data"), "dataset": "demo_preference", "template": "chatml", "cutoff_len": 64,
         "max_samples": 16, "per_device_train_batch_size": 4, "max_steps": 2, "report_to": "none", "output_dir": "rm"}))
-    assert train(reward).returncode == 0
+    assert train_here(reward).returncode == 0
     config = write_config(folder, "scored", {"model_name_or_path": str(tiny_base), "reward_funcs": "think_answer_format",
                                               "reward_model": str(folder / "rm"), "reward_weights": [0.5, 1.0],
                                               "eval_dataset": "reasoning_heldout", "max_steps": 1})
-    result = train(config)
+    result = train_here(config)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = log_records(folder / "scored")
     assert log[0]["rewards/reward_model/std"] > 0  # a score per completion, not one per batch
@@ -156,7 +171,7 @@ def test_two_processes_sample_the_prompts_one_process_with_accumulation_samples(
                                                   "save_steps": 1})
     two = train(config, "output_dir=two", FORCE_TORCHRUN="1", NPROC_PER_NODE="2")
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
-    one = train(config, "output_dir=one", "gradient_accumulation_steps=2")
+    one = train_here(config, "output_dir=one", "gradient_accumulation_steps=2")
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
 
     def prompts_by_step(name: str) -> dict[int, list[str]]:
@@ -179,7 +194,7 @@ def test_two_processes_sample_the_prompts_one_process_with_accumulation_samples(
 def test_a_reward_that_fails_stops_the_stage_naming_it(reward: str, message: str, tiny_base: Path, folder: Path):
     name = reward.split(":")[1]
     config = write_config(folder, name, {"model_name_or_path": str(tiny_base), "reward_funcs": reward, "max_steps": 1})
-    result = train(config)
+    result = train_here(config)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert not (folder / name / "adapter_model.safetensors").exists()
