@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,16 +34,18 @@ def recording_script():
 
 
 @pytest.mark.slow
-def test_tuneline_train_writes_llamafactorys_layout_of_its_recorded_pt_run(tmp_path: Path, shared_dir: Path):
+def test_tuneline_train_writes_llamafactorys_layout_of_its_recorded_pt_run(tmp_path: Path, shared_dir: Path, monkeypatch,
+                                                                          one_torch_thread):
+    from conftest import run_cli_here, train_in_this_process
+
     recorded = LAYOUT["kinds"]["pt"]
     model = recording_script().build_tiny_model(shared_dir / "tokenizers" / LAYOUT["tokenizer"], tmp_path / "tiny")
     places = {"model": str(model), "dataset_dir": str(shared_dir / "llamafactory/data"), "output_dir": str(tmp_path / "pt")}
     config = tmp_path / "pt.yaml"
     config.write_text(yaml.safe_dump({key: value.format(**places) if isinstance(value, str) else value
                                       for key, value in recorded["arguments"].items()}))
-    env = {**os.environ, "TUNELINE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "train", str(config)], capture_output=True,
-                            text=True, env=env, timeout=300)
+    train_in_this_process(monkeypatch)  # the worker's run, without a process to start and import torch in
+    result = run_cli_here("train", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     # the run reaches the files that only a checkpoint and an evaluation write
     assert {"checkpoint-2/optimizer.pt", "eval_results.json", "training_eval_loss.png"} <= set(recorded["files"])

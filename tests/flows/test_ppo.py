@@ -1,5 +1,9 @@
 """`tuneline train` for stage ppo: a run against a reward model the test trains first, its metrics,
-its resume after a kill, and its configuration errors."""
+its resume after a kill, and its configuration errors.
+
+The runs of one process that are not killed go through the command's `main` in this process, the
+worker's run without its start (`train_in_this_process`): a process per run would spend seconds
+importing torch, transformers and TRL. The killed run and the torchrun run are commands of their own."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_output_layout, run_cli_here
+from conftest import assert_output_layout, run_cli_here, train_in_this_process
 import yaml
 
 from tuneline.core.training.checkpoints import RECORD_FILE
@@ -24,9 +28,11 @@ COMMON = {"dataset_dir": str(REPO_DATA), "template": "default", "cutoff_len": 64
           "finetuning_type": "lora", "lora_rank": 4, "per_device_train_batch_size": 2, "logging_steps": 1}
 
 
-def train(config: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(command(config, *overrides), cwd=config.parent, capture_output=True, text=True, timeout=timeout,
-                          env=environment(config))
+def train_here(config: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`tuneline train CONFIG` in this process, the worker's run without its start."""
+    with pytest.MonkeyPatch.context() as patch:
+        train_in_this_process(patch)
+        return run_cli_here("train", str(config), *overrides, cwd=config.parent)
 
 
 def command(config: Path, *overrides: str) -> list[str]:
@@ -44,14 +50,14 @@ def write_config(folder: Path, name: str, values: dict) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ppo_config(tiny_base: Path, tmp_path_factory) -> Path:
+def ppo_config(tiny_base: Path, tmp_path_factory, one_torch_thread) -> Path:
     """A PPO config whose reward model (LoRA on the tiny base, 8 steps of demo pairs) is trained here;
     the reward model's config sets `packing`, which stage rm ignores (what it printed: rm.out)."""
     folder = tmp_path_factory.mktemp("ppo")
     reward = write_config(folder, "rm", {"model_name_or_path": str(tiny_base), "stage": "rm", "dataset": "demo_preference",
                                          "max_samples": 32, "max_steps": 8, "learning_rate": 5e-3, "output_dir": "rm",
                                          "packing": True})
-    result = train(reward)
+    result = train_here(reward)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (folder / "rm.out").write_text(result.stdout)
     return write_config(folder, "ppo", {
@@ -64,7 +70,7 @@ def ppo_config(tiny_base: Path, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def uninterrupted(ppo_config: Path) -> Path:
-    result = train(ppo_config, "output_dir=whole")
+    result = train_here(ppo_config, "output_dir=whole")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return ppo_config.parent / "whole"
 
@@ -117,7 +123,7 @@ def test_a_killed_ppo_run_resumes_to_the_weights_of_an_uninterrupted_one(ppo_con
     assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert not (folder / "adapter_model.safetensors").exists()
 
-    result = train(ppo_config, "output_dir=killed")
+    result = train_here(ppo_config, "output_dir=killed")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     resumed = [line for line in result.stdout.splitlines() if line.startswith("resuming from")]
     assert resumed and int(re.search(r"\(step (\d+)\)", resumed[0]).group(1)) >= 4, result.stdout[-2000:]

@@ -5,9 +5,6 @@ without `do_train`. It answers the predict set with the adapter merged, and trai
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,8 +32,10 @@ def lora_adapter(tiny_base: Path, folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_prediction_config_predicts_with_the_adapter_and_trains_nothing(tiny_base: Path, tmp_path: Path):
+def test_a_prediction_config_predicts_with_the_adapter_and_trains_nothing(tiny_base: Path, tmp_path: Path, monkeypatch,
+                                                                        one_torch_thread):
     import torch
+    from conftest import run_cli_here, train_in_this_process
 
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.evaluation.predict import generate_answers
@@ -52,9 +51,8 @@ def test_a_prediction_config_predicts_with_the_adapter_and_trains_nothing(tiny_b
         "per_device_eval_batch_size": 2, "predict_with_generate": True, "max_new_tokens": 6, "do_sample": False,
     }
     (tmp_path / "predict.yaml").write_text(yaml.safe_dump(config))
-    result = subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "train", "predict.yaml"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TUNELINE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
+    train_in_this_process(monkeypatch)  # the worker's run, without a process to start and import torch in
+    result = run_cli_here("train", "predict.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
     output = tmp_path / "predict"
