@@ -1,7 +1,9 @@
 """`tuneline train` with `do_predict`, then `tuneline chat` on the adapter it trained.
 
 One small LoRA run on the tiny base serves the module: its predictions are checked in
-LLaMA-Factory's format, and the chat tests talk to the adapter it saved.
+LLaMA-Factory's format, and the chat tests talk to the adapter it saved. The run goes through the
+command's `main` in this process, the worker's run without its start; `tuneline chat` on piped prompts
+runs as a command of its own, as a user runs it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def run_cli(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Compl
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_base: Path, tmp_path_factory) -> Path:
+def trained(tiny_base: Path, tmp_path_factory, one_torch_thread) -> Path:
+    from conftest import run_cli_here, train_in_this_process
+
     folder = tmp_path_factory.mktemp("predict")
     config = {
         "model_name_or_path": str(tiny_base), "stage": "sft", "do_train": True, "do_predict": True,
@@ -36,7 +40,9 @@ def trained(tiny_base: Path, tmp_path_factory) -> Path:
         "learning_rate": 5.0e-3, "num_train_epochs": 1.0, "max_new_tokens": 8, "report_to": "none",
     }
     (folder / "sft.yaml").write_text(yaml.safe_dump(config))
-    result = run_cli("train", "sft.yaml", cwd=folder)
+    with pytest.MonkeyPatch.context() as patch:
+        train_in_this_process(patch)
+        result = run_cli_here("train", "sft.yaml", cwd=folder)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return folder / "saves/sft"
 
@@ -97,7 +103,9 @@ def test_chat_session_keeps_history_streams_and_clears(trained: Path):
 
 
 def test_chat_on_a_missing_path_exits_2_with_a_clear_message(tmp_path: Path):
-    result = run_cli("chat", str(tmp_path / "nowhere"), cwd=tmp_path)
+    from conftest import run_cli_here
+
+    result = run_cli_here("chat", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert result.returncode == 2
     assert f"chat PATH '{tmp_path / 'nowhere'}' does not exist" in result.stderr
     assert "Traceback" not in result.stderr
