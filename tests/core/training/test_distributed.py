@@ -20,6 +20,16 @@ def adapter(folder: Path) -> dict:
     return load_file(folder / "adapter_model.safetensors")
 
 
+def train_here(small_sft, *overrides: str) -> subprocess.CompletedProcess:
+    """`small_sft.train(*overrides)` through the command's `main` in this process, the worker's run
+    without its start: a process of one would spend seconds importing torch and transformers."""
+    from conftest import run_cli_here, train_in_this_process
+
+    with pytest.MonkeyPatch.context() as patch:
+        train_in_this_process(patch)
+        return run_cli_here("train", str(small_sft.config), *overrides, cwd=small_sft.config.parent)
+
+
 def steps_and_losses(folder: Path) -> list[tuple[int, float]]:
     records = [json.loads(line) for line in (folder / "trainer_log.jsonl").read_text().splitlines()]
     return [(r["current_steps"], r["loss"]) for r in records]
@@ -34,9 +44,9 @@ def two_processes(small_sft) -> tuple[Path, subprocess.CompletedProcess]:
 
 
 @pytest.mark.slow
-def test_two_processes_end_where_one_process_with_accumulation_ends(small_sft, two_processes):
+def test_two_processes_end_where_one_process_with_accumulation_ends(small_sft, two_processes, one_torch_thread):
     two, result = two_processes
-    one_result = small_sft.train("output_dir=one", "save_steps=4", "gradient_accumulation_steps=2")
+    one_result = train_here(small_sft, "output_dir=one", "save_steps=4", "gradient_accumulation_steps=2")
     assert one_result.returncode == 0, one_result.stderr[-3000:]
     one = small_sft.config.parent / "one"
 
@@ -141,7 +151,7 @@ def test_deepspeed_and_fsdp_files_are_checked(tmp_path: Path):
 def test_train_refuses_deepspeed_without_deepspeed_before_any_work(small_sft, tmp_path: Path):
     ds = tmp_path / "ds_z2.json"
     ds.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
-    result = small_sft.train("output_dir=ds", f"deepspeed={ds}", "fsdp_config=nowhere.json")
+    result = train_here(small_sft, "output_dir=ds", f"deepspeed={ds}", "fsdp_config=nowhere.json")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "'deepspeed: " in result.stderr and "not installed" in result.stderr
     assert "'fsdp_config: nowhere.json' has no effect without 'fsdp: true'" in result.stderr
