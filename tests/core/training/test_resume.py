@@ -1,4 +1,7 @@
-"""Resume after a kill: from the newest complete checkpoint, to the same weights, each step logged once."""
+"""Resume after a kill: from the newest complete checkpoint, to the same weights, each step logged once.
+
+The runs that are not killed go through the command's `main` in this process, the worker's run without
+its start (`train_here`); the killed runs are commands of their own, killed with their process group."""
 
 from __future__ import annotations
 
@@ -14,8 +17,20 @@ import pytest
 
 from tuneline.core.training.checkpoints import RECORD_FILE, incomplete_reason, newest_complete, trim_log
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # as the commands' OMP_NUM_THREADS=1
+
 STEPS = 20  # 2.5 epochs of 8 steps: the resumed run crosses epoch boundaries
 RUN = (f"max_steps={STEPS}", "save_steps=4")
+
+
+def train_here(small_sft, *overrides: str) -> subprocess.CompletedProcess:
+    """`small_sft.train(*overrides)` through the command's `main` in this process: a process of one would
+    spend seconds importing torch and transformers."""
+    from conftest import run_cli_here, train_in_this_process
+
+    with pytest.MonkeyPatch.context() as patch:
+        train_in_this_process(patch)
+        return run_cli_here("train", str(small_sft.config), *overrides, cwd=small_sft.config.parent)
 
 
 def adapter(folder: Path) -> dict:
@@ -39,7 +54,7 @@ def logged_steps(folder: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(small_sft) -> Path:
-    result = small_sft.train("output_dir=whole", *RUN)
+    result = train_here(small_sft, "output_dir=whole", *RUN)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return small_sft.config.parent / "whole"
 
@@ -78,7 +93,7 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(small_sft, 
     resumed_step = int(resumed_from.name.split("-")[1])
     assert resumed_step >= 8 and max(logged_at_kill) > resumed_step  # steps that the rerun logs again
 
-    result = small_sft.train("output_dir=killed", *RUN)
+    result = train_here(small_sft, "output_dir=killed", *RUN)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert resume_line(result.stdout).endswith(f"{resumed_from.name} (step {resumed_step})")
     difference = max_difference(adapter(killed), adapter(uninterrupted))
@@ -105,7 +120,7 @@ def test_an_incomplete_newest_checkpoint_is_skipped_for_the_one_before(small_sft
         optimizer = folder / "checkpoint-8" / "optimizer.pt"
         optimizer.write_bytes(optimizer.read_bytes()[:100])
 
-    result = small_sft.train(f"output_dir={folder.name}", *RUN)
+    result = train_here(small_sft, f"output_dir={folder.name}", *RUN)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "skipping checkpoint-8" in result.stdout
     assert resume_line(result.stdout).endswith("checkpoint-4 (step 4)")
@@ -153,10 +168,10 @@ def test_train_restarts_a_run_killed_before_its_first_checkpoint_but_refuses_oth
     folder.mkdir()
     (folder / "trainer_log.jsonl").write_text('{"current_steps": 1, "loss": 7.0}\n')
     (folder / "notes.txt").write_text("mine")
-    refused = small_sft.train("output_dir=early", "max_steps=2")
+    refused = train_here(small_sft, "output_dir=early", "max_steps=2")
     assert refused.returncode == 2 and "notes.txt" in refused.stderr and "overwrite_output_dir" in refused.stderr
     (folder / "notes.txt").unlink()
-    result = small_sft.train("output_dir=early", "max_steps=2")
+    result = train_here(small_sft, "output_dir=early", "max_steps=2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert resume_line(result.stdout) == "training from step 0"
     assert logged_steps(folder) == [1, 2]
@@ -169,7 +184,7 @@ def test_overwrite_output_dir_starts_over_instead_of_resuming(small_sft, uninter
     shutil.copytree(uninterrupted / "checkpoint-8", folder / "checkpoint-8")
     shutil.copy(uninterrupted / "trainer_log.jsonl", folder / "trainer_log.jsonl")
     (folder / "notes.txt").write_text("mine")
-    result = small_sft.train("output_dir=again", "max_steps=2", "overwrite_output_dir=true")
+    result = train_here(small_sft, "output_dir=again", "max_steps=2", "overwrite_output_dir=true")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert resume_line(result.stdout) == "training from step 0"
     assert not (folder / "checkpoint-8").exists() and (folder / "notes.txt").read_text() == "mine"
