@@ -1,19 +1,20 @@
 """`tuneline train` on bad data, for every stage kind: exit status 2 and one paragraph that names the dataset (its
 entry in dataset_info.json), the file and the row, with no traceback; a dataset of another shape than the stage
-trains on is refused by its entry, with the settings that give the shape. Each run ends before training."""
+trains on is refused by its entry, with the settings that give the shape. Each run ends before training.
+
+Each case runs the command's `main` in this process, the worker's run without its start: a process per case
+would spend seconds on its interpreter and on a worker's imports that the refusal makes useless."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow  # a tuneline process per case: the core row checks stay in the fast tier (tests/core/data)
+pytestmark = pytest.mark.slow  # a tokenization per case: the core row checks stay in the fast tier (tests/core/data)
 
 BAD_TOOLS = '{"name": "lookup", '  # a row's tools cut off mid-object: every template-rendering stage refuses it
 TOOLS = {"tools": "tools"}
@@ -71,7 +72,9 @@ def cache(tmp_path_factory) -> Path:
 
 def train(tmp_path: Path, model: Path, stage_keys: dict, datasets: dict[str, tuple[dict, list[dict]]], *,
           cache: Path) -> subprocess.CompletedProcess:
-    """`tuneline train` in a subprocess on `datasets` (each written as NAME.jsonl beside its entry)."""
+    """`tuneline train` on `datasets` (each written as NAME.jsonl beside its entry), in this process."""
+    from conftest import run_cli_here, train_in_this_process
+
     data = tmp_path / "data"
     data.mkdir()
     for name, (_, rows) in datasets.items():
@@ -83,11 +86,10 @@ def train(tmp_path: Path, model: Path, stage_keys: dict, datasets: dict[str, tup
     config.write_text(yaml.safe_dump({"model_name_or_path": str(model), "finetuning_type": "lora", "template": "default",
                                       "dataset": ",".join(datasets), "dataset_dir": str(data), "cutoff_len": 64,
                                       "output_dir": str(tmp_path / "out"), "max_steps": 2, **keys}))
-    # The worker that imports while the data is tokenized is started for this run alone and ends with it: a warm
-    # worker would finish its imports after the refusal, seconds of CPU per case for nothing.
-    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "train", str(config)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TUNELINE_CACHE": str(cache), "TUNELINE_WARM_WORKER": "0"})
+    (tmp_path / "cache").symlink_to(cache)  # run_cli_here's TUNELINE_CACHE: the module's
+    with pytest.MonkeyPatch.context() as patch:
+        train_in_this_process(patch)  # no worker started to import while the data is tokenized
+        return run_cli_here("train", str(config), cwd=tmp_path)
 
 
 def assert_one_paragraph_exit_2(result: subprocess.CompletedProcess) -> str:
