@@ -259,14 +259,20 @@ def test_neftune_adds_bounded_noise_to_the_embeddings_while_training_only(tiny_b
 
 
 @pytest.mark.slow
-def test_tuneline_train_runs_the_variant_and_the_training_loop_keys(small_sft) -> None:
-    """One `tuneline train` through the worker: DFT, rows in order, token accuracy, early stopping and
-    LLaMA-Factory's effective tokens per second all reach the run and its results."""
+def test_tuneline_train_runs_the_variant_and_the_training_loop_keys(small_sft, one_torch_thread) -> None:
+    """One `tuneline train` through the worker's run: DFT, rows in order, token accuracy, early stopping and
+    LLaMA-Factory's effective tokens per second all reach the run and its results. It runs the command's
+    `main` in this process, the worker's run without its start (a process would spend seconds on imports)."""
     import json
 
-    result = small_sft.train("output_dir=keys", "use_dft_loss=true", "compute_accuracy=true", "disable_shuffling=true",
-                             "include_effective_tokens_per_second=true", "val_size=4", "eval_strategy=steps", "eval_steps=2",
-                             "metric_for_best_model=eval_loss", "early_stopping_steps=2")
+    from conftest import run_cli_here, train_in_this_process
+
+    with pytest.MonkeyPatch.context() as patch:
+        train_in_this_process(patch)
+        result = run_cli_here("train", str(small_sft.config), "output_dir=keys", "use_dft_loss=true", "compute_accuracy=true",
+                              "disable_shuffling=true", "include_effective_tokens_per_second=true", "val_size=4",
+                              "eval_strategy=steps", "eval_steps=2", "metric_for_best_model=eval_loss",
+                              "early_stopping_steps=2", cwd=small_sft.config.parent)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = small_sft.config.parent / "keys"
     results = json.loads((out / "all_results.json").read_text())
