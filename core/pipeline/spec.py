@@ -16,6 +16,12 @@ register: {model_name: demo, alias: champion, promote_metric: answer_f1}
 Overrides: `key=value` sets a key in every stage it applies to, `stage.key=value` in one stage;
 both win over the file.
 
+Placement (docs/ARCHITECTURE.md, "Scheduling"): `work_pool: NAME` at the top or in a stage runs
+the stage as a flow run on a worker of that Prefect work pool, with the stage's `job_variables:`
+(a mapping, e.g. `{env: {CUDA_VISIBLE_DEVICES: "1"}}`); a crashed flow run is submitted again up
+to the stage's `retries` (default 1). Without a pool the stage runs in the pipeline's process,
+beside the stages it does not depend on, at most `parallel_training` training stages at a time.
+
 References: `from` always names a stage (the full-weight model the stage starts from). `ref_model`
 and `reward_model` name a stage when their value is a bare name (no `/`) that is not a path on
 disk; otherwise they are a model path or hub id, as in a single-stage config. References form a
@@ -45,8 +51,22 @@ from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, load_promote_func
 
 BASE_KIND = "build_base"  # the pipeline's own stage: the project's tiny base model, built from a corpus
 REFERENCE_KEYS = ("ref_model", "reward_model")
-_TOP_KEYS = ("name", "workspace", "defaults", "stages", "evaluate", "export", "register")
-_STAGE_META_KEYS = ("name", "from", "stage")
+PLACEMENT_KEYS = ("work_pool", "job_variables", "retries")
+_TOP_SETTINGS = ("work_pool", "parallel_training")  # top-level keys that `key=value` overrides too
+_TOP_KEYS = ("name", "workspace", "defaults", "stages", "evaluate", "export", "register", *_TOP_SETTINGS)
+_STAGE_META_KEYS = ("name", "from", "stage", *PLACEMENT_KEYS)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a stage runs and how often a crashed run of it is submitted again."""
+
+    work_pool: str | None = None
+    """The Prefect work pool whose worker runs the stage; None: the pipeline's own process."""
+    job_variables: Mapping[str, Any] = field(default_factory=dict)
+    """The flow run's job variables on that pool (a process pool's `env`, a Kubernetes pool's fields)."""
+    retries: int = 1
+    """Flow runs of the stage submitted again after one crashed or was found dead."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +75,7 @@ class BaseStage:
     build: BaseModelConfig
     corpus: tuple[str, ...]
     dataset_dir: str
+    placement: Placement = field(default_factory=Placement)
 
 
 @dataclass(frozen=True)
@@ -63,6 +84,7 @@ class TrainingStage:
     parent: str | None
     config: StageConfig
     references: dict[str, str] = field(default_factory=dict)  # `ref_model`/`reward_model` -> stage name
+    placement: Placement = field(default_factory=Placement)
 
     @property
     def kind(self) -> str:
@@ -159,6 +181,8 @@ class Pipeline:
     export: ExportSettings | None
     register: RegisterSettings | None
     source: str | None = field(default=None, compare=False)
+    parallel_training: int = 1
+    """Training stages run at the same time in the pipeline's own process (stages on a work pool not counted)."""
 
     def stage(self, name: str) -> BaseStage | TrainingStage:
         return next(s for s in self.stages if s.name == name)
@@ -187,16 +211,23 @@ def build_pipeline(
     defaults = dict(raw.get("defaults") or {})
     everywhere: dict[str, Any] = {}
     per_stage: dict[str, dict[str, Any]] = {}
+    top = {key: raw[key] for key in _TOP_SETTINGS if key in raw}
     for key, value in overrides.items():
         stage_name, dot, stage_key = key.partition(".")
         if dot:
             per_stage.setdefault(stage_name, {})[stage_key] = value
+        elif key in _TOP_SETTINGS:
+            top[key] = value
         else:
             everywhere[key] = value
+    parallel_training = _parallel_training(top.get("parallel_training", 1), problems)
+    inherited = {"work_pool": _top_pool(top.get("work_pool"), problems), **{k: v for k, v in defaults.items() if k in PLACEMENT_KEYS}}
+    defaults = {k: v for k, v in defaults.items() if k not in PLACEMENT_KEYS}
     raw_stages = raw.get("stages") or []
     if not raw_stages:
         problems.append("'stages' is empty; list at least one stage.")
-    stages = [_build_stage(entry, i, defaults, everywhere, per_stage, problems) for i, entry in enumerate(raw_stages)]
+    stages = [_placed(_build_stage(entry, i, defaults, everywhere, per_stage, problems), entry, inherited,
+                      everywhere, per_stage, problems) for i, entry in enumerate(raw_stages)]
     stages = [s for s in stages if s is not None]
     names = [s.name for s in stages]
     for name in per_stage:
@@ -225,8 +256,54 @@ def build_pipeline(
         workspace=Path(workspace or raw.get("workspace") or "workspace").resolve(),
         stages=tuple(_ordered(stages)),
         source=source,
+        parallel_training=parallel_training,
         **settings,
     )
+
+
+def _parallel_training(value: Any, problems: list[str]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(f"'parallel_training: {value}' must be a whole number of at least 1: how many training stages "
+                        "run at the same time in the pipeline's own process (default 1, since one training stage uses "
+                        "every core and GPU of the machine).")
+        return 1
+    return value
+
+
+def _top_pool(pool: Any, problems: list[str]) -> str | None:
+    if pool is not None and (not isinstance(pool, str) or not pool.strip()):
+        problems.append(f"'work_pool: {pool}' must name a Prefect work pool (a non-empty string) that runs every stage, "
+                        "e.g. work_pool=gpu; remove it to run the stages in the pipeline's process.")
+        return None
+    return pool
+
+
+def _placed(stage: BaseStage | TrainingStage | None, entry: Any, inherited: Mapping[str, Any], everywhere: Mapping[str, Any],
+            per_stage: Mapping[str, Mapping[str, Any]], problems: list[str]) -> BaseStage | TrainingStage | None:
+    """`stage` with its placement: the top-level `work_pool` and `defaults`, then the stage entry, then
+    `key=value`, then `stage.key=value`."""
+    if stage is None:
+        return None
+    values = {k: v for k, v in inherited.items() if v is not None}
+    for source in (entry, everywhere, per_stage.get(stage.name, {})):
+        values.update({k: v for k, v in source.items() if k in PLACEMENT_KEYS})
+    before = len(problems)
+    pool, variables, retries = values.get("work_pool"), values.get("job_variables") or {}, values.get("retries", 1)
+    if pool is not None and (not isinstance(pool, str) or not pool.strip()):
+        problems.append(f"stage '{stage.name}': 'work_pool: {pool}' must name a Prefect work pool (a non-empty string), "
+                        f"e.g. {stage.name}.work_pool=gpu; remove it to run the stage in the pipeline's process.")
+    if not isinstance(variables, Mapping) or not all(isinstance(k, str) for k in variables):
+        problems.append(f"stage '{stage.name}': 'job_variables: {variables}' must be a mapping of the work pool's job "
+                        f"variables, e.g. {stage.name}.job_variables='{{env: {{CUDA_VISIBLE_DEVICES: \"1\"}}}}'.")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        problems.append(f"stage '{stage.name}': 'retries: {retries}' must be a whole number of 0 or more: how many times a "
+                        "crashed flow run of the stage is submitted again (default 1).")
+    if variables and pool is None and len(problems) == before:
+        problems.append(f"stage '{stage.name}': 'job_variables' are a work pool's settings, but the stage names no "
+                        "'work_pool'; add work_pool: NAME (at the top or in the stage), or remove job_variables.")
+    if len(problems) > before:
+        return stage
+    return dataclasses.replace(stage, placement=Placement(work_pool=pool, job_variables=dict(variables), retries=retries))
 
 
 def _build_stage(
@@ -242,7 +319,7 @@ def _build_stage(
         shared = {k: v for k, v in everywhere.items() if k in BASE_KEYS or k == "dataset_dir"}
         return _build_base(name, {**entry, **shared, **per_stage.get(name, {})}, defaults, problems)
     shared = {k: v for k, v in everywhere.items() if k not in BASE_ONLY_KEYS}
-    values = {**entry, **shared, **per_stage.get(name, {})}
+    values = {k: v for k, v in {**entry, **shared, **per_stage.get(name, {})}.items() if k not in PLACEMENT_KEYS}
     if kind not in STAGE_NAMES:
         problems.append(f"stage '{name}': 'stage: {kind}' is not supported; choose one of {', '.join((BASE_KIND, *STAGE_NAMES))}.")
         return None
