@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,12 @@ TOKEN = "hf_pushTok3n"
 
 
 def run_export(tmp_path: Path, **keys) -> subprocess.CompletedProcess:
+    """`tuneline export export.yaml` offline, in this process (no interpreter start and imports to pay for)."""
+    from conftest import run_cli_here
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # conftest's default, read by huggingface_hub as it is imported
     (tmp_path / "export.yaml").write_text(yaml.safe_dump({"template": "chatml", **keys}))
-    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "export", "export.yaml"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return run_cli_here("export", "export.yaml", cwd=tmp_path)
 
 
 @pytest.mark.slow

@@ -4,13 +4,12 @@ all problems of a config come at once."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import run_cli_here
 
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.registry import build_stage_config
@@ -139,8 +138,7 @@ def test_the_cli_reports_every_problem_at_once_and_exits_2(tmp_path: Path):
     config = tmp_path / "train.yaml"
     config.write_text(yaml.safe_dump({"stage": "rm", "train_on_prompt": True, "streaming": True, "val_size": 0.1,
                                       "finetuning_type": "freeze", "use_dora": True}))
-    result = subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "train", str(config)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
+    result = run_cli_here("train", str(config), cwd=tmp_path)  # the command's main, in this process
     assert result.returncode == 2, result.stderr
     for key in ("train_on_prompt", "streaming", "max_steps", "val_size", "use_dora"):
         assert f"'{key}" in result.stderr, key
