@@ -4,18 +4,22 @@ A reference is a plain value (kind, key and the few manifest facts later stages 
 path that only one machine knows; it pickles and serializes to JSON as it is. The machine that
 reads it turns it into a local folder through `StageStore.folder`, and every stage looks its key
 up through `StageStore.serve_or_compute`: those two methods are where a store other than a local
-workspace folder plugs in (`open_store` chooses it).
+workspace folder plugs in (`open_store` chooses it; a URL workspace's is
+`remote_store.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tuneline.core.store.artifacts import Artifact, artifact_path
+from tuneline.core.store.artifacts import Artifact, artifact_lock, artifact_path
 from tuneline.core.store.cache import Damage, serve_or_compute
+from tuneline.core.store.checkpoint_sync import CheckpointSync
+from tuneline.core.store.location import parse_workspace
 
 T = TypeVar("T")
 
@@ -74,20 +78,43 @@ class StageStore:
     """The artifact store of a workspace folder, as the stages read and write it."""
 
     root: Path
+    """The folder whose `artifacts/` a stage writes into (the workspace itself, here)."""
 
     def folder(self, reference: ArtifactRef) -> Path:
         """The local folder holding `reference`'s artifact."""
         return artifact_path(self.root, reference.kind, reference.key)
+
+    def place(self, reference: ArtifactRef) -> str:
+        """Where `reference`'s artifact lives, for a user to read (a folder here), fetching nothing."""
+        return str(self.folder(reference))
 
     def serve_or_compute(self, kind: str, key: str, *, serve: Callable[[Artifact], T], compute: Callable[[Damage | None], T],
                          on_wait: Callable[[], None], on_damaged: Callable[[Damage], None]) -> T:
         """`core.store.cache.serve_or_compute` on this store."""
         return serve_or_compute(self.root, kind, key, serve=serve, compute=compute, on_wait=on_wait, on_damaged=on_damaged)
 
+    def publish(self, artifact: Artifact) -> None:
+        """Make an artifact just written under `root` the store's (it already is, here)."""
+
+    def exclusive(self, kind: str, key: str) -> AbstractContextManager[None]:
+        """Hold the key's lock across every process that shares this store."""
+        return artifact_lock(self.root, kind, key)
+
+    def checkpoint_sync(self, draft: Path) -> CheckpointSync | None:
+        """What keeps the checkpoints of `draft` (a draft under `root`) beyond this machine: nothing
+        here, where the draft is in the workspace itself."""
+        return None
+
 
 def open_store(workspace: str) -> StageStore:
-    """The store a run's `workspace` names."""
-    return StageStore(Path(workspace))
+    """The store a run's `workspace` names: its folder, or for a URL the object store, written
+    through this machine's cache (`TUNELINE_CACHE`)."""
+    location = parse_workspace(workspace)
+    if location.path is not None:
+        return StageStore(location.path)
+    from tuneline.core.pipeline.remote_store import RemoteStageStore
+
+    return RemoteStageStore.open(location)
 
 
 def model_path(store: StageStore, model: ModelInput) -> str:

@@ -10,7 +10,6 @@ from typing import Any
 from tuneline.core.pipeline.references import ArtifactRef, open_store
 from tuneline.core.pipeline.spec import RegisterSettings
 from tuneline.core.pipeline.stage_unit import CACHE_HIT_TAG, STAGE_TAG, WORKER_TAG, Announcer, RunContext, worker_name
-from tuneline.core.store.artifacts import artifact_lock
 from tuneline.core.tracking import model_registry as registry
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.tracking.promotion import check_metric, decide, metric_tags, rule_from_settings
@@ -37,7 +36,7 @@ def register_export(
     rule = rule_from_settings(metric=settings.promote_metric, greater=settings.greater_is_better,
                               min_improvement=settings.min_improvement, function=settings.promote_function)
     check_metric(rule, metrics, metric_origin)
-    with artifact_lock(context.workspace, "register", key):  # two runs of one export on a workspace register it once
+    with open_store(context.workspace).exclusive("register", key):  # two runs of one export on a workspace register it once
         return _register_and_decide(context, settings, rule, exported=exported, lineage=lineage, metrics=metrics,
                                     search_dir=search_dir, announcer=announcer)
 
@@ -46,15 +45,15 @@ def _register_and_decide(context: RunContext, settings: RegisterSettings, rule: 
                          lineage: dict[str, str], metrics: dict[str, float], search_dir: str | None,
                          announcer: Announcer) -> dict[str, Any]:
     uri, key, name = context.tracking_uri, exported.key, settings.model_name
-    export_dir = str(open_store(context.workspace).folder(exported))
+    store = open_store(context.workspace)
     existing = tracking.find_model_version(uri, name=name, tag=EXPORT_KEY_TAG, value=key)
     tags = {KEY_TAG: key, CACHE_HIT_TAG: str(existing is not None).lower(), STAGE_TAG: "register", WORKER_TAG: worker_name()}
     with tracking.tracked_run(uri, context.experiment_id, name="register", parent_run_id=context.parent_run_id, tags=tags) as run_id:
-        tracking.log_params(uri, run_id, {"model_name": name, "alias": settings.alias, "export": export_dir,
+        tracking.log_params(uri, run_id, {"model_name": name, "alias": settings.alias, "export": store.place(exported),
                                           "promote_metric": settings.promote_metric, "promote_function": settings.promote_function,
                                           "min_improvement": settings.min_improvement, "greater_is_better": rule.greater_is_better})
-        version = existing or _register_new(uri, run_id, name=name, key=key, export_dir=export_dir, announcer=announcer,
-                                            tags={**lineage, **metric_tags(metrics)})
+        version = existing or _register_new(uri, run_id, name=name, key=key, export_dir=str(store.folder(exported)),
+                                            announcer=announcer, tags={**lineage, **metric_tags(metrics)})
         champion_version, champion_metrics = registry.champion(uri, name=name, alias=settings.alias)
         decision = decide(rule, version=version, candidate=metrics, champion_version=champion_version, champion=champion_metrics,
                           alias=settings.alias, search_dir=search_dir)

@@ -45,6 +45,7 @@ from tuneline.core.config import (
     read_yaml,
 )
 from tuneline.core.errors import ConfigError, listed, nearest
+from tuneline.core.store.location import parse_workspace
 from tuneline.core.stages.registry import DEFAULT_STAGE, STAGE_NAMES, build_stage_config, kinds_with, stage_kind
 from tuneline.core.evaluation.benchmark_plan import BenchmarkPlan
 from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, load_promote_function, settings_problems
@@ -175,7 +176,8 @@ class RegisterSettings:
 @dataclass(frozen=True)
 class Pipeline:
     name: str
-    workspace: Path
+    workspace: Path | str
+    """A local folder (resolved), or an object-store URL (`s3://bucket/prefix`) as text."""
     stages: tuple[BaseStage | TrainingStage, ...]
     evaluate: EvaluateSettings | None
     export: ExportSettings | None
@@ -193,6 +195,11 @@ class Pipeline:
         while isinstance(stage, TrainingStage) and stage.parent:
             stage = self.stage(stage.parent)
         return stage
+
+
+def _workspace(text: str | Path, *, source: str | None) -> Path | str:
+    location = parse_workspace(text if isinstance(text, Path) else str(text), source=source)
+    return location.path.resolve() if location.path is not None else str(location.url)
 
 
 def load_pipeline(path: str | Path, overrides: list[str] | None = None, *, workspace: str | Path | None = None) -> Pipeline:
@@ -253,7 +260,7 @@ def build_pipeline(
         raise ConfigError(problems, source=source)
     return Pipeline(
         name=str(raw.get("name") or "tuneline"),
-        workspace=Path(workspace or raw.get("workspace") or "workspace").resolve(),
+        workspace=_workspace(workspace or raw.get("workspace") or "workspace", source=source),
         stages=tuple(_ordered(stages)),
         source=source,
         parallel_training=parallel_training,

@@ -165,17 +165,20 @@ def _compute(unit: StageUnit, key: StageKey, inputs: StageInputs, *, context: Ru
         tracking.log_dict(uri, run_id, dict(params), "config.json")
         if key.datasets:
             tracking.log_dataset_inputs(uri, run_id, key.datasets)
-        with write_artifact(context.workspace, unit.kind, key.key, config=tracking.redact(params), inputs=key.inputs,
+        store = inputs.store  # written where this machine's readers find it, then published (a URL workspace's upload)
+        with write_artifact(store.root, unit.kind, key.key, config=tracking.redact(params), inputs=key.inputs,
                             keep_partial=unit.keep_partial) as draft:  # the manifest is logged to MLflow too
             draft.extra["mlflow_run_id"] = run_id
             unit.work(draft, UnitRun(context, run_id, inputs, announcer))
             draft.metrics["stage_seconds"] = round(time.monotonic() - started, 2)
-        artifact = find_artifact(context.workspace, unit.kind, key.key)
+        artifact = find_artifact(store.root, unit.kind, key.key)
         assert artifact is not None  # just written, under the lock
+        store.publish(artifact)  # before the key's lock or lease is let go
         tracking.log_metrics(uri, run_id, artifact.manifest["metrics"])
         tracking.log_artifact(uri, run_id, artifact.path / "manifest.json")
-    announcer.log(f"{label} computed in {time.monotonic() - started:.1f} s -> {artifact.path}")
-    return ArtifactRef.from_artifact(artifact, name=label, cache_hit=False)
+    result = ArtifactRef.from_artifact(artifact, name=label, cache_hit=False)
+    announcer.log(f"{label} computed in {time.monotonic() - started:.1f} s -> {store.place(result)}")
+    return result
 
 
 def _record_cache_hit(unit: StageUnit, artifact: Artifact, inputs: StageInputs, *, context: RunContext,

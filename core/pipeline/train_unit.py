@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,7 +21,8 @@ from tuneline.core.pipeline.stage_unit import StageInputs, StageKey, UnitRun, li
 from tuneline.core.stages.ignored_keys import IGNORED_KEYS_TAG, datasets_map_media, ignored_keys, tag_value
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft
 from tuneline.core.tracking import runs as tracking
-from tuneline.core.training.checkpoints import checkpoint_step, resume_point
+from tuneline.core.store.checkpoint_sync import uploading_checkpoints
+from tuneline.core.training.checkpoints import checkpoint_step, checkpoints, resume_point
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
 from tuneline.core.worker.launch import JOB_FILE, launch_training
 
@@ -53,7 +55,14 @@ class TrainUnit:
         config, log = self.stage.config, run.announcer.log
         training = with_checkpointing(config.training)
         self._record_ignored(run)
+        sync = run.inputs.store.checkpoint_sync(draft.path)
         previous_run_id = previous_attempt(draft.path)
+        if sync is not None and previous_run_id is None and not checkpoints(draft.path):
+            # no draft on this machine: another one may have trained part of the stage and uploaded its checkpoints
+            restored = sync.restore(draft.path)
+            if restored is not None:
+                previous_run_id = restored.run_id
+                log(f"{self.stage.name} fetched checkpoint-{restored.step} from {sync.url}")
         if previous_run_id and previous_run_id != run.run_id:
             step = resumed_step(draft.path, training)
             link_resumed_attempt(run, previous_run_id=previous_run_id, step=step)
@@ -62,7 +71,8 @@ class TrainUnit:
         job = train_job(config, start_model=start_model, dataset_path=run.inputs.path("data"), output_dir=str(draft.path),
                         training=training, references=self.reference_paths(run.inputs) or None,
                         tracking_uri=run.context.tracking_uri, run_id=run.run_id, keep_checkpoints=False)
-        draft.metrics.update(launch_training(job, log=log))
+        with uploading_checkpoints(sync, draft.path, run_id=run.run_id, log=log) if sync is not None else nullcontext():
+            draft.metrics.update(launch_training(job, log=log))
         draft.extra.update(start_model=start_model, finetuning_type=config.finetuning.finetuning_type)
         if (draft.path / LOSS_PLOT).is_file():
             tracking.log_artifact(run.context.tracking_uri, run.run_id, draft.path / LOSS_PLOT)

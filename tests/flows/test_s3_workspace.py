@@ -1,0 +1,172 @@
+"""A pipeline whose workspace is a bucket: `tuneline run --workspace s3://...` against SeaweedFS
+(tests/object_store_server.py) and a real `mlflow server` (tests/cluster_services.py).
+
+One LoRA SFT of the tiny base, a checkpoint every step. Run uninterrupted, the bucket holds its
+artifacts and the launching folder nothing; run again from an empty cache, every stage is served
+from its manifest alone (one GET each). In a second bucket the run is SIGKILLed once the stage has
+uploaded a checkpoint, and a rerun from another empty cache (another machine) resumes from it; the
+store is stopped while that rerun trains, which ends it with the store's URL named, and once it is
+back the same command finishes with the uninterrupted run's weights.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_cli_here
+from object_store_server import RequestCounter, restart_object_store
+from pipeline_runs import max_difference, stage_rows, weights
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
+
+REPO_DATA = Path(__file__).resolve().parents[2] / "data"
+STEPS = 24
+STAGES = ["sft/tokenize", "sft"]
+
+
+def pipeline(tiny_base: Path) -> dict:
+    return {
+        "name": "s3-workspace",
+        "defaults": {"dataset_dir": str(REPO_DATA), "template": "default", "cutoff_len": 64, "seed": 7, "logging_steps": 1},
+        "stages": [{"name": "sft", "stage": "sft", "model_name_or_path": str(tiny_base), "finetuning_type": "lora",
+                    "lora_rank": 4, "lora_target": "all", "dataset": "demo_alpaca", "max_samples": 16,
+                    "per_device_train_batch_size": 2, "max_steps": STEPS, "save_steps": 1}],
+    }
+
+
+@pytest.fixture(scope="module")
+def setting(tiny_base: Path, s3_store, mlflow_server, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("s3_workspace")
+    (folder / "pipeline.yaml").write_text(yaml.safe_dump(pipeline(tiny_base)))
+    env = {**os.environ, **s3_store.env(), "MLFLOW_TRACKING_URI": mlflow_server.uri, "OMP_NUM_THREADS": "1",
+           "TUNELINE_LEASE_TTL_S": "2"}  # a killed run's lease is taken over after 2 s, not 30
+    return {"folder": folder, "pipeline": folder / "pipeline.yaml", "env": env, "store": s3_store, "tracking": mlflow_server.uri}
+
+
+def command(setting: dict, workspace: str) -> list[str]:
+    return [sys.executable, "-m", "tuneline.flows.cli", "-v", "run", str(setting["pipeline"]), "--workspace", workspace]
+
+
+def machine(setting: dict, name: str) -> tuple[Path, dict]:
+    """A launching folder and an environment whose cache no other run shares: another machine."""
+    here = setting["folder"] / name
+    (here / "launch").mkdir(parents=True)
+    return here / "launch", {**setting["env"], "TUNELINE_CACHE": str(here / "cache")}
+
+
+def run(setting: dict, workspace: str, name: str) -> subprocess.CompletedProcess:
+    launch, env = machine(setting, name)
+    return subprocess.run(command(setting, workspace), cwd=launch, env=env, capture_output=True, text=True, timeout=600)
+
+
+def objects(setting: dict, bucket: str) -> dict[str, int]:
+    fs = setting["store"].filesystem()
+    root = bucket.removeprefix("s3://")
+    return {path.removeprefix(f"{root}/"): info["size"] for path, info in fs.find(root, detail=True).items()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setting: dict) -> dict:
+    bucket = setting["store"].make_bucket()
+    result = run(setting, f"{bucket}/team", "uninterrupted")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {"bucket": bucket, "workspace": f"{bucket}/team", "output": result.stdout,
+            "launch": setting["folder"] / "uninterrupted" / "launch", "cache": setting["folder"] / "uninterrupted" / "cache"}
+
+
+def test_the_bucket_holds_the_artifacts_and_the_launching_folder_nothing(uninterrupted, setting):
+    rows = stage_rows(uninterrupted["output"])
+    assert {name: status for name, (status, _) in rows.items()} == dict.fromkeys(STAGES, "computed")
+    assert rows["sft"][1].startswith(f"{uninterrupted['workspace']}/artifacts/trained/sft-")
+    stored = objects(setting, uninterrupted["bucket"])
+    trained = rows["sft"][1].removeprefix(f"{uninterrupted['bucket']}/")
+    assert f"{trained}/manifest.json" in stored and f"{trained}/adapter_model.safetensors" in stored
+    assert not [path for path in stored if ".partial/" in path]  # the uploaded checkpoints go once it is published
+    assert list(uninterrupted["launch"].iterdir()) == []
+
+
+def test_a_rerun_from_an_empty_cache_reads_only_the_manifests(uninterrupted, setting, monkeypatch, tmp_path):
+    from tuneline.core.store.remote import RemoteWorkspace
+
+    counters: list[RequestCounter] = []
+    opened = RemoteWorkspace.filesystem.fget
+
+    def counted(self):  # every filesystem the run opens, its requests counted as they are sent
+        filesystem = opened(self)
+        if not any(c.filesystem is filesystem for c in counters):
+            counter = RequestCounter(filesystem).__enter__()
+            counter.filesystem = filesystem
+            counters.append(counter)
+        return filesystem
+
+    monkeypatch.setattr(RemoteWorkspace, "filesystem", property(counted))
+    for name, value in setting["env"].items():
+        monkeypatch.setenv(name, value)
+    result = run_cli_here("run", str(setting["pipeline"]), "--workspace", uninterrupted["workspace"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = stage_rows(result.stdout)
+    assert {name: status for name, (status, _) in rows.items()} == dict.fromkeys(STAGES, "served from cache")
+    requests = [request for counter in counters for request in counter.requests]
+    assert [method for method, _ in requests] == ["GET"] * len(STAGES), requests
+    assert all(url.endswith("/manifest.json") for _, url in requests), requests
+    assert not (tmp_path / "cache" / "artifacts").exists()  # nothing was fetched
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cache"]  # and nothing written where it ran
+
+
+def uploaded_checkpoints(setting: dict, bucket: str) -> list[str]:
+    return [path for path in objects(setting, bucket) if ".partial/checkpoint-" in path and path.endswith("/checkpoint.json")]
+
+
+def test_a_killed_stage_resumes_on_another_machine_from_its_uploaded_checkpoint(uninterrupted, setting):
+    from mlflow.tracking import MlflowClient
+
+    bucket = setting["store"].make_bucket()
+    workspace = f"{bucket}/team"
+    launch, env = machine(setting, "killed")
+    process = subprocess.Popen(command(setting, workspace), cwd=launch, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline and not uploaded_checkpoints(setting, bucket):
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    output = process.communicate()[0]
+    assert process.returncode == -signal.SIGKILL, f"the run ended before it could be killed:\n{output[-3000:]}"
+    uploaded = uploaded_checkpoints(setting, bucket)
+    assert uploaded
+
+    # another machine: its cache is empty; the store goes away while it trains
+    launch, env = machine(setting, "resumed")
+    process = subprocess.Popen(command(setting, workspace), cwd=launch, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    drafts = env["TUNELINE_CACHE"] + "/artifacts/trained"
+    while process.poll() is None and not list(Path(drafts).glob(".*.partial/trainer_log.jsonl")):
+        time.sleep(0.05)
+    setting["store"].stop()
+    try:
+        output = process.communicate(timeout=300)[0]
+    finally:
+        restart_object_store(setting["store"])
+    assert process.returncode == 1, output[-3000:]
+    assert "the object store did not answer" in output and setting["store"].endpoint_url in output, output[-3000:]
+    assert "Traceback" not in output
+
+    result = subprocess.run(command(setting, workspace), cwd=launch, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert list(launch.iterdir()) == []
+    trained = stage_rows(result.stdout)["sft"][1]
+    fetched = Path(env["TUNELINE_CACHE"]) / "artifacts" / trained.split("/artifacts/", 1)[1]
+    expected = Path(uninterrupted["cache"]) / "artifacts" / trained.split("/artifacts/", 1)[1]
+    assert max_difference(weights(fetched), weights(expected)) < 1e-5
+
+    client = MlflowClient(setting["tracking"])
+    step = int(sorted(uploaded)[-1].split("checkpoint-")[1].split("/")[0])
+    resumed = client.search_runs(client.get_experiment_by_name("s3-workspace").experiment_id,
+                                 "tags.`tuneline.resumed_from_step` != ''")
+    assert [run.info.run_name for run in resumed] == ["sft"] and int(resumed[0].data.tags["tuneline.resumed_from_step"]) >= step
