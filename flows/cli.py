@@ -1,8 +1,9 @@
 """The `tuneline` command (docs/ARCHITECTURE.md, "Interfaces").
 
-    tuneline demo [--workspace DIR] [key=value ...]
+    tuneline demo [--workspace DIR] [--work-pool NAME] [key=value ...]
     tuneline run PIPELINE.yaml [--workspace DIR] [key=value ...]
     tuneline deploy [--prefect-file FILE] [--pool NAME]
+    tuneline deploy PIPELINE.yaml [key=value ...]
     tuneline train CONFIG.yaml [key=value ...]
     tuneline data preprocess CONFIG.yaml --output DIR [key=value ...]
     tuneline data preview CONFIG.yaml [--count N] [key=value ...]
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="build a tiny model and run the whole chain on the demo data")
     demo.add_argument("--workspace", default="workspace", help="folder for artifacts and the MLflow store (default: ./workspace)")
+    demo.add_argument("--work-pool", default=None, metavar="NAME",
+                      help="run every stage as a flow run on a worker of this Prefect work pool (see `tuneline deploy`)")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="override a default, or one stage's key as stage.key=value")
     demo.set_defaults(handler=run_demo)
 
@@ -112,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     deploy = commands.add_parser("deploy", help="create the work pool and register deployments/prefect.yaml with the Prefect server")
     deploy.add_argument("--prefect-file", default=None, help="deployments file (default: deployments/prefect.yaml)")
     deploy.add_argument("--pool", default=None, help="process work pool for every deployment (default: the file's)")
+    deploy.add_argument("pipeline", nargs="?", default=None,
+                        help="instead: register the one-stage flow on every work pool this pipeline YAML names")
+    deploy.add_argument("overrides", nargs="*", metavar="key=value", help="with a pipeline: its overrides (work_pool=NAME, ...)")
     deploy.set_defaults(handler=run_deploy)
 
     train = commands.add_parser("train", help="train one stage from a LLaMA-Factory-style YAML")
@@ -212,7 +218,8 @@ def add_chat_parser(commands: argparse._SubParsersAction) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    overrides = [f"dataset_dir={DEMO_PIPELINE.parent}", *args.overrides]
+    overrides = [f"dataset_dir={DEMO_PIPELINE.parent}", *([f"work_pool={args.work_pool}"] if args.work_pool else []),
+                 *args.overrides]
     return _run_flow(str(DEMO_PIPELINE), overrides, args.workspace)
 
 
@@ -255,8 +262,16 @@ def _hide_tracebacks_of_input_errors() -> None:
 
 
 def run_deploy(args: argparse.Namespace) -> int:
-    from tuneline.flows.deploy import deploy
+    from tuneline.flows.deploy import deploy, deploy_stage_flows, pipeline_pools
 
+    if args.pipeline:
+        from tuneline.core.pipeline.spec import load_pipeline
+
+        pools = pipeline_pools(load_pipeline(args.pipeline, args.overrides))
+        names = deploy_stage_flows(pools)
+        print(f"deployed {', '.join(names)}")
+        print("start a worker on each machine: " + "; ".join(f"prefect worker start --pool {pool} --type process" for pool in pools))
+        return 0
     names, pools = deploy(args.prefect_file, pool=args.pool)
     print(f"deployed {', '.join(names)} to work pool {', '.join(pools)}")
     print(f"start a worker: prefect worker start --pool {pools[0]}")

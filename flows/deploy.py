@@ -1,8 +1,14 @@
 """`tuneline deploy`: register the flows' deployments (deployments/prefect.yaml) with a Prefect server.
 
     tuneline deploy [--prefect-file FILE] [--pool NAME]
+    tuneline deploy PIPELINE.yaml [key=value ...]      # the one-stage flow on every pool the pipeline names
 
-Creates each process work pool the deployments name (or `--pool`) if it is missing, then runs
+With a pipeline, it creates each process work pool the pipeline's stages name (`work_pool`) if it is
+missing and registers the one-stage flow there as `tuneline-stage/<pool>`, by its module path
+(`tuneline.flows.stage_flow:stage_flow`) and with no pull step: a worker runs it from the tuneline it
+has installed, in whatever folder it was started, and is sent everything else with each flow run.
+Without one:
+it creates each process work pool the deployments name (or `--pool`) if it is missing, then runs
 `prefect deploy --all` from the folder that holds flows/ and data/ (the repository root in a checkout,
 the installed `tuneline` package's folder otherwise), so that Prefect records a `set_working_directory`
 pull step to that folder: a process worker then runs every flow there, where the entrypoint
@@ -22,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from tuneline.core.errors import ConfigError
+from tuneline.core.pipeline.spec import Pipeline
 
 # flows/, data/ and deployments/ share one parent: the repository root in a checkout, the installed
 # `tuneline` package's folder in a wheel. prefect.yaml's entrypoint and relative paths resolve there.
@@ -32,16 +39,9 @@ POOL_TYPE = "process"
 
 def deploy(prefect_file: str | Path | None = None, *, pool: str | None = None) -> tuple[list[str], list[str]]:
     """Create the work pools, register the deployments; returns their `flow/deployment` names and the pools."""
-    from prefect.settings import PREFECT_API_URL
-
     path = Path(prefect_file or DEFAULT_PREFECT_FILE).resolve()
     deployments = read_deployments(path)
-    if not PREFECT_API_URL.value():
-        raise ConfigError(
-            "PREFECT_API_URL is not set, so the deployments would go to a temporary server that no worker can reach. "
-            "Start a server with `prefect server start --host 127.0.0.1 --port 4200` and run "
-            "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api` (or export it), then deploy again.",
-            source="tuneline deploy")
+    require_api_url()
     pools = {pool} if pool else {d["work_pool"]["name"] for d in deployments}
     for name in sorted(pools):
         ensure_work_pool(name)
@@ -52,7 +52,48 @@ def deploy(prefect_file: str | Path | None = None, *, pool: str | None = None) -
         result = subprocess.run(command, cwd=PROJECT_ROOT, env=os.environ, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"`{' '.join(command)}` failed (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return [f"tuneline-pipeline/{d['name']}" for d in deployments], sorted(pools)
+    stage_flows = deploy_stage_flows(sorted(pools))  # so that `tuneline demo --work-pool POOL` finds its stages' flow
+    return [*(f"tuneline-pipeline/{d['name']}" for d in deployments), *stage_flows], sorted(pools)
+
+
+def deploy_stage_flows(pools: list[str]) -> list[str]:
+    """Create each pool if missing and register the one-stage flow on it; returns the deployments' names."""
+    from prefect.client.orchestration import get_client
+    from prefect.utilities.callables import parameter_schema
+
+    from tuneline.flows.stage_flow import ENTRYPOINT, STAGE_FLOW, deployment_name, stage_flow
+
+    require_api_url()
+    schema = parameter_schema(stage_flow).model_dump_for_openapi()
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name(STAGE_FLOW)
+        for pool in pools:
+            ensure_work_pool(pool)
+            client.create_deployment(flow_id, pool, entrypoint=ENTRYPOINT, work_pool_name=pool, pull_steps=[],
+                                     parameter_openapi_schema=schema, enforce_parameter_schema=False,
+                                     description=f"One stage of a tuneline pipeline, on a worker of pool {pool}.")
+    return [deployment_name(pool) for pool in pools]
+
+
+def pipeline_pools(pipeline: Pipeline) -> list[str]:
+    """The work pools the pipeline's stages name, or a ConfigError when they name none."""
+    pools = sorted({stage.placement.work_pool for stage in pipeline.stages if stage.placement.work_pool})
+    if not pools:
+        raise ConfigError("no stage names a work pool, so no worker has anything to run; set `work_pool: NAME` at the "
+                          "top of the pipeline or in a stage (or pass work_pool=NAME), then deploy again.",
+                          source=pipeline.source)
+    return pools
+
+
+def require_api_url() -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise ConfigError(
+            "PREFECT_API_URL is not set, so the deployments would go to a temporary server that no worker can reach. "
+            "Start a server with `prefect server start --host 127.0.0.1 --port 4200` and run "
+            "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api` (or export it), then deploy again.",
+            source="tuneline deploy")
 
 
 def with_pool(path: Path, pool: str, copy: Path) -> Path:

@@ -1,29 +1,37 @@
-"""The pipeline flow: validate the config, open the MLflow parent run, run the stages in order.
+"""The pipeline flow: validate the config, open the MLflow parent run, run the stages as their inputs get ready.
 
 Run it with `tuneline run PIPELINE.yaml [key=value ...]` or `tuneline demo`.
 
 Each stage's key (core/pipeline/keys.py) names its artifact in the workspace's store, which is the
 only cache: every stage task runs, and serves the artifact when it is there and sound.
+
+Scheduling: the flow submits every stage whose stages it refers to have ended and waits for
+whichever ends first, so stages that do not depend on each other (rm and dpo after sft) run at the
+same time. A stage with a `work_pool` runs as a flow run on a worker of that pool (flows/stage_flow.py);
+one without runs in this process, in a thread of its own, with at most `parallel_training` of
+them training at a time (one training stage uses every core and GPU of the machine).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from contextvars import ContextVar
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from tuneline.core.config import InferenceConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.references import ArtifactRef, ExternalModel, ModelInput, StageStore, open_store
 from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
-from tuneline.core.pipeline.stage_runs import export_template
+from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND
 from tuneline.core.pipeline.stage_unit import RunContext, StageUnit
 from tuneline.core.pipeline.train_unit import TrainUnit
-from tuneline.core.pipeline.units import BaseUnit, EvaluateUnit, ExportUnit, MergeUnit, TokenizeUnit
+from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit
+from tuneline.core.pipeline.units import BaseUnit, EvaluateUnit, ExportUnit, MergeUnit
 from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.tracking import runs as tracking
@@ -31,6 +39,7 @@ from tuneline.core.tracking.lineage import lineage_tags
 from tuneline.core.tracking.privacy import mask_password
 from tuneline.core.tracking.promotion import candidate_metrics
 from tuneline.flows.report import change_summary
+from tuneline.flows.stage_flow import PoolDispatch, run_on_pool
 from tuneline.tasks.register import register
 from tuneline.tasks.register_datasets import register_datasets
 from tuneline.tasks.stage import task_for
@@ -50,6 +59,9 @@ class ChainState:
     produced: dict[str, ArtifactRef] = field(default_factory=dict)  # each stage's own artifact (built or trained)
     tokenized: dict[str, ArtifactRef] = field(default_factory=dict)
     report: list[dict[str, Any]] = field(default_factory=list)
+    dispatch: PoolDispatch | None = None  # what a stage's flow run on a work pool is sent
+    merging: threading.Lock = field(default_factory=threading.Lock)  # one merge of a stage, however many stages need it
+    training_slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
 
 
 # The pipeline `run_checked_pipeline` hands its flow run: Prefect records a flow's parameters, and a
@@ -71,16 +83,17 @@ def run_checked_pipeline(pipeline: Pipeline, *, pipeline_path: str, overrides: l
 @flow(name="tuneline-pipeline")
 def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, workspace: str | None = None) -> dict[str, Any]:
     pipeline = _CHECKED.get() or load_pipeline(pipeline_path, overrides, workspace=workspace)
-    local = pipeline.workspace if isinstance(pipeline.workspace, Path) else None  # else a URL: nothing is written here
-    if local is not None:
-        local.mkdir(parents=True, exist_ok=True)
+    pipeline.workspace.mkdir(parents=True, exist_ok=True)
     uri = tracking.tracking_uri(pipeline.workspace)
-    experiment_id = tracking.ensure_experiment(uri, pipeline.name, artifact_root=local / "mlartifacts" if local else None)
+    experiment_id = tracking.ensure_experiment(uri, pipeline.name, artifact_root=pipeline.workspace / "mlartifacts")
     with tracking.tracked_run(uri, experiment_id, name=f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                               tags={"tuneline.pipeline": pipeline.name}) as parent_run_id:
         context = RunContext(str(pipeline.workspace), uri, experiment_id, parent_run_id)
-        state = ChainState(pipeline=pipeline, context=context, fingerprints=register_datasets(context, pipeline),
-                           store=open_store(context.workspace))
+        fingerprints = register_datasets(context, pipeline)
+        dispatch = PoolDispatch(Path(pipeline_path).read_text(encoding="utf-8"), list(overrides or []), fingerprints) \
+            if any(stage.placement.work_pool for stage in pipeline.stages) else None
+        state = ChainState(pipeline=pipeline, context=context, fingerprints=fingerprints, store=open_store(context.workspace),
+                           dispatch=dispatch, training_slots=threading.Semaphore(pipeline.parallel_training))
         summary = run_chain(pipeline, state)
         outcome = change_summary(summary["stages"])
         get_run_logger().info(outcome)
@@ -90,17 +103,45 @@ def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, worksp
 
 
 def run_chain(pipeline: Pipeline, state: ChainState) -> dict[str, Any]:
-    for stage in pipeline.stages:
-        STAGE_RUNNERS[type(stage)](pipeline, stage, state)
+    run_stages(pipeline, state)
+    # stages end in whatever order they end; the summary lists them in the pipeline's order all the same
+    order = {stage.name: index for index, stage in enumerate(pipeline.stages)}
+    state.report.sort(key=lambda item: order[item["name"].split("/")[0]])
     summary: dict[str, Any] = {"stages": state.report, "datasets": state.fingerprints.all()}
     if pipeline.evaluate:
         summary["evaluation"] = dict(run_evaluate(pipeline, state).metrics)
     if pipeline.export:
         exported = run_export(pipeline, state)
-        summary["export_dir"] = state.store.place(exported)
+        summary["export_dir"] = str(state.store.folder(exported))
         if pipeline.register:
             summary["registered"] = run_register(pipeline, state, exported=exported, evaluation=summary.get("evaluation") or {})
     return summary
+
+
+def run_stages(pipeline: Pipeline, state: ChainState) -> None:
+    """Submit every stage whose referenced stages have ended, wait for whichever ends first, repeat.
+    A stage that fails stops new submissions; the ones running end before its error is raised."""
+    pending, ended = list(pipeline.stages), set()
+    running: dict[Future[None], str] = {}
+    failed: list[Future[None]] = []
+    with ThreadPoolExecutor(max_workers=len(pipeline.stages), thread_name_prefix="stage") as threads:
+        while pending or running:
+            for stage in [s for s in pending if needed_stages(s) <= ended]:
+                pending.remove(stage)
+                # each thread runs in a copy of this one's context: the flow run its tasks belong to
+                running[threads.submit(copy_context().run, STAGE_RUNNERS[type(stage)], pipeline, stage, state)] = stage.name
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                ended.add(running.pop(future))
+                if future.exception() is not None:
+                    failed.append(future)
+                    pending.clear()
+    if failed:
+        failed[0].result()
+
+
+def needed_stages(stage: BaseStage | TrainingStage) -> set[str]:
+    return set(stage.links().values()) if isinstance(stage, TrainingStage) else set()
 
 
 def run_register(pipeline: Pipeline, state: ChainState, *, exported: ArtifactRef, evaluation: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +166,7 @@ def run_register(pipeline: Pipeline, state: ChainState, *, exported: ArtifactRef
 
 
 def run_base(pipeline: Pipeline, stage: BaseStage, state: ChainState) -> None:
-    built = call(state, BaseUnit(stage, fingerprints=state.fingerprints.stages[stage.name]), {})
+    built = call(state, UnitAddress(BaseUnit.kind, stage.name), {})
     state.produced[stage.name] = built
     state.models[stage.name] = built
 
@@ -134,9 +175,9 @@ def run_training_stage(pipeline: Pipeline, stage: TrainingStage, state: ChainSta
     start = start_model(pipeline, stage, state)
     references = referenced_models(stage, state)
     tokenizer = state.models.get(pipeline.root(stage.name).name, start)  # the chain's root provides the tokenizer
-    tokenized = call(state, TokenizeUnit(stage, fingerprints=state.fingerprints.stages[stage.name]), {"tokenizer": tokenizer})
+    tokenized = call(state, UnitAddress(TOKENIZED_KIND, stage.name), {"tokenizer": tokenizer})
     state.tokenized[stage.name] = tokenized
-    trained = call(state, TrainUnit(stage), {"data": tokenized, "model": start, **references})
+    trained = call(state, UnitAddress(TrainUnit.kind, stage.name), {"data": tokenized, "model": start, **references})
     state.produced[stage.name] = trained
     if trained.finetuning_type == "full" and stage.produces_policy:
         state.models[stage.name] = trained
@@ -160,15 +201,15 @@ def start_model(pipeline: Pipeline, stage: TrainingStage, state: ChainState) -> 
 
 
 def full_model(name: str, state: ChainState) -> ArtifactRef:
-    """The stage's full-weight causal LM, merging a LoRA stage's adapter once; never an rm stage's."""
-    if name not in state.models:
-        stage, trained = state.pipeline.stage(name), state.produced[name]
-        if isinstance(stage, TrainingStage) and not stage.produces_policy:
-            raise ConfigError(f"stage '{name}' is an {stage.kind} stage; its reward model is not a causal LM to start from or merge.")
-        rope = {"rope_scaling": stage.config.model.rope_scaling, "model_max_length": stage.config.data.cutoff_len} \
-            if isinstance(stage, TrainingStage) and stage.config.model.rope_scaling else {}
-        state.models[name] = call(state, MergeUnit(name, **rope), {"trained": trained})
-    return state.models[name]
+    """The stage's full-weight causal LM, merging a LoRA stage's adapter once (the stages that start from
+    it at the same time wait for that merge); never an rm stage's."""
+    with state.merging:
+        if name not in state.models:
+            stage, trained = state.pipeline.stage(name), state.produced[name]
+            if isinstance(stage, TrainingStage) and not stage.produces_policy:
+                raise ConfigError(f"stage '{name}' is an {stage.kind} stage; its reward model is not a causal LM to start from or merge.")
+            state.models[name] = call(state, UnitAddress(MergeUnit.kind, name), {"trained": trained})
+        return state.models[name]
 
 
 def run_evaluate(pipeline: Pipeline, state: ChainState) -> ArtifactRef:
@@ -177,30 +218,42 @@ def run_evaluate(pipeline: Pipeline, state: ChainState) -> ArtifactRef:
     inputs: dict[str, ModelInput] = {"trained": state.produced[stage.name], "data": state.tokenized[stage.name]}
     if settings.baseline:
         inputs["baseline"] = full_model(settings.baseline, state)
-    return call(state, EvaluateUnit(settings, stage, heldout=state.fingerprints.heldout), inputs)
+    return call(state, UnitAddress(EvaluateUnit.kind, stage.name), inputs)
 
 
 def run_export(pipeline: Pipeline, state: ChainState) -> ArtifactRef:
     """The export of the stage's full-weight model; a training stage's own artifact goes along for
     the parity gate (the tokenizer it trained with and, for a LoRA stage, its adapter)."""
-    settings = pipeline.export
-    stage = pipeline.stage(settings.stage)
+    stage = pipeline.stage(pipeline.export.stage)
     model = full_model(stage.name, state)
-    config = stage.config if isinstance(stage, TrainingStage) else None
-    inference = config.inference if config is not None else InferenceConfig()
-    inputs = {"model": model, **({"trained": state.produced[stage.name]} if config is not None else {})}
-    return call(state, ExportUnit(settings, template=export_template(config), inference=inference, config=config), inputs)
+    inputs = {"model": model, **({"trained": state.produced[stage.name]} if isinstance(stage, TrainingStage) else {})}
+    return call(state, UnitAddress(ExportUnit.kind, stage.name), inputs)
 
 
 STAGE_RUNNERS = {BaseStage: run_base, TrainingStage: run_training_stage}
 
 
-def call(state: ChainState, unit: StageUnit, inputs: dict[str, ModelInput]) -> ArtifactRef:
-    """Run a stage unit in its task (it serves its artifact from the store or computes it) and report it."""
+def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput]) -> ArtifactRef:
+    """Run a stage unit (it serves its artifact from the store or computes it) and report it: as a flow
+    run on its stage's work pool, else in its task in this process (a training unit once a slot is free)."""
+    unit = build_unit(state.pipeline, state.fingerprints, address)
+    placement = state.pipeline.stage(address.stage).placement
     started = time.monotonic()
-    result: ArtifactRef = task_for(unit)(state.context, unit, inputs, return_state=True).result()  # a hit returns its "Cached" state
+    if placement.work_pool is not None:
+        assert state.dispatch is not None
+        result = run_on_pool(unit, address, inputs, placement=placement, dispatch=state.dispatch, context=state.context,
+                             say=lambda message: print(message, flush=True))
+    elif unit.kind == TrainUnit.kind:
+        with state.training_slots:
+            result = run_in_task(state, unit, inputs)
+    else:
+        result = run_in_task(state, unit, inputs)
     seconds = round(time.monotonic() - started, 1)
     state.report.append({"name": result.name, "key": result.key, "kind": result.kind, "cache_hit": result.cache_hit,
-                         "seconds": seconds, "path": state.store.place(result)})
+                         "seconds": seconds, "path": str(state.store.folder(result))})
     print(f"{result.name}: {'served from cache' if result.cache_hit else f'computed in {seconds} s'}", flush=True)
     return result
+
+
+def run_in_task(state: ChainState, unit: StageUnit, inputs: dict[str, ModelInput]) -> ArtifactRef:
+    return task_for(unit)(state.context, unit, inputs, return_state=True).result()  # a hit returns its "Cached" state

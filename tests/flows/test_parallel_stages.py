@@ -1,0 +1,91 @@
+"""Stages that do not depend on each other run at the same time: in the pipeline's process (with
+`parallel_training=2`), and as flow runs on two process workers of one work pool.
+
+The pipeline is the smallest with a fork: a tiny base model, sft (LoRA), then rm and dpo (`ref_model:
+sft`), both from sft's merged model, two steps each. Real Prefect server and workers, real MLflow,
+real training.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_cli_here
+
+REPO = Path(__file__).resolve().parents[2]
+POOL = "fork-pool"
+SMALL = {"dataset_dir": str(REPO / "data"), "template": "default", "cutoff_len": 48, "max_samples": 16, "seed": 42,
+         "per_device_train_batch_size": 4, "max_steps": 2, "logging_steps": 1, "learning_rate": 1.0e-3,
+         "finetuning_type": "lora", "lora_rank": 4, "lora_target": "all"}
+FORK = {
+    "name": "fork",
+    "defaults": SMALL,
+    "stages": [
+        {"name": "base", "stage": "build_base", "corpus": "demo_pretrain,demo_alpaca", "vocab_size": 512, "hidden_size": 32,
+         "intermediate_size": 64, "num_hidden_layers": 2},
+        {"name": "sft", "stage": "sft", "from": "base", "dataset": "demo_alpaca"},
+        {"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"},
+        {"name": "dpo", "stage": "dpo", "from": "sft", "ref_model": "sft", "dataset": "demo_preference"},
+    ],
+}
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
+
+
+def write_fork(path: Path) -> Path:
+    path.write_text(yaml.safe_dump(FORK, sort_keys=False))
+    return path
+
+
+def stage_runs(tracking_uri: str) -> dict[str, object]:
+    """The pipeline's child runs by name (`sft`, `rm/tokenize`, ...), each stage's latest."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name(FORK["name"])
+    runs = client.search_runs([experiment.experiment_id], "tags.`tuneline.stage` LIKE '%'", order_by=["attributes.start_time ASC"])
+    return {run.info.run_name: run for run in runs}
+
+
+def overlap_seconds(first, second) -> float:
+    """How long two runs were both running (negative: the gap between them)."""
+    return (min(first.info.end_time, second.info.end_time) - max(first.info.start_time, second.info.start_time)) / 1000
+
+
+def test_independent_stages_train_at_the_same_time_in_process(tmp_path: Path):
+    workspace = tmp_path / "workspace"
+    done = run_cli_here("run", str(write_fork(tmp_path / "fork.yaml")), "--workspace", str(workspace), "parallel_training=2",
+                        cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = stage_runs(f"sqlite:///{workspace / 'mlflow.db'}")
+    assert {"base", "sft", "sft/merge", "rm", "dpo"} <= set(runs)
+    overlap = overlap_seconds(runs["rm"], runs["dpo"])
+    print(f"rm and dpo trained side by side for {overlap:.1f} s")
+    assert overlap > 0
+    assert runs["sft"].info.end_time <= min(runs["rm"].info.start_time, runs["dpo"].info.start_time)
+
+
+def test_stages_on_a_work_pool_run_on_both_workers_and_the_fork_at_once(tmp_path: Path, prefect_workers, mlflow_server):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.uri, "OMP_NUM_THREADS": "1"}
+    workers = [prefect_workers(POOL, name, env=env) for name in ("worker-a", "worker-b")]
+    chain = write_fork(tmp_path / "fork.yaml")
+    deployed = run_cli_here("deploy", str(chain), f"work_pool={POOL}", cwd=tmp_path)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    assert f"tuneline-stage/{POOL}" in deployed.stdout
+    workspace = tmp_path / "workspace"  # a folder both workers reach
+    os.environ["MLFLOW_TRACKING_URI"] = mlflow_server.uri
+    try:
+        done = run_cli_here("run", str(chain), "--workspace", str(workspace), f"work_pool={POOL}", cwd=tmp_path)
+    finally:
+        os.environ.pop("MLFLOW_TRACKING_URI")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + "".join(w.log.read_text()[-3000:] for w in workers)
+    runs = stage_runs(mlflow_server.uri)
+    assert {"base", "sft", "sft/merge", "rm", "dpo"} <= set(runs)
+    ran_on = {name: run.data.tags["tuneline.worker"] for name, run in runs.items()}
+    print(f"stages by worker: {ran_on}")
+    assert set(ran_on.values()) == {"worker-a", "worker-b"}
+    overlap = overlap_seconds(runs["rm"], runs["dpo"])
+    print(f"rm and dpo trained on {ran_on['rm']} and {ran_on['dpo']} side by side for {overlap:.1f} s")
+    assert overlap > 0
