@@ -83,9 +83,11 @@ def run_checked_pipeline(pipeline: Pipeline, *, pipeline_path: str, overrides: l
 @flow(name="tuneline-pipeline")
 def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, workspace: str | None = None) -> dict[str, Any]:
     pipeline = _CHECKED.get() or load_pipeline(pipeline_path, overrides, workspace=workspace)
-    pipeline.workspace.mkdir(parents=True, exist_ok=True)
+    local = pipeline.workspace if isinstance(pipeline.workspace, Path) else None  # else a URL: nothing is written here
+    if local is not None:
+        local.mkdir(parents=True, exist_ok=True)
     uri = tracking.tracking_uri(pipeline.workspace)
-    experiment_id = tracking.ensure_experiment(uri, pipeline.name, artifact_root=pipeline.workspace / "mlartifacts")
+    experiment_id = tracking.ensure_experiment(uri, pipeline.name, artifact_root=local / "mlartifacts" if local else None)
     with tracking.tracked_run(uri, experiment_id, name=f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                               tags={"tuneline.pipeline": pipeline.name}) as parent_run_id:
         context = RunContext(str(pipeline.workspace), uri, experiment_id, parent_run_id)
@@ -112,7 +114,7 @@ def run_chain(pipeline: Pipeline, state: ChainState) -> dict[str, Any]:
         summary["evaluation"] = dict(run_evaluate(pipeline, state).metrics)
     if pipeline.export:
         exported = run_export(pipeline, state)
-        summary["export_dir"] = str(state.store.folder(exported))
+        summary["export_dir"] = state.store.place(exported)
         if pipeline.register:
             summary["registered"] = run_register(pipeline, state, exported=exported, evaluation=summary.get("evaluation") or {})
     return summary
@@ -250,7 +252,7 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
         result = run_in_task(state, unit, inputs)
     seconds = round(time.monotonic() - started, 1)
     state.report.append({"name": result.name, "key": result.key, "kind": result.kind, "cache_hit": result.cache_hit,
-                         "seconds": seconds, "path": str(state.store.folder(result))})
+                         "seconds": seconds, "path": state.store.place(result)})
     print(f"{result.name}: {'served from cache' if result.cache_hit else f'computed in {seconds} s'}", flush=True)
     return result
 
