@@ -244,7 +244,7 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
     if placement.work_pool is not None:
         assert state.dispatch is not None
         result = run_on_pool(unit, address, inputs, placement=placement, dispatch=state.dispatch, context=state.context,
-                             say=lambda message: print(message, flush=True))
+                             store=state.store, say=lambda message: print(message, flush=True))
     elif unit.kind == TrainUnit.kind:
         with state.training_slots:
             result = run_in_task(state, unit, inputs)

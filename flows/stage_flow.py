@@ -23,11 +23,11 @@ from prefect.states import Completed, State
 from tuneline.core.config import parse_overrides
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.keys import PipelineFingerprints
-from tuneline.core.pipeline.references import ArtifactRef, ModelInput
+from tuneline.core.pipeline.references import ArtifactRef, ModelInput, StageStore
 from tuneline.core.pipeline.spec import Placement, build_pipeline
 from tuneline.core.pipeline.stage_unit import Announcer, RunContext, StageUnit, run_stage_unit, unit_key
 from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit, decode_inputs, encode_inputs
-from tuneline.core.store.artifacts import find_artifact
+from tuneline.core.store.cache import Damage
 from tuneline.core.training.job import TRACKING_URI_ENV, TRACKING_URI_FROM_ENV
 
 STAGE_FLOW = "tuneline-stage"
@@ -70,7 +70,7 @@ class StageRunFailed(RuntimeError):
 
 
 def run_on_pool(unit: StageUnit, address: UnitAddress, inputs: Mapping[str, ModelInput], *, placement: Placement,
-                dispatch: PoolDispatch, context: RunContext, say: Callable[[str], None]) -> ArtifactRef:
+                dispatch: PoolDispatch, context: RunContext, store: StageStore, say: Callable[[str], None]) -> ArtifactRef:
     """Run `unit` as a flow run of `tuneline-stage/<pool>` and wait for it; a run that crashed (its worker or
     process died) is submitted again up to `placement.retries` times. Returns the artifact's reference,
     read from the manifest the stage committed to the store."""
@@ -86,7 +86,7 @@ def run_on_pool(unit: StageUnit, address: UnitAddress, inputs: Mapping[str, Mode
                                   job_variables=dict(placement.job_variables), flow_run_name=f"{unit.label}-{key}")
         state = flow_run.state
         if state is not None and state.is_completed():
-            return stored_reference(context.workspace, unit, key, cache_hit=state.name == CACHED_STATE)
+            return stored_reference(store, context.workspace, unit, key, cache_hit=state.name == CACHED_STATE)
         ended = f"{unit.label}: flow run {flow_run.name} on pool {placement.work_pool} ended {state.type.value if state else 'without a state'}"
         if state is None or not state.is_crashed() or attempt == placement.retries:
             raise StageRunFailed(f"{ended} ({state.message if state else ''}); see the flow run's log in Prefect.")
@@ -99,9 +99,13 @@ def parameter_uri(uri: str) -> str:
     return TRACKING_URI_FROM_ENV if uri == os.environ.get(TRACKING_URI_ENV) else uri
 
 
-def stored_reference(workspace: str, unit: StageUnit, key: str, *, cache_hit: bool) -> ArtifactRef:
-    artifact = find_artifact(workspace, unit.kind, key)
-    if artifact is None:
-        raise StageRunFailed(f"{unit.label}: its flow run completed, but the store at {workspace} holds no committed "
-                             f"{unit.kind} artifact {key}; the worker's workspace is not this run's.")
-    return ArtifactRef.from_artifact(artifact, name=unit.label, cache_hit=cache_hit)
+def stored_reference(store: StageStore, workspace: str, unit: StageUnit, key: str, *, cache_hit: bool) -> ArtifactRef:
+    """The reference of the artifact a worker committed, from its manifest in the store (one read)."""
+
+    def missing(damage: Damage | None) -> ArtifactRef:
+        raise StageRunFailed(f"{unit.label}: its flow run completed, but the workspace {workspace} holds no sound "
+                             f"{unit.kind} artifact {key}" + (f" ({damage.reason})" if damage else "") +
+                             "; the workers must run with the same workspace as this pipeline (an s3:// URL every machine reaches).")
+
+    return store.serve_or_compute(unit.kind, key, serve=lambda artifact: ArtifactRef.from_artifact(artifact, name=unit.label, cache_hit=cache_hit),
+                                  compute=missing, on_wait=lambda: None, on_damaged=lambda damage: None)

@@ -67,19 +67,22 @@ def test_independent_stages_train_at_the_same_time_in_process(tmp_path: Path):
     assert runs["sft"].info.end_time <= min(runs["rm"].info.start_time, runs["dpo"].info.start_time)
 
 
-def test_stages_on_a_work_pool_run_on_both_workers_and_the_fork_at_once(tmp_path: Path, prefect_workers, mlflow_server):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.uri, "OMP_NUM_THREADS": "1"}
-    workers = [prefect_workers(POOL, name, env=env) for name in ("worker-a", "worker-b")]
+def test_stages_on_a_work_pool_run_on_both_workers_and_the_fork_at_once(tmp_path: Path, prefect_workers, mlflow_server,
+                                                                       s3_store, monkeypatch):
+    """Two workers that share no path; the workspace is a bucket and the runs go to a tracking server."""
+    services = {**s3_store.env(), "MLFLOW_TRACKING_URI": mlflow_server.uri}
+    workers = [prefect_workers(POOL, name, env={**os.environ, **services, "OMP_NUM_THREADS": "1"})
+               for name in ("worker-a", "worker-b")]
     chain = write_fork(tmp_path / "fork.yaml")
     deployed = run_cli_here("deploy", str(chain), f"work_pool={POOL}", cwd=tmp_path)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     assert f"tuneline-stage/{POOL}" in deployed.stdout
-    workspace = tmp_path / "workspace"  # a folder both workers reach
-    os.environ["MLFLOW_TRACKING_URI"] = mlflow_server.uri
-    try:
-        done = run_cli_here("run", str(chain), "--workspace", str(workspace), f"work_pool={POOL}", cwd=tmp_path)
-    finally:
-        os.environ.pop("MLFLOW_TRACKING_URI")
+    for name, value in services.items():
+        monkeypatch.setenv(name, value)
+    workspace = f"{s3_store.make_bucket('fork')}/workspace"
+    launch_dir = tmp_path / "launch"
+    launch_dir.mkdir()
+    done = run_cli_here("run", str(chain), "--workspace", workspace, f"work_pool={POOL}", cwd=launch_dir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + "".join(w.log.read_text()[-3000:] for w in workers)
     runs = stage_runs(mlflow_server.uri)
     assert {"base", "sft", "sft/merge", "rm", "dpo"} <= set(runs)
@@ -89,3 +92,6 @@ def test_stages_on_a_work_pool_run_on_both_workers_and_the_fork_at_once(tmp_path
     overlap = overlap_seconds(runs["rm"], runs["dpo"])
     print(f"rm and dpo trained on {ran_on['rm']} and {ran_on['dpo']} side by side for {overlap:.1f} s")
     assert overlap > 0
+    stored = {Path(path).parent.parent.name for path in s3_store.filesystem().find(workspace) if path.endswith("/manifest.json")}
+    assert {"base", "tokenized", "trained", "merged"} <= stored
+    assert not list(launch_dir.rglob("manifest.json"))  # the launching machine keeps no artifact
