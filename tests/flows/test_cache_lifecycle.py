@@ -46,8 +46,9 @@ def tuneline(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`tuneline verify` and `gc` as `tuneline` runs them, in this process (they need no Prefect): no
-    interpreter start for each."""
+    """`tuneline ARGS` as `tuneline` runs them, in this process: no interpreter start and imports for each.
+    The first run and `verify` and `gc` go this way; the rerun, whose Prefect log the last test reads, is a
+    process of its own."""
     from conftest import run_cli_here
 
     return run_cli_here(*args, cwd=cwd)
@@ -60,9 +61,12 @@ def stage_rows(stdout: str) -> dict[str, tuple[str, Path]]:
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory) -> dict:
+    from tuneline.core.worker.warm import stop_warm_worker
+
     root = tmp_path_factory.mktemp("lifecycle")
     (root / "pipeline.yaml").write_text(yaml.safe_dump(PIPELINE, sort_keys=False))
-    result = tuneline("run", "pipeline.yaml", "--workspace", "ws", cwd=root)
+    result = here("run", "pipeline.yaml", "--workspace", "ws", cwd=root)  # on the session's Prefect server
+    stop_warm_worker()  # the run's warm worker: the later commands are processes of their own
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = stage_rows(result.stdout)
     assert list(rows) == STAGES and {status for status, _ in rows.values()} == {"computed"}
