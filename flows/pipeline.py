@@ -7,7 +7,7 @@ only cache: every stage task runs, and serves the artifact when it is there and 
 
 Scheduling: the flow submits every stage whose stages it refers to have ended and waits for
 whichever ends first, so stages that do not depend on each other (rm and dpo after sft) run at the
-same time. A stage with a `work_pool` runs as a flow run on a worker of that pool (flows/stage_flow.py);
+same time; a stage's tokenization starts as soon as its tokenizer is built. A stage with a `work_pool` runs as a flow run on a worker of that pool (flows/stage_flow.py);
 one without runs in this process, in a thread of its own, with at most `parallel_training` of
 them training at a time (one training stage uses every core and GPU of the machine).
 """
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -120,18 +122,45 @@ def run_chain(pipeline: Pipeline, state: ChainState) -> dict[str, Any]:
     return summary
 
 
+@dataclass(frozen=True)
+class StageJob:
+    """One step the scheduler submits: a stage, or a stage's tokenization when it can run early."""
+
+    name: str
+    needs: frozenset[str]
+    """The jobs that must have ended first."""
+    run: Callable[[], None]
+
+
+def stage_jobs(pipeline: Pipeline, state: ChainState) -> list[StageJob]:
+    """A job per stage after the stages it refers to; a stage whose chain starts at a base stage
+    tokenizes as soon as that base model is built (its tokenizer), beside the stages before it."""
+    jobs = []
+    for stage in pipeline.stages:
+        if isinstance(stage, BaseStage):
+            jobs.append(StageJob(stage.name, frozenset(), partial(run_base, pipeline, stage, state)))
+            continue
+        needs = set(stage.links().values())
+        root = pipeline.root(stage.name)
+        if isinstance(root, BaseStage):
+            jobs.append(StageJob(f"{stage.name}/tokenize", frozenset({root.name}), partial(run_tokenize, stage, state, root.name)))
+            needs.add(f"{stage.name}/tokenize")
+        jobs.append(StageJob(stage.name, frozenset(needs), partial(run_training_stage, pipeline, stage, state)))
+    return jobs
+
+
 def run_stages(pipeline: Pipeline, state: ChainState) -> None:
-    """Submit every stage whose referenced stages have ended, wait for whichever ends first, repeat.
-    A stage that fails stops new submissions; the ones running end before its error is raised."""
-    pending, ended = list(pipeline.stages), set()
+    """Submit every job whose needs have ended, wait for whichever ends first, repeat. A job that
+    fails stops new submissions; the ones running end before its error is raised."""
+    pending, ended = stage_jobs(pipeline, state), set()
     running: dict[Future[None], str] = {}
     failed: list[Future[None]] = []
-    with ThreadPoolExecutor(max_workers=len(pipeline.stages), thread_name_prefix="stage") as threads:
+    with ThreadPoolExecutor(max_workers=len(pending), thread_name_prefix="stage") as threads:
         while pending or running:
-            for stage in [s for s in pending if needed_stages(s) <= ended]:
-                pending.remove(stage)
+            for job in [j for j in pending if j.needs <= ended]:
+                pending.remove(job)
                 # each thread runs in a copy of this one's context: the flow run its tasks belong to
-                running[threads.submit(copy_context().run, STAGE_RUNNERS[type(stage)], pipeline, stage, state)] = stage.name
+                running[threads.submit(copy_context().run, job.run)] = job.name
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 ended.add(running.pop(future))
@@ -140,10 +169,6 @@ def run_stages(pipeline: Pipeline, state: ChainState) -> None:
                     pending.clear()
     if failed:
         failed[0].result()
-
-
-def needed_stages(stage: BaseStage | TrainingStage) -> set[str]:
-    return set(stage.links().values()) if isinstance(stage, TrainingStage) else set()
 
 
 def run_register(pipeline: Pipeline, state: ChainState, *, exported: ArtifactRef, evaluation: dict[str, Any]) -> dict[str, Any]:
@@ -173,12 +198,17 @@ def run_base(pipeline: Pipeline, stage: BaseStage, state: ChainState) -> None:
     state.models[stage.name] = built
 
 
+def run_tokenize(stage: TrainingStage, state: ChainState, tokenizer_stage: str) -> None:
+    state.tokenized[stage.name] = call(state, UnitAddress(TOKENIZED_KIND, stage.name), {"tokenizer": state.models[tokenizer_stage]})
+
+
 def run_training_stage(pipeline: Pipeline, stage: TrainingStage, state: ChainState) -> None:
     start = start_model(pipeline, stage, state)
     references = referenced_models(stage, state)
-    tokenizer = state.models.get(pipeline.root(stage.name).name, start)  # the chain's root provides the tokenizer
-    tokenized = call(state, UnitAddress(TOKENIZED_KIND, stage.name), {"tokenizer": tokenizer})
-    state.tokenized[stage.name] = tokenized
+    if stage.name not in state.tokenized:  # not tokenized early (stage_jobs)
+        tokenizer = state.models.get(pipeline.root(stage.name).name, start)  # the chain's root provides the tokenizer
+        state.tokenized[stage.name] = call(state, UnitAddress(TOKENIZED_KIND, stage.name), {"tokenizer": tokenizer})
+    tokenized = state.tokenized[stage.name]
     trained = call(state, UnitAddress(TrainUnit.kind, stage.name), {"data": tokenized, "model": start, **references})
     state.produced[stage.name] = trained
     if trained.finetuning_type == "full" and stage.produces_policy:
