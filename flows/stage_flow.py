@@ -28,6 +28,7 @@ from tuneline.core.pipeline.spec import Placement, build_pipeline
 from tuneline.core.pipeline.stage_unit import Announcer, RunContext, StageUnit, run_stage_unit, unit_key
 from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit, decode_inputs, encode_inputs
 from tuneline.core.store.cache import Damage
+from tuneline.core.store.fingerprints import code_digest, package_version
 from tuneline.core.training.job import TRACKING_URI_ENV, TRACKING_URI_FROM_ENV
 
 STAGE_FLOW = "tuneline-stage"
@@ -40,18 +41,23 @@ def deployment_name(pool: str) -> str:
 
 
 @flow(name=STAGE_FLOW, persist_result=False)
-def stage_flow(pipeline_yaml: str, overrides: list[str], workspace: str, unit: dict[str, str], inputs: dict[str, dict],
-               fingerprints: dict[str, dict], context: dict[str, str]) -> State:
+def stage_flow(pipeline_yaml: str, overrides: list[str], workspace: str, unit: dict[str, str], key: str,
+               inputs: dict[str, dict], fingerprints: dict[str, dict], context: dict[str, str]) -> State:
     # `register` is the parent's own step; its promote_function module is looked for beside the parent's YAML
     raw = {k: v for k, v in (yaml.safe_load(pipeline_yaml) or {}).items() if k != "register"}
     pipeline = build_pipeline(raw, overrides=parse_overrides(overrides), workspace=workspace)
     built = build_unit(pipeline, PipelineFingerprints(**fingerprints), UnitAddress(**unit))
+    references = decode_inputs(inputs)
+    if (own_key := unit_key(built, references)) != key:  # the key is in the package's version and code digest too
+        raise ConfigError(f"{built.label}: this worker keys the stage {own_key}, the pipeline that sent it {key}: the two "
+                          f"machines run different tuneline code (version {package_version()}, code digest {code_digest()} "
+                          "here); install the same tuneline on the launching machine and every worker.")
     uri = os.environ.get(TRACKING_URI_ENV) if context["tracking_uri"] == TRACKING_URI_FROM_ENV else context["tracking_uri"]
     if not uri:
         raise ConfigError(f"the pipeline's runs go to the tracking server its MLFLOW_TRACKING_URI names, but this worker's "
                           f"environment has no {TRACKING_URI_ENV}; set it to the same server on every worker.")
     logger = get_run_logger()
-    result = run_stage_unit(built, decode_inputs(inputs), context=RunContext(**{**context, "tracking_uri": uri}),
+    result = run_stage_unit(built, references, context=RunContext(**{**context, "tracking_uri": uri}),
                             announcer=Announcer(log=logger.info, warn=logger.warning))
     return Completed(name=CACHED_STATE) if result.cache_hit else Completed()
 
@@ -79,7 +85,7 @@ def run_on_pool(unit: StageUnit, address: UnitAddress, inputs: Mapping[str, Mode
     assert placement.work_pool is not None
     key = unit_key(unit, inputs)
     parameters = {"pipeline_yaml": dispatch.pipeline_yaml, "overrides": dispatch.overrides, "workspace": context.workspace,
-                  "unit": asdict(address), "inputs": encode_inputs(inputs), "fingerprints": asdict(dispatch.fingerprints),
+                  "unit": asdict(address), "key": key, "inputs": encode_inputs(inputs), "fingerprints": asdict(dispatch.fingerprints),
                   "context": {**asdict(context), "tracking_uri": parameter_uri(context.tracking_uri)}}
     for attempt in range(placement.retries + 1):
         flow_run = run_deployment(deployment_name(placement.work_pool), parameters=parameters, timeout=None, poll_interval=1,
