@@ -28,7 +28,7 @@ from tuneline.core.store.remote import RemoteWorkspace
 from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE, checkpoint_step, checkpoints, incomplete_reason
 
 CHECKPOINT_MANIFEST = "checkpoint.json"
-_POLL_S = 1.0
+_POLL_S = 0.5  # how soon a completed checkpoint starts uploading
 _LOG = logging.getLogger(__name__)
 
 
