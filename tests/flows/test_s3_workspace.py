@@ -151,7 +151,7 @@ def test_a_killed_stage_resumes_on_another_machine_from_its_uploaded_checkpoint(
         failed = run_cli_here("run", str(setting["pipeline"]), "--workspace", workspace, cwd=launch)
     finally:
         restart_object_store(setting["store"])
-    assert failed.returncode != 0
+    assert failed.returncode == 2
     assert "the object store did not answer" in failed.stderr and workspace in failed.stderr, failed.stderr[-3000:]
     assert "Traceback" not in failed.stderr
 

@@ -39,8 +39,10 @@ def compute_into(store, weights: bytes, computed: list):
 
 
 def look_up(store, compute, damaged: list | None = None):
-    return store.serve_or_compute(KIND, KEY, serve=lambda artifact: ArtifactRef.from_artifact(artifact, name="sft", cache_hit=True),
-                                  compute=compute, on_wait=lambda: None,
+    def serve(artifact):
+        return ArtifactRef.from_artifact(artifact, name="sft", cache_hit=True)
+
+    return store.serve_or_compute(KIND, KEY, serve=serve, compute=compute, on_wait=lambda: None,
                                   on_damaged=(damaged.append if damaged is not None else lambda _: None))
 
 
