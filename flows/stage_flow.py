@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import yaml
 from prefect import flow, get_run_logger
