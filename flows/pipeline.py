@@ -27,7 +27,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from tuneline.core.errors import ConfigError
-from tuneline.core.pipeline.references import ArtifactRef, ExternalModel, ModelInput, StageStore, open_store
+from tuneline.core.pipeline.references import ArtifactRef, ExternalModel, ModelInput, StageStore
+from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
 from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND
 from tuneline.core.pipeline.stage_unit import RunContext, StageUnit

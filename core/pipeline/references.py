@@ -4,7 +4,7 @@ A reference is a plain value (kind, key and the few manifest facts later stages 
 path that only one machine knows; it pickles and serializes to JSON as it is. The machine that
 reads it turns it into a local folder through `StageStore.folder`, and every stage looks its key
 up through `StageStore.serve_or_compute`: those two methods are where a store other than a local
-workspace folder plugs in (`open_store` chooses it; a URL workspace's is
+workspace folder plugs in (`stores.open_store` chooses it; a URL workspace's is
 `remote_store.py`).
 """
 
@@ -18,8 +18,7 @@ from typing import Any, TypeVar
 
 from tuneline.core.store.artifacts import Artifact, artifact_lock, artifact_path
 from tuneline.core.store.cache import Damage, serve_or_compute
-from tuneline.core.store.checkpoint_sync import CheckpointSync
-from tuneline.core.store.location import parse_workspace
+from tuneline.core.training.checkpoint_sync import CheckpointSync
 
 T = TypeVar("T")
 
@@ -104,17 +103,6 @@ class StageStore:
         """What keeps the checkpoints of `draft` (a draft under `root`) beyond this machine: nothing
         here, where the draft is in the workspace itself."""
         return None
-
-
-def open_store(workspace: str) -> StageStore:
-    """The store a run's `workspace` names: its folder, or for a URL the object store, written
-    through this machine's cache (`TUNELINE_CACHE`)."""
-    location = parse_workspace(workspace)
-    if location.path is not None:
-        return StageStore(location.path)
-    from tuneline.core.pipeline.remote_store import RemoteStageStore
-
-    return RemoteStageStore.open(location)
 
 
 def model_path(store: StageStore, model: ModelInput) -> str:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneline.core.pipeline.references import ArtifactRef, open_store
+from tuneline.core.pipeline.references import ArtifactRef
+from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.spec import RegisterSettings
 from tuneline.core.pipeline.stage_unit import CACHE_HIT_TAG, STAGE_TAG, WORKER_TAG, Announcer, RunContext, worker_name
 from tuneline.core.tracking import model_registry as registry

@@ -24,7 +24,7 @@ from tuneline.core.errors import ObjectStoreError
 from tuneline.core.pipeline.references import ArtifactRef, StageStore
 from tuneline.core.store.artifacts import DAMAGE_NOTE, MANIFEST, Artifact, artifact_lock, artifact_path
 from tuneline.core.store.cache import Damage, set_aside_if_damaged, sound_artifact
-from tuneline.core.store.checkpoint_sync import CheckpointSync
+from tuneline.core.training.checkpoint_sync import CheckpointSync
 from tuneline.core.store.leases import LEASE_TTL_S, remote_lease
 from tuneline.core.store.location import WorkspaceLocation
 from tuneline.core.store.remote import RemoteWorkspace

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tuneline.core.pipeline.references import ArtifactRef, ModelInput, StageStore, model_path, open_store
+from tuneline.core.pipeline.references import ArtifactRef, ModelInput, StageStore, model_path
+from tuneline.core.pipeline.stores import open_store
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft, find_artifact, write_artifact
 from tuneline.core.store.cache import Damage
 from tuneline.core.tracking import runs as tracking

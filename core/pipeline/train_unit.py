@@ -21,7 +21,7 @@ from tuneline.core.pipeline.stage_unit import StageInputs, StageKey, UnitRun, li
 from tuneline.core.stages.ignored_keys import IGNORED_KEYS_TAG, datasets_map_media, ignored_keys, tag_value
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft
 from tuneline.core.tracking import runs as tracking
-from tuneline.core.store.checkpoint_sync import uploading_checkpoints
+from tuneline.core.training.checkpoint_sync import uploading_checkpoints
 from tuneline.core.training.checkpoints import checkpoint_step, checkpoints, resume_point
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
 from tuneline.core.worker.launch import JOB_FILE, launch_training

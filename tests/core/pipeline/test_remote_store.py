@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tuneline.core.errors import ObjectStoreError
-from tuneline.core.pipeline.references import ArtifactRef, open_store
+from tuneline.core.pipeline.references import ArtifactRef
+from tuneline.core.pipeline.stores import open_store
 from tuneline.core.store.artifacts import MANIFEST, find_artifact, write_artifact
 from tuneline.core.store.verify import verify_remote
 
