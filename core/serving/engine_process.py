@@ -50,10 +50,13 @@ class EngineProcess:
         from tuneline.core.inference.chat import chat_template, load_chat_tokenizer
         from tuneline.core.inference.prompts import PromptRenderer
 
-        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        forking = sys.platform == "linux"
+        context = multiprocessing.get_context("fork" if forking else "spawn")
         self._pipe, child_end = context.Pipe()
-        self._process = context.Process(target=run_child, args=(child_end, served, max_batch, queue_size, torch_threads),
-                                        name="tuneline-decoding", daemon=True)
+        # a forked child holds a copy of this end too: it closes it, so that the pipe ends when this process does
+        self._process = context.Process(target=run_child, name="tuneline-decoding", daemon=True,
+                                        args=(child_end, self._pipe if forking else None, served, max_batch, queue_size,
+                                              torch_threads))
         self._process.start()
         child_end.close()
         self.max_batch, self.queue_size, self.defaults = max_batch, queue_size, served.generating
@@ -183,9 +186,13 @@ class EngineProcess:
             ticket.done(outcome)
 
 
-def run_child(pipe: Connection, served: ServedModel, max_batch: int, queue_size: int, torch_threads: int | None) -> None:
+def run_child(pipe: Connection, servers_end: Connection | None, served: ServedModel, max_batch: int, queue_size: int,
+              torch_threads: int | None) -> None:
     """The child's life: load the model, then turn the pipe's requests into tickets of a HuggingFaceEngine and
-    send back what they write and how they end."""
+    send back what they write and how they end. `servers_end` is the server's end of the pipe as a forked child
+    inherits it, closed here: with it open, the server's death would never end the pipe."""
+    if servers_end is not None:
+        servers_end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server decides when this ends
     import torch
 

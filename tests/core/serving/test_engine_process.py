@@ -143,3 +143,44 @@ def test_a_model_that_cannot_load_is_reported_with_its_own_error_and_close_leave
     pid = engine.pid
     engine.close()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+SERVER_THAT_WAITS = """
+import sys
+from pathlib import Path
+from tuneline.core.config import GeneratingConfig
+from tuneline.core.inference.chat import ModelSource
+from tuneline.core.serving.engine_process import EngineProcess
+from tuneline.core.serving.sources import ServedModel
+
+folder = sys.argv[1]
+served = ServedModel(ModelSource(folder, None, folder), name="tiny", template="chatml", generating=GeneratingConfig())
+engine = EngineProcess(served, max_batch=2, queue_size=2, torch_threads=1)
+engine.wait_until_ready()
+print(engine.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_child_ends_when_the_server_is_killed(tiny_base: Path):
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    server = subprocess.Popen([sys.executable, "-c", SERVER_THAT_WAITS, str(tiny_base)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = psutil.Process(int(server.stdout.readline()))
+        assert child.is_running()
+        server.kill()  # SIGKILL: no close, no atexit
+        server.wait(10)
+        child.wait(15)  # the pipe ends with the server, and so does the child
+    finally:
+        if server.poll() is None:
+            server.kill()
+        if child is not None and child.is_running():
+            child.kill()
+            raise AssertionError(f"the decoding process {child.pid} outlived the server")
