@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from tuneline.core.serving.backends import Answer, Cancelled, Ticket
+from tuneline.core.serving.backends import Answer, Cancelled, Ticket, discard_text
 from tuneline.core.serving.stop_text import IncrementalDecoder, StopText
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ class Row:
             self.generator.manual_seed(int(torch.randint(2**62, ())))
         self.pieces = IncrementalDecoder(decode)
         self.text = StopText(ticket.prepared.stops, ticket.write)
+        self.reads_pieces = bool(ticket.prepared.stops) or ticket.write is not discard_text
+        """Whether its text is needed as it grows (streamed, or watched for stop strings); else it is decoded once, at the end."""
         self.ended_by_stop = False
         self.left = False
         """Whether the row has ended, its ticket told (its slot in a batch is then dead until the next rebuild)."""
@@ -86,7 +88,7 @@ class Row:
         self.length, self.last = self.length + 1, token
         if token in self.eos:
             self.ended_by_stop = True
-        elif self.text.feed(self.pieces.push(token)):
+        elif self.reads_pieces and self.text.feed(self.pieces.push(token)):
             self.ended_by_stop = True
         return self.ended_by_stop or self.length - self.prompt_length >= self.budget
 
