@@ -89,6 +89,10 @@ def test_deploy_from_the_wheel_points_workers_at_the_installed_package(installed
     deployments = httpx.post(f"{prefect_server}/deployments/filter", timeout=10,
                              json={"work_pools": {"name": {"any_": ["tuneline-wheel"]}}}).json()
     listed = yaml.safe_load((installed["package"] / "deployments" / "prefect.yaml").read_text(encoding="utf-8"))["deployments"]
+    # prefect.yaml's flows, and the one-stage flow a pipeline's stages run as on that pool (by module path, no pull step)
+    (stage,) = [d for d in deployments if d["entrypoint"] == "tuneline.flows.stage_flow:stage_flow"]
+    assert stage["name"] == "tuneline-wheel" and not stage["pull_steps"]
+    deployments = [d for d in deployments if d is not stage]
     assert sorted(d["name"] for d in deployments) == sorted(d["name"] for d in listed)
     for deployment in deployments:
         (step,) = deployment["pull_steps"]

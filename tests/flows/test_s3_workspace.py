@@ -117,7 +117,7 @@ def test_a_rerun_from_an_empty_cache_reads_only_the_manifests(uninterrupted, set
     assert [method for method, _ in requests] == ["GET"] * len(STAGES), requests
     assert all(url.endswith("/manifest.json") for _, url in requests), requests
     assert not (tmp_path / "cache" / "artifacts").exists()  # nothing was fetched
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["cache"]  # and nothing written where it ran
+    assert {path.name for path in tmp_path.iterdir()} <= {"cache"}  # and nothing written where it ran (the cache's own folder aside)
 
 
 def uploaded_checkpoints(setting: dict, bucket: str) -> list[str]:

@@ -55,7 +55,7 @@ def test_the_think_answer_shape_and_the_overlong_penalty():
 
 
 def test_rewards_are_named_built_in_or_module_function_and_weighted(tmp_path: Path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(textwrap.dedent('''
+    (tmp_path / "scored_rewards.py").write_text(textwrap.dedent('''
         def brevity(prompts, completions, **columns):
             return [1.0 / (1 + len(c)) for c in completions]
 
@@ -69,8 +69,8 @@ def test_rewards_are_named_built_in_or_module_function_and_weighted(tmp_path: Pa
             return ["good" for c in completions]
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
-    rewards = reward_functions("answer_match, my_rewards:brevity, overlong_penalty", max_completion_length=64)
-    assert [r.__name__ for r in rewards] == ["answer_match", "my_rewards:brevity", "overlong_penalty"]
+    rewards = reward_functions("answer_match, scored_rewards:brevity, overlong_penalty", max_completion_length=64)
+    assert [r.__name__ for r in rewards] == ["answer_match", "scored_rewards:brevity", "overlong_penalty"]
     assert rewards[1](prompts=["q", "q"], completions=["a", "abc"]) == [0.5, 0.25]
     assert reward_weights("1, 0.5, 2", count=3) == [1.0, 0.5, 2.0] and reward_weights(None, count=2) == [1.0, 1.0]
     with pytest.raises(ConfigError, match="'reward_weights' gives 2 weights for 3 rewards"):
@@ -79,19 +79,19 @@ def test_rewards_are_named_built_in_or_module_function_and_weighted(tmp_path: Pa
         reward_functions("answer_mach", max_completion_length=64)
     with pytest.raises(ConfigError, match="reward 'no_such_module:f': module 'no_such_module' cannot be imported"):
         reward_functions("no_such_module:f", max_completion_length=64)
-    with pytest.raises(ConfigError, match="reward 'my_rewards:missing': module 'my_rewards' has no function 'missing'"):
-        reward_functions("my_rewards:missing", max_completion_length=64)
+    with pytest.raises(ConfigError, match="reward 'scored_rewards:missing': module 'scored_rewards' has no function 'missing'"):
+        reward_functions("scored_rewards:missing", max_completion_length=64)
     with pytest.raises(ConfigError, match="needs 'reward_funcs'"):
         reward_functions("", max_completion_length=64)
-    failing, short, text = reward_functions("my_rewards:raises, my_rewards:short, my_rewards:text", max_completion_length=64)
-    with pytest.raises(RewardError, match=r"reward 'my_rewards:raises' raised KeyError: 'score' \(scoring 2 completions, the "
+    failing, short, text = reward_functions("scored_rewards:raises, scored_rewards:short, scored_rewards:text", max_completion_length=64)
+    with pytest.raises(RewardError, match=r"reward 'scored_rewards:raises' raised KeyError: 'score' \(scoring 2 completions, the "
                                           r"first for prompt 'What is 2\+2\?'\)") as raised:
         failing(prompts=["What is 2+2?", "x"], completions=["4", "5"])
     assert raised.value.exit_code == 2
-    with pytest.raises(RewardError, match="reward 'my_rewards:short' returned a list of 1 for 2 completions"):
+    with pytest.raises(RewardError, match="reward 'scored_rewards:short' returned a list of 1 for 2 completions"):
         short(prompts=["a", "b"], completions=["4", "5"])
-    with pytest.raises(RewardError, match="reward 'my_rewards:text' returned 'good' for completion 0 \\(prompt 'a'\\)"):
+    with pytest.raises(RewardError, match="reward 'scored_rewards:text' returned 'good' for completion 0 \\(prompt 'a'\\)"):
         text(prompts=["a", "b"], completions=["4", "5"])
     with pytest.raises(ConfigError, match="compares each completion with the row's 'answer' column"):
         reward_functions("answer_match", max_completion_length=64)[0](prompts=["a"], completions=["4"])
-    sys.modules.pop("my_rewards", None)
+    sys.modules.pop("scored_rewards", None)
