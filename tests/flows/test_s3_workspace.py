@@ -27,7 +27,7 @@ from pipeline_runs import max_difference, stage_rows, weights
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
-STEPS = 12
+STEPS = 20  # enough steps after the first uploaded checkpoint for the test to see it and kill the run
 STAGES = ["sft/tokenize", "sft"]
 
 
@@ -66,8 +66,9 @@ def run(setting: dict, workspace: str, name: str) -> subprocess.CompletedProcess
     return subprocess.run(command(setting, workspace), cwd=launch, env=env, capture_output=True, text=True, timeout=600)
 
 
-def objects(setting: dict, bucket: str) -> dict[str, int]:
-    fs = setting["store"].filesystem()
+def objects(setting: dict, bucket: str, fs: object = None) -> dict[str, int]:
+    fs = fs or setting["store"].filesystem()
+    fs.invalidate_cache()  # a listing as the store has it now
     root = bucket.removeprefix("s3://")
     return {path.removeprefix(f"{root}/"): info["size"] for path, info in fs.find(root, detail=True).items()}
 
@@ -120,8 +121,8 @@ def test_a_rerun_from_an_empty_cache_reads_only_the_manifests(uninterrupted, set
     assert {path.name for path in tmp_path.iterdir()} <= {"cache"}  # and nothing written where it ran (the cache's own folder aside)
 
 
-def uploaded_checkpoints(setting: dict, bucket: str) -> list[str]:
-    return [path for path in objects(setting, bucket) if ".partial/checkpoint-" in path and path.endswith("/checkpoint.json")]
+def uploaded_checkpoints(setting: dict, bucket: str, fs: object = None) -> list[str]:
+    return [path for path in objects(setting, bucket, fs) if ".partial/checkpoint-" in path and path.endswith("/checkpoint.json")]
 
 
 def test_a_killed_stage_resumes_on_another_machine_from_its_uploaded_checkpoint(uninterrupted, setting, monkeypatch):
@@ -133,7 +134,8 @@ def test_a_killed_stage_resumes_on_another_machine_from_its_uploaded_checkpoint(
     process = subprocess.Popen(command(setting, workspace), cwd=launch, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
-    while process.poll() is None and time.monotonic() < deadline and not uploaded_checkpoints(setting, bucket):
+    watching = setting["store"].filesystem()  # one client, so that each look is one listing request
+    while process.poll() is None and time.monotonic() < deadline and not uploaded_checkpoints(setting, bucket, watching):
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     output = process.communicate()[0]
