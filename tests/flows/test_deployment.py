@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cluster_services import prefect_worker_command
 from conftest import start_prefect_server, start_process, stop_process
 
 from tuneline.flows.report import NOTHING_CHANGED
@@ -47,8 +48,7 @@ def prefect(tmp_path_factory):
         deployed = subprocess.run([sys.executable, "-m", "tuneline.flows.cli", "deploy", "--pool", POOL], env=env,
                                   cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        processes.append(start_process([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "process"],
-                                       env, home / "worker.log"))
+        processes.append(start_process(prefect_worker_command(POOL), env, home / "worker.log"))
         yield {"env": env, "api": api, "home": home, "deploy_output": deployed.stdout}
     finally:
         for process in reversed(processes):
