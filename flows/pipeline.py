@@ -29,9 +29,10 @@ from prefect import flow, get_run_logger
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.references import ArtifactRef, ExternalModel, ModelInput, StageStore
 from tuneline.core.pipeline.stores import open_store
+from tuneline.core.pipeline.shipped_datasets import on_a_pool, ship_datasets
 from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
 from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND
-from tuneline.core.pipeline.stage_unit import RunContext, StageUnit
+from tuneline.core.pipeline.stage_unit import RunContext, StageUnit, serve_stored_unit
 from tuneline.core.pipeline.train_unit import TrainUnit
 from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit
 from tuneline.core.pipeline.units import BaseUnit, EvaluateUnit, ExportUnit, MergeUnit
@@ -95,9 +96,10 @@ def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, worksp
                               tags={"tuneline.pipeline": pipeline.name}) as parent_run_id:
         context = RunContext(str(pipeline.workspace), uri, experiment_id, parent_run_id)
         fingerprints = register_datasets(context, pipeline)
-        dispatch = PoolDispatch(Path(pipeline_path).read_text(encoding="utf-8"), list(overrides or []), fingerprints) \
-            if any(stage.placement.work_pool for stage in pipeline.stages) else None
-        state = ChainState(pipeline=pipeline, context=context, fingerprints=fingerprints, store=open_store(context.workspace),
+        store = open_store(context.workspace)
+        dispatch = PoolDispatch(Path(pipeline_path).read_text(encoding="utf-8"), list(overrides or []), fingerprints,
+                                datasets=ship_datasets(pipeline, store)) if on_a_pool(pipeline) else None
+        state = ChainState(pipeline=pipeline, context=context, fingerprints=fingerprints, store=store,
                            dispatch=dispatch, training_slots=threading.Semaphore(pipeline.parallel_training))
         summary = run_chain(pipeline, state)
         outcome = change_summary(summary["stages"])
@@ -274,8 +276,10 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
     started = time.monotonic()
     if placement.work_pool is not None:
         assert state.dispatch is not None
-        result = run_on_pool(unit, address, inputs, placement=placement, dispatch=state.dispatch, context=state.context,
-                             store=state.store, say=lambda message: print(message, flush=True))
+        # a stored stage costs a manifest read here, not a flow run on a worker
+        result = serve_stored_unit(unit, inputs, context=state.context) or run_on_pool(
+            unit, address, inputs, placement=placement, dispatch=state.dispatch, context=state.context, store=state.store,
+            say=lambda message: print(message, flush=True))
     elif unit.kind == TrainUnit.kind:
         with state.training_slots:
             result = run_in_task(state, unit, inputs)

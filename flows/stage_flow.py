@@ -23,7 +23,9 @@ from tuneline.core.config import parse_overrides
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.references import ArtifactRef, ModelInput, StageStore
+from tuneline.core.pipeline.shipped_datasets import with_dataset_dirs
 from tuneline.core.pipeline.spec import Placement, build_pipeline
+from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.stage_unit import Announcer, RunContext, StageUnit, run_stage_unit, unit_key
 from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit, decode_inputs, encode_inputs
 from tuneline.core.store.cache import Damage
@@ -41,10 +43,13 @@ def deployment_name(pool: str) -> str:
 
 @flow(name=STAGE_FLOW, persist_result=False)
 def stage_flow(pipeline_yaml: str, overrides: list[str], workspace: str, unit: dict[str, str], key: str,
-               inputs: dict[str, dict], fingerprints: dict[str, dict], context: dict[str, str]) -> State:
+               inputs: dict[str, dict], fingerprints: dict[str, dict], context: dict[str, str],
+               datasets: dict[str, str] | None = None) -> State:
     # `register` is the parent's own step; its promote_function module is looked for beside the parent's YAML
     raw = {k: v for k, v in (yaml.safe_load(pipeline_yaml) or {}).items() if k != "register"}
     pipeline = build_pipeline(raw, overrides=parse_overrides(overrides), workspace=workspace)
+    if datasets:  # the launching machine's dataset folders, as copies it shipped through the store
+        pipeline = with_dataset_dirs(pipeline, datasets, open_store(workspace))
     built = build_unit(pipeline, PipelineFingerprints(**fingerprints), UnitAddress(**unit))
     references = decode_inputs(inputs)
     if (own_key := unit_key(built, references)) != key:  # the key is in the package's version and code digest too
@@ -68,6 +73,8 @@ class PoolDispatch:
     pipeline_yaml: str
     overrides: list[str]
     fingerprints: PipelineFingerprints
+    datasets: Mapping[str, str]
+    """The `datasets` artifact of each dataset folder the pipeline names (`shipped_datasets`)."""
 
 
 class StageRunFailed(RuntimeError):
@@ -85,7 +92,7 @@ def run_on_pool(unit: StageUnit, address: UnitAddress, inputs: Mapping[str, Mode
     key = unit_key(unit, inputs)
     parameters = {"pipeline_yaml": dispatch.pipeline_yaml, "overrides": dispatch.overrides, "workspace": context.workspace,
                   "unit": asdict(address), "key": key, "inputs": encode_inputs(inputs), "fingerprints": asdict(dispatch.fingerprints),
-                  "context": {**asdict(context), "tracking_uri": parameter_uri(context.tracking_uri)}}
+                  "context": {**asdict(context), "tracking_uri": parameter_uri(context.tracking_uri)}, "datasets": dict(dispatch.datasets)}
     for attempt in range(placement.retries + 1):
         flow_run = run_deployment(deployment_name(placement.work_pool), parameters=parameters, timeout=None, poll_interval=1,
                                   job_variables=dict(placement.job_variables), flow_run_name=f"{unit.label}-{key}")

@@ -154,6 +154,8 @@ def tokenize_key(
     }
     if media_datasets(config):
         relevant["media"] = dataclasses.asdict(config.media)  # the sizes and the frame rate decide how many tokens a medium takes
+    else:  # the datasets' digests stand for their files wherever the folder is (a worker reads a copy of it)
+        del relevant["dataset_dir"]
     if config.training.get("do_predict") and not trains(config.training):
         relevant["prediction_prompts"] = True  # prompts alone are encoded, apart from training examples
     inputs = dict(fingerprints) if fingerprints is not None else dataset_fingerprints(config)

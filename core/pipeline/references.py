@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneline.core.store.artifacts import Artifact, artifact_lock, artifact_path
-from tuneline.core.store.cache import Damage, serve_or_compute
+from tuneline.core.store.cache import Damage, serve_or_compute, sound_artifact
 from tuneline.core.training.checkpoint_sync import CheckpointSync
 
 T = TypeVar("T")
@@ -91,6 +91,11 @@ class StageStore:
                          on_wait: Callable[[], None], on_damaged: Callable[[Damage], None]) -> T:
         """`core.store.cache.serve_or_compute` on this store."""
         return serve_or_compute(self.root, kind, key, serve=serve, compute=compute, on_wait=on_wait, on_damaged=on_damaged)
+
+    def find(self, kind: str, key: str) -> Artifact | None:
+        """The artifact stored under `key` when it is there and sound, without waiting for a writer of
+        it; None otherwise (its writer, or `serve_or_compute`, decides what to do then)."""
+        return sound_artifact(self.root, kind, key)
 
     def publish(self, artifact: Artifact) -> None:
         """Make an artifact just written under `root` the store's (it already is, here)."""

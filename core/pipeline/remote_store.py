@@ -90,6 +90,9 @@ class RemoteStageStore(StageStore):
                     on_damaged(damage)
                 return compute(damage)
 
+    def find(self, kind: str, key: str) -> Artifact | None:
+        return self._published(kind, key)
+
     def publish(self, artifact: Artifact) -> None:
         publish_artifact(self.remote, artifact)
         kind, key = artifact.path.parent.name, artifact.path.name

@@ -142,6 +142,18 @@ def run_stage_unit(unit: StageUnit, inputs: Mapping[str, ModelInput], *, context
     )
 
 
+def serve_stored_unit(unit: StageUnit, inputs: Mapping[str, ModelInput], *, context: RunContext,
+                      announcer: Announcer = Announcer()) -> ArtifactRef | None:
+    """`unit`'s artifact as a cache hit when the store already holds it (a URL workspace: one manifest
+    read), recorded as `run_stage_unit` records a hit; None, computing nothing, when it does not. A
+    pipeline on a work pool asks this before it sends the unit to a worker."""
+    store = open_store(context.workspace)
+    artifact = store.find(unit.kind, unit.stage_key(inputs).key)
+    if artifact is None:
+        return None
+    return _record_cache_hit(unit, artifact, StageInputs(store, dict(inputs)), context=context, announcer=announcer)
+
+
 def unit_key(unit: StageUnit, inputs: Mapping[str, ModelInput]) -> str:
     """The key `run_stage_unit` looks `unit` up by (an orchestrator names its run after it)."""
     return unit.stage_key(inputs).key
