@@ -31,6 +31,7 @@ from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit, decode_inp
 from tuneline.core.store.cache import Damage
 from tuneline.core.store.fingerprints import code_digest, package_version
 from tuneline.core.training.job import TRACKING_URI_ENV, TRACKING_URI_FROM_ENV
+from tuneline.flows.stage_liveness import StageRunWatch, stage_lease_watch, wait_for_stage_run
 
 STAGE_FLOW = "tuneline-stage"
 ENTRYPOINT = "tuneline.flows.stage_flow:stage_flow"  # a module path: the deployment depends on no folder
@@ -83,9 +84,11 @@ class StageRunFailed(RuntimeError):
 
 def run_on_pool(unit: StageUnit, address: UnitAddress, inputs: Mapping[str, ModelInput], *, placement: Placement,
                 dispatch: PoolDispatch, context: RunContext, store: StageStore, say: Callable[[str], None]) -> ArtifactRef:
-    """Run `unit` as a flow run of `tuneline-stage/<pool>` and wait for it; a run that crashed (its worker or
-    process died) is submitted again up to `placement.retries` times. Returns the artifact's reference,
-    read from the manifest the stage committed to the store."""
+    """Run `unit` as a flow run of `tuneline-stage/<pool>` and wait for it; a run that crashed (its process
+    died) or was found dead (its machine died: `stage_liveness`) is submitted again up to
+    `placement.retries` times. Returns the artifact's reference, read from the manifest the stage
+    committed to the store."""
+    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
     assert placement.work_pool is not None
@@ -93,16 +96,20 @@ def run_on_pool(unit: StageUnit, address: UnitAddress, inputs: Mapping[str, Mode
     parameters = {"pipeline_yaml": dispatch.pipeline_yaml, "overrides": dispatch.overrides, "workspace": context.workspace,
                   "unit": asdict(address), "key": key, "inputs": encode_inputs(inputs), "fingerprints": asdict(dispatch.fingerprints),
                   "context": {**asdict(context), "tracking_uri": parameter_uri(context.tracking_uri)}, "datasets": dict(dispatch.datasets)}
-    for attempt in range(placement.retries + 1):
-        flow_run = run_deployment(deployment_name(placement.work_pool), parameters=parameters, timeout=None, poll_interval=1,
-                                  job_variables=dict(placement.job_variables), flow_run_name=f"{unit.label}-{key}")
-        state = flow_run.state
-        if state is not None and state.is_completed():
-            return stored_reference(store, context.workspace, unit, key, cache_hit=state.name == CACHED_STATE)
-        ended = f"{unit.label}: flow run {flow_run.name} on pool {placement.work_pool} ended {state.type.value if state else 'without a state'}"
-        if state is None or not state.is_crashed() or attempt == placement.retries:
-            raise StageRunFailed(f"{ended} ({state.message if state else ''}); see the flow run's log in Prefect.")
-        say(f"{ended}; submitting it again (retry {attempt + 1} of {placement.retries})")
+    with get_client(sync_client=True) as client:
+        for attempt in range(placement.retries + 1):
+            submitted = run_deployment(deployment_name(placement.work_pool), parameters=parameters, timeout=0,
+                                       job_variables=dict(placement.job_variables), flow_run_name=f"{unit.label}-{key}")
+            watch = StageRunWatch(client, placement.work_pool, stage_lease_watch(store, unit.kind, key))
+            flow_run = wait_for_stage_run(client, submitted.id, watch)
+            state = flow_run.state
+            if state is not None and state.is_completed():
+                return stored_reference(store, context.workspace, unit, key, cache_hit=state.name == CACHED_STATE)
+            ended = (f"{unit.label}: flow run {flow_run.name} on pool {placement.work_pool} ended "
+                     f"{state.type.value if state else 'without a state'} ({state.message if state else ''})")
+            if state is None or not state.is_crashed() or attempt == placement.retries:
+                raise StageRunFailed(f"{ended}; see the flow run's log in Prefect.")
+            say(f"{ended}; submitting it again (retry {attempt + 1} of {placement.retries})")
     raise AssertionError("unreachable")
 
 

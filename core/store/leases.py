@@ -27,6 +27,9 @@ not answer becomes an `ObjectStoreError` naming the URL. An answer to a conditio
 outage and is not retried. If a write that landed is retried after its answer was lost, the store
 answers 412 to the retry; the lease then read back names this holder, which is how it is told.
 
+A host that does not hold the lease can watch it (`LeaseWatch`): a pipeline tells so, by the
+waiter's rule above, whether the stage it sent to another machine is still being computed.
+
 A local workspace (a plain path) does not use this: `artifact_lock` is its lock, and the kernel
 frees it when its holder dies.
 """
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TypeVar
 
-from tuneline.core.errors import ConfigError
+from tuneline.core.errors import ConfigError, ObjectStoreError
 from tuneline.core.store.location import WorkspaceLocation
 from tuneline.core.store.remote import RemoteWorkspace
 
@@ -292,6 +295,35 @@ class _Staleness:
                 return True
             ttl_s = seen.record.ttl_s
         return now - self._since >= ttl_s
+
+
+class LeaseWatch:
+    """The lease on one key as a host that does not hold it sees it, look after look: live while its
+    holder renews it, stale by the rule a waiter takes it over by (`_Staleness`). A pipeline watches
+    so the stage it sent to another machine; `holder` is the newest holder seen, for its message."""
+
+    def __init__(self, workspace: RemoteWorkspace, kind: str, key: str) -> None:
+        self._lease = LeaseObject(workspace, lease_url(workspace.location.url, kind, key))
+        self._staleness = _Staleness()
+        self.holder: LeaseRecord | None = None
+
+    def live(self) -> bool:
+        """One look (one GET): whether a holder is renewing the lease now. A store that does not
+        answer tells nothing of the holder: not live."""
+        try:
+            seen = self._lease.read()
+        except ObjectStoreError:
+            return False
+        if seen is None:
+            return False
+        if seen.record is not None:
+            self.holder = seen.record
+        return not self._staleness.stale(seen, LEASE_TTL_S)
+
+
+def watch_lease(workspace: RemoteWorkspace, kind: str, key: str) -> LeaseWatch | None:
+    """A watch on the lease of one key, or None on a store whose leases tuneline does not take."""
+    return LeaseWatch(workspace, kind, key) if workspace.location.protocol in _CONDITIONAL_PROTOCOLS else None
 
 
 @contextmanager

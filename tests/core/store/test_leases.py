@@ -1,6 +1,7 @@
 """Leases on a real S3 store (SeaweedFS): one holder at a time across threads and processes, a
-killed holder's lease taken after its ttl and not before, renewal past several ttls, and a lease
-never deleted or overwritten by one who no longer holds it."""
+killed holder's lease taken after its ttl and not before, renewal past several ttls, a lease
+never deleted or overwritten by one who no longer holds it, and a watch from another host that
+tells a renewed lease from one whose holder stopped."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tuneline.core.errors import ConfigError, ObjectStoreError
-from tuneline.core.store.leases import LeaseObject, LeaseRecord, lease_url, new_record, remote_lease
+from tuneline.core.store.leases import LeaseObject, LeaseRecord, LeaseWatch, lease_url, new_record, remote_lease
 from tuneline.core.store.location import parse_workspace
 from tuneline.core.store.remote import RemoteWorkspace, RetryPolicy
 
@@ -214,3 +215,21 @@ def test_an_object_that_is_no_lease_is_taken_once_unchanged_for_a_ttl(workspace)
     with remote_lease(workspace, "trained", "sft-1", ttl_s=0.5, on_wait=lambda: waited.append(True)) as lease:
         assert 0.5 <= time.monotonic() - started < 1.5 and waited == [True]
         assert the_lease(workspace).read().record.holder == lease.holder
+
+
+def test_a_watch_sees_the_lease_live_while_renewed_and_dead_a_ttl_after_its_holder_stopped(workspace):
+    watch = LeaseWatch(workspace, "trained", "sft-1")
+    assert not watch.live()  # nobody holds it
+    with remote_lease(workspace, "trained", "sft-1", ttl_s=1.0):
+        looks = []
+        for _ in range(9):  # over two ttls: each renewal a new ETag
+            looks.append(watch.live())
+            time.sleep(0.25)
+    assert looks == [True] * 9
+    assert not watch.live()  # released
+
+    assert the_lease(workspace).create(new_record("killed-holder", 1.0)) is not None  # never renewed
+    assert watch.live()
+    time.sleep(1.1)
+    assert not watch.live()
+    assert watch.holder is not None and watch.holder.holder == "killed-holder"
