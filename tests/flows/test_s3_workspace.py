@@ -2,26 +2,28 @@
 (tests/object_store_server.py) and a real `mlflow server` (tests/cluster_services.py).
 
 One LoRA SFT of the tiny base, a checkpoint every step. Run uninterrupted, the bucket holds its
-artifacts and the launching folder nothing; run again from an empty cache, every stage is served
-from its manifest alone (one GET each). In a second bucket the run is SIGKILLed once the stage has
-uploaded a checkpoint; on another machine (another empty cache) the same command ends with the
-store's URL named while the store is stopped, and once it is back resumes from the uploaded
-checkpoint and ends with the uninterrupted run's weights.
+artifacts and the launching folder nothing; run again from an empty cache, while the store is
+stopped the command ends with the store's URL named, and once it is back every stage is served from
+its manifest alone (one GET each). In a second bucket the same pipeline runs on a work pool of two
+process workers; the worker running sft is SIGKILLed with its flow run once the stage has uploaded a
+checkpoint, the pipeline finds that flow run dead, and the other worker resumes the stage from the
+uploaded checkpoint and ends with the uninterrupted run's weights.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from cluster_services import free_port
 from conftest import run_cli_here
-from object_store_server import RequestCounter, restart_object_store
+from object_store_server import RequestCounter
 from pipeline_runs import max_difference, stage_rows, weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
@@ -29,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 STEPS = 20  # enough steps after the first uploaded checkpoint for the test to see it and kill the run
 STAGES = ["sft/tokenize", "sft"]
+POOL = "resume-pool"
 
 
 def pipeline(tiny_base: Path) -> dict:
@@ -93,8 +96,20 @@ def test_the_bucket_holds_the_artifacts_and_the_launching_folder_nothing(uninter
     assert list(uninterrupted["launch"].iterdir()) == []
 
 
-def test_a_rerun_from_an_empty_cache_reads_only_the_manifests(uninterrupted, setting, monkeypatch, tmp_path):
+def test_a_rerun_from_an_empty_cache_names_the_store_that_does_not_answer_then_reads_only_the_manifests(uninterrupted, setting,
+                                                                                                        monkeypatch, tmp_path):
     from tuneline.core.store.remote import RemoteWorkspace
+
+    for name, value in setting["env"].items():
+        monkeypatch.setenv(name, value)
+    down = setting["folder"] / "store-down"
+    down.mkdir()
+    with monkeypatch.context() as unreachable:  # nothing listens there: the store is down for this run alone
+        unreachable.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        failed = run_cli_here("run", str(setting["pipeline"]), "--workspace", uninterrupted["workspace"], cwd=down)
+    assert failed.returncode == 2
+    assert "the object store did not answer" in failed.stderr and uninterrupted["workspace"] in failed.stderr, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr
 
     counters: list[RequestCounter] = []
     opened = RemoteWorkspace.filesystem.fget
@@ -108,8 +123,6 @@ def test_a_rerun_from_an_empty_cache_reads_only_the_manifests(uninterrupted, set
         return filesystem
 
     monkeypatch.setattr(RemoteWorkspace, "filesystem", property(counted))
-    for name, value in setting["env"].items():
-        monkeypatch.setenv(name, value)
     result = run_cli_here("run", str(setting["pipeline"]), "--workspace", uninterrupted["workspace"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = stage_rows(result.stdout)
@@ -125,48 +138,64 @@ def uploaded_checkpoints(setting: dict, bucket: str, fs: object = None) -> list[
     return [path for path in objects(setting, bucket, fs) if ".partial/checkpoint-" in path and path.endswith("/checkpoint.json")]
 
 
-def test_a_killed_stage_resumes_on_another_machine_from_its_uploaded_checkpoint(uninterrupted, setting, monkeypatch):
+def running_worker(api: str, stage: str) -> str | None:
+    """The worker whose flow run of `stage` is running now (its `prefect.worker.name` label)."""
+    import httpx
+
+    answer = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}, timeout=10)
+    answer.raise_for_status()
+    return next((run["labels"].get("prefect.worker.name") for run in answer.json() if run["name"].startswith(f"{stage}-")), None)
+
+
+def test_a_stage_whose_worker_dies_resumes_on_the_other_worker_from_its_uploaded_checkpoint(uninterrupted, setting, prefect_server,
+                                                                                           prefect_workers, monkeypatch, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    bucket = setting["store"].make_bucket()
-    workspace = f"{bucket}/team"
-    launch, env = machine(setting, "killed")
-    process = subprocess.Popen(command(setting, workspace), cwd=launch, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    watching = setting["store"].filesystem()  # one client, so that each look is one listing request
-    while process.poll() is None and time.monotonic() < deadline and not uploaded_checkpoints(setting, bucket, watching):
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    output = process.communicate()[0]
-    assert process.returncode == -signal.SIGKILL, f"the run ended before it could be killed:\n{output[-3000:]}"
-    uploaded = uploaded_checkpoints(setting, bucket)
-    assert uploaded
-
-    # another machine (in this process, its cache empty); the store is down when it starts, then back
+    # a heartbeat every 2 s: a dead worker's flow run is found dead 6 s after its last one, not 90
+    worker_env = {**setting["env"], "PREFECT_WORKER_HEARTBEAT_SECONDS": "2"}
+    workers = {name: prefect_workers(POOL, name, env=worker_env) for name in ("machine-a", "machine-b")}
     for name, value in setting["env"].items():
         monkeypatch.setenv(name, value)
-    launch = setting["folder"] / "resumed"
-    launch.mkdir()
-    setting["store"].stop()
-    try:
-        failed = run_cli_here("run", str(setting["pipeline"]), "--workspace", workspace, cwd=launch)
-    finally:
-        restart_object_store(setting["store"])
-    assert failed.returncode == 2
-    assert "the object store did not answer" in failed.stderr and workspace in failed.stderr, failed.stderr[-3000:]
-    assert "Traceback" not in failed.stderr
+    deployed = run_cli_here("deploy", str(setting["pipeline"]), f"work_pool={POOL}", cwd=tmp_path)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    bucket = setting["store"].make_bucket()
+    workspace = f"{bucket}/team"
+    # the tokenized dataset is there already (served from its manifest): the test pays for the flow runs of sft alone
+    tokenized = "artifacts/tokenized"
+    setting["store"].filesystem().copy(f"{uninterrupted['workspace']}/{tokenized}", f"{workspace}/{tokenized}", recursive=True)
+    killed: dict = {}
+    ended = threading.Event()
 
-    result = run_cli_here("run", str(setting["pipeline"]), "--workspace", workspace, cwd=launch)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert sorted(path.name for path in launch.iterdir()) == ["cache"]
+    def kill_sft_at_its_first_uploaded_checkpoint() -> None:
+        watching = setting["store"].filesystem()  # one client, so that each look is one listing request
+        while not ended.is_set() and not uploaded_checkpoints(setting, bucket, watching):
+            time.sleep(0.05)
+        if not ended.is_set() and (name := running_worker(prefect_server, "sft")) in workers:
+            workers[name].kill()
+            killed.update(worker=name, uploaded=uploaded_checkpoints(setting, bucket))
+
+    killer = threading.Thread(target=kill_sft_at_its_first_uploaded_checkpoint, daemon=True)
+    killer.start()
+    try:
+        result = run_cli_here("run", str(setting["pipeline"]), "--workspace", workspace, f"work_pool={POOL}", cwd=tmp_path)
+    finally:
+        ended.set()
+        killer.join()
+    logs = "".join(worker.log.read_text()[-3000:] for worker in workers.values())
+    assert killed.get("uploaded"), f"sft ended before its worker could be killed:\n{result.stdout[-3000:]}"
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs
+    assert f"found dead: its worker {killed['worker']} has sent pool {POOL} no heartbeat" in result.stdout, result.stdout[-3000:]
+    [survivor] = set(workers) - {killed["worker"]}
+
     trained = stage_rows(result.stdout)["sft"][1]
-    fetched = launch / "cache" / "artifacts" / trained.split("/artifacts/", 1)[1]
-    expected = Path(uninterrupted["cache"]) / "artifacts" / trained.split("/artifacts/", 1)[1]
-    assert max_difference(weights(fetched), weights(expected)) < 1e-5
+    below = trained.split("/artifacts/", 1)[1]
+    fetched = workers[survivor].cache / "artifacts" / below
+    assert max_difference(weights(fetched), weights(uninterrupted["cache"] / "artifacts" / below)) < 1e-5
 
     client = MlflowClient(setting["tracking"])
-    step = max(int(path.split("checkpoint-")[1].split("/")[0]) for path in uploaded)
+    step = max(int(path.split("checkpoint-")[1].split("/")[0]) for path in killed["uploaded"])
     resumed = client.search_runs(client.get_experiment_by_name("s3-workspace").experiment_id,
                                  "tags.`tuneline.resumed_from_step` != ''")
-    assert [run.info.run_name for run in resumed] == ["sft"] and resumed[0].data.tags["tuneline.resumed_from_step"] == str(step)
+    assert [run.info.run_name for run in resumed] == ["sft"]
+    assert resumed[0].data.tags["tuneline.resumed_from_step"] == str(step)
+    assert resumed[0].data.tags["tuneline.worker"] == survivor
