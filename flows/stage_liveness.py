@@ -11,6 +11,9 @@ pipeline looks at each flow run it sent once a second and finds it dead when bot
 - the lease on the stage's key in an s3:// workspace is not live: there is none, or its holder has
   not renewed it for its ttl (`TUNELINE_LEASE_TTL_S`).
 
+A run left Pending with no worker's name on it for as long (3 x this machine's
+`PREFECT_WORKER_HEARTBEAT_SECONDS`) was taken by a worker that died before naming itself: dead too.
+
 A process worker runs its flow runs on its own machine, so its heartbeats stopping says theirs
 stopped too, from the moment it took the run, before the stage takes its lease; the lease keeps
 alive a run whose process goes on computing when only its worker died. Prefect's own flow-run
@@ -53,25 +56,42 @@ class StageRunWatch:
         self._lease = lease
         self._heartbeat: object = None  # the worker's last heartbeat time as last read, and when it was read
         self._heartbeat_seen = time.monotonic()
+        self._unnamed_since: float | None = None  # when it was first seen Pending with no worker's name
 
     def dead(self, flow_run: FlowRun) -> str | None:
         """Why `flow_run` is dead, or None while it may be alive."""
-        worker_name = flow_run.labels.get(WORKER_LABEL) if flow_run.labels else None
-        if flow_run.state is None or flow_run.state.type not in _TAKEN or not isinstance(worker_name, str):
+        if flow_run.state is None or flow_run.state.type not in _TAKEN:
             return None
+        worker_name = flow_run.labels.get(WORKER_LABEL) if flow_run.labels else None
+        if not isinstance(worker_name, str):
+            return self._unnamed_dead(flow_run)
         # both looked at every time, so that the two silences run side by side
         worker = next((w for w in self._client.read_workers_for_work_pool(self._pool) if w.name == worker_name), None)
         silent_s, allowed_s = self._silence(worker)
         leased = self._lease is not None and self._lease.live()
-        offline = worker is None or worker.status == WorkerStatus.OFFLINE
+        offline = worker is not None and worker.status == WorkerStatus.OFFLINE
         if leased or (silent_s < allowed_s and not offline):
             return None
-        why = (f"its worker {worker_name} is gone from pool {self._pool}" if worker is None else
-               f"its worker {worker_name} has sent pool {self._pool} no heartbeat for {silent_s:.0f} s"
-               + (" and the server lists it offline" if offline else f" (allowed: {allowed_s:g} s)"))
+        why = (f"its worker {worker_name} has sent pool {self._pool} no heartbeat for {silent_s:.0f} s"
+               + (" (it is no longer listed there)" if worker is None else " and the server lists it offline" if offline
+                  else f" (allowed: {allowed_s:g} s)"))
         if self._lease is not None and (holder := self._lease.holder) is not None:
             why += f", and the stage's lease, last held by pid {holder.pid} on {holder.host}, is no longer renewed"
         return f"found dead: {why}"
+
+    def _unnamed_dead(self, flow_run: FlowRun) -> str | None:
+        """A worker names itself on a run right after it sets it Pending; one Pending and unnamed for as
+        long as a worker may stay silent was taken by a worker that died in between. (A Running run
+        without the name was not started by a worker: there is nothing to judge it by.)"""
+        if flow_run.state is None or flow_run.state.type != StateType.PENDING:
+            return None
+        now = time.monotonic()
+        self._unnamed_since = self._unnamed_since if self._unnamed_since is not None else now
+        settings = get_current_settings()
+        allowed_s = settings.server.services.foreman.inactivity_heartbeat_multiple * settings.worker.heartbeat_seconds
+        if now - self._unnamed_since < allowed_s or (self._lease is not None and self._lease.live()):
+            return None
+        return f"found dead: it has been Pending for {now - self._unnamed_since:.0f} s and no worker of pool {self._pool} has named itself on it"
 
     def _silence(self, worker: Worker | None) -> tuple[float, float]:
         """How long the worker's heartbeat has stood still as seen from here, and how long it may."""
