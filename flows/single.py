@@ -27,7 +27,8 @@ from tuneline.core.data.tokenization import TEMPLATE_WARNING_FILE, TOKENIZER_DIR
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
-from tuneline.core.worker.launch import JOB_FILE, launch_plan, launch_training, prepare_job, warm_up, worker_started_ahead
+from tuneline.core.worker.launch import (JOB_FILE, launch_plan, launch_training, on_ray, prepare_job, warm_up,
+                                         worker_started_ahead)
 from tuneline.core.worker.preload import needs_bitsandbytes
 from tuneline.core.pipeline.spec import TrainingStage
 from tuneline.core.models.gptq import gptq_machine_problems
@@ -67,8 +68,9 @@ def train_stage(config_path: str, overrides: list[str]) -> dict[str, float]:
                                                   model_paths=[config.model.model_name_or_path, ft.ref_model, ft.reward_model])
     # the worker imports while we tokenize: the process's warm worker (a later train in this process, as in a
     # notebook, starts at once), or for a job that needs bitsandbytes a worker started ahead for it alone
-    warm = without_bitsandbytes and warm_up()
-    with (nullcontext() if warm else worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker,
+    ray = on_ray(job)  # trains in Ray's workers, none of this machine's
+    warm = without_bitsandbytes and not ray and warm_up()
+    with (nullcontext() if warm or ray else worker_started_ahead(ft.stage, without_bitsandbytes=without_bitsandbytes) as worker,
           ExitStack() as reading):  # the cached tokenized data stays out of `tuneline gc`'s reach until training ends
         # every dataset entry and file checked before any model loads (a saved tokenized dataset reads none)
         fingerprints = None if saved else dataset_fingerprints(config)

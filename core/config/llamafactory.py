@@ -95,9 +95,6 @@ REFUSED: tuple[Refused, ...] = (
             {**_KTRANSFORMERS_KEYS, **_KTRANSFORMERS_ENGINE_KEYS},
             why="KTransformers is an engine of its own, with its CUDA and AMX CPU kernels and its optimize rules, that "
                 "tuneline does not run", values={"infer_backend": ("ktransformers",)}),
-    Refused("training on a Ray cluster", "run the pipeline on Prefect workers; a stage uses several GPUs through torchrun "
-            "(`nproc_per_node`)", {"ray_num_workers": 1, "ray_init_kwargs": None, "ray_run_name": None,
-                                    "ray_storage_path": None, "placement_strategy": None, "resources_per_worker": None}),
     Refused("Megatron-Core training (MCoreAdapter)", "use DeepSpeed or FSDP through accelerate for models too large for one GPU",
             {"use_mca": False, **_MCORE_ADAPTER_KEYS},
             why="LLaMA-Factory hands a run to MCoreAdapter when launched with USE_MCA=1, and Megatron-Core is a training "

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from tuneline.core.config.added_tokens import added_token_problems
 from tuneline.core.config.method import FinetuningConfig
+from tuneline.core.config.ray import ray_problems
 from tuneline.core.config.stage import StageConfig
 
 
 def conflicts(config: StageConfig) -> list[str]:
     return [*_value_problems(config), *data_problems(config), *method_problems(config), *loading_problems(config),
             *media_problems(config), *added_token_problems(config.model),
-            *profiler_problems(config)]
+            *profiler_problems(config), *ray_problems(config.ray)]
 
 
 def profiler_problems(config: StageConfig) -> list[str]:

@@ -14,6 +14,7 @@ from tuneline.core.config.method import FinetuningConfig
 from tuneline.core.config.model import ModelConfig
 from tuneline.core.config.optimizer import OptimizerConfig
 from tuneline.core.config.output import ExportConfig, OutputConfig, RuntimeConfig
+from tuneline.core.config.ray import RayConfig
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class StageConfig:
     output: OutputConfig
     runtime: RuntimeConfig
     training: dict[str, Any]
+    ray: RayConfig = RayConfig()
 
     def flat(self) -> dict[str, Any]:
         """All keys in LLaMA-Factory's flat form (what the YAML would say, defaults included)."""
@@ -66,4 +68,5 @@ GROUPS: dict[str, type] = {
     "export": ExportConfig,
     "output": OutputConfig,
     "runtime": RuntimeConfig,
+    "ray": RayConfig,
 }

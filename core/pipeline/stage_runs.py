@@ -93,6 +93,7 @@ def train_job(
         keep_checkpoints=keep_checkpoints,
         overwrite_output_dir=overwrite_output_dir,
         model_max_length=config.data.cutoff_len,
+        ray=dataclasses.asdict(config.ray),
     )
 
 

@@ -21,6 +21,8 @@ from typing import Any
 from tuneline.core.errors import ConfigError
 
 WORKER_MODULE = "tuneline.core.worker"
+# What an NVIDIA (CUDA) or AMD (ROCm) driver puts on a Linux machine; torch finds no GPU without one.
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
 _TRUE = ("1", "true", "yes", "y")
 
 
@@ -57,6 +59,18 @@ def plan_from_env(env: Mapping[str, str], *, visible_gpus: int = 0) -> LaunchPla
     torchrun = env.get("FORCE_TORCHRUN", "").lower() in _TRUE or nproc * nnodes > 1
     return LaunchPlan(nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
                       master_addr=env.get("MASTER_ADDR") or "127.0.0.1", master_port=port, torchrun=torchrun)
+
+
+def visible_gpus(env: Mapping[str, str]) -> int:
+    """CUDA devices this node sees (only counted when NPROC_PER_NODE leaves it to them). On Linux
+    without a GPU driver none are counted without importing torch, which takes seconds."""
+    if env.get("NPROC_PER_NODE"):
+        return 0
+    if sys.platform == "linux" and not any(Path(p).exists() for p in GPU_DRIVER_PATHS):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _positive(env: Mapping[str, str], name: str, default: int, problems: list[str], *, minimum: int = 1) -> int:

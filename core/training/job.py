@@ -49,6 +49,7 @@ class TrainJob:
     world_size: int = 1  # processes the launcher starts (NPROC_PER_NODE x NNODES); the worker checks it
     overwrite_output_dir: bool = False  # start over instead of resuming from output_dir's checkpoints
     model_max_length: int | None = None  # the stage's cutoff_len, which rope_scaling stretches RoPE to
+    ray: dict[str, Any] = field(default_factory=dict)  # RayConfig: the launcher reads it, the worker does not
 
     def secret_env(self) -> dict[str, str]:
         """The job's secrets by the variables (SECRET_ENV) that carry them into the worker."""

@@ -1,6 +1,7 @@
 """The training worker: `python -m tuneline.core.worker JOB.json`, or `... --wait-for-job STAGE`.
 
-Started by `launch.py` as a child process (or several, through torchrun), so training never shares
+Started by `launch.py` as a child process (or several, through torchrun; on Ray, `ray_launch.py` runs
+`train_job_file` in each Ray Train worker), so training never shares
 a process with the orchestrator. Rank 0 prints the metrics as one JSON line at the end; a problem
 the user can fix is printed as one JSON line too, so the launcher can report it whatever exit
 status the process launcher (torchrun) turns it into.
@@ -44,24 +45,29 @@ def _wait_for_job(stage: str, *, without_bitsandbytes: bool) -> str | None:
 
 
 def train(job_path: str) -> int:
-    from tuneline.core.training.distributed import check_world_size
-    from tuneline.core.training.job import TrainJob
-    from tuneline.core.worker.preload import job_needs_bitsandbytes, keep_out_bitsandbytes
-
     try:
-        job = TrainJob.read(job_path)
-        if not job_needs_bitsandbytes(job):
-            keep_out_bitsandbytes()
-        check_world_size(job.world_size, seen=int(os.environ.get("WORLD_SIZE", "1")))  # before any model loads
-        from tuneline.core.worker.run import run_training
-
-        metrics = run_training(job)
+        metrics = train_job_file(job_path)
     except TunelineError as e:
         print(ERROR_PREFIX + json.dumps(str(e)), flush=True)
         return e.exit_code
     if int(os.environ.get("RANK", "0")) == 0:
         print(RESULT_PREFIX + json.dumps(metrics), flush=True)
     return 0
+
+
+def train_job_file(job_path: str) -> dict[str, float]:
+    """Train the job at `job_path` in this process, one of WORLD_SIZE (torchrun's or Ray Train's); its metrics."""
+    from tuneline.core.training.distributed import check_world_size
+    from tuneline.core.training.job import TrainJob
+    from tuneline.core.worker.preload import job_needs_bitsandbytes, keep_out_bitsandbytes
+
+    job = TrainJob.read(job_path)
+    if not job_needs_bitsandbytes(job):
+        keep_out_bitsandbytes()
+    check_world_size(job.world_size, seen=int(os.environ.get("WORLD_SIZE", "1")))  # before any model loads
+    from tuneline.core.worker.run import run_training
+
+    return run_training(job)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tuneline.core.training.distributed import (WORKER_MODULE, LaunchPlan, check_parallel_settings, plan_from_env,
-                                                resolve_parallel_settings, worker_command, worker_env)
+                                                resolve_parallel_settings, visible_gpus, worker_command, worker_env)
 from tuneline.core.config import OptimizerConfig
+from tuneline.core.config.ray import trains_on_ray
 from tuneline.core.errors import ConfigError, TunelineError
 from tuneline.core.training.optimizers.rules import parallel_problems
 from tuneline.core.training.job import TrainJob
@@ -29,8 +30,6 @@ from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX, WAIT_FOR_
 from tuneline.core.worker.warm import WarmChild, warm_worker
 
 JOB_FILE = "job.json"
-# What an NVIDIA (CUDA) or AMD (ROCm) driver puts on a Linux machine; torch finds no GPU without one.
-GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
 
 
 class WorkerFailed(RuntimeError):
@@ -82,6 +81,10 @@ def launch_training(
     output_dir = Path(job.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     job_path = job.write(output_dir / JOB_FILE)
+    if trains_on_ray(job.ray, env):
+        from tuneline.core.worker.ray_launch import train_on_ray
+
+        return train_on_ray(job, job_path, log=log, env=env)
     if plan.torchrun:
         log(f"starting {plan.nproc_per_node} training process(es) on node {plan.node_rank} of {plan.nnodes} through torchrun")
     secrets = job.secret_env()
@@ -140,22 +143,28 @@ def launch_plan(env: Mapping[str, str]) -> LaunchPlan:
     return plan_from_env(env, visible_gpus=visible_gpus(env))
 
 
-def prepare_job(job: TrainJob, plan: LaunchPlan) -> TrainJob:
-    """`job` with its DeepSpeed/FSDP settings checked and resolved and the world size `plan` starts."""
+def prepare_job(job: TrainJob, plan: LaunchPlan, env: Mapping[str, str] | None = None) -> TrainJob:
+    """`job` with its DeepSpeed/FSDP settings checked and resolved and the world size `plan` starts;
+    on Ray (`ray_launch.py`), the world size of its workers, once the cluster is known to hold them."""
+    env = os.environ if env is None else env
+    on_ray = trains_on_ray(job.ray, env)
+    world_size = int(job.ray.get("ray_num_workers") or 1) if on_ray else plan.world_size
     problems = check_parallel_settings(job.training, pure_bf16=job.finetuning.get("pure_bf16", False))
-    problems += parallel_problems(OptimizerConfig(**job.optimizer), job.training, world_size=plan.world_size)
+    problems += parallel_problems(OptimizerConfig(**job.optimizer), job.training, world_size=world_size)
+    if on_ray and (env.get("FORCE_TORCHRUN", "").lower() in ("1", "true", "yes", "y") or plan.nnodes > 1
+                   or (env.get("NPROC_PER_NODE") and plan.nproc_per_node > 1)):
+        problems.append("the stage is to train on Ray (USE_RAY=1 or ray_num_workers above 1) and through torchrun "
+                        "(FORCE_TORCHRUN, NPROC_PER_NODE or NNODES); keep one launcher: unset the torchrun variables "
+                        "to train on Ray, or unset USE_RAY and set ray_num_workers: 1.")
     if problems:
         raise ConfigError(problems)
-    return dataclasses.replace(job, training=resolve_parallel_settings(job.training), world_size=plan.world_size)
+    if on_ray:
+        from tuneline.core.worker.ray_launch import connect
+
+        connect(job, env)
+    return dataclasses.replace(job, training=resolve_parallel_settings(job.training), world_size=world_size)
 
 
-def visible_gpus(env: Mapping[str, str]) -> int:
-    """CUDA devices this node sees (only counted when NPROC_PER_NODE leaves it to them). On Linux
-    without a GPU driver none are counted without importing torch, which takes seconds."""
-    if env.get("NPROC_PER_NODE"):
-        return 0
-    if sys.platform == "linux" and not any(Path(p).exists() for p in GPU_DRIVER_PATHS):
-        return 0
-    import torch
-
-    return torch.cuda.device_count()
+def on_ray(job: TrainJob, env: Mapping[str, str] | None = None) -> bool:
+    """Whether `job` trains on Ray (no worker of this machine is started ahead for it)."""
+    return trains_on_ray(job.ray, os.environ if env is None else env)

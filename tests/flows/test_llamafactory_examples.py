@@ -87,7 +87,8 @@ EXAMPLES: dict[str, Example] = {
     "train_lora/llama3_lora_sft_ds3.yaml": Example("refused: DeepSpeed", "DeepSpeed ZeRO-3: not installed, needs CUDA"),
     "train_lora/llama4_lora_sft_ds3.yaml": Example("refused: DeepSpeed", "DeepSpeed ZeRO-3 (its mllm_demo images are "
                                                    "never read: refused before any data)"),
-    "train_lora/llama3_lora_sft_ray.yaml": Example("refused: training on a Ray cluster", "Ray (dataset_dir REMOTE:... "
+    "train_lora/llama3_lora_sft_ray.yaml": Example("refused: needs 4 GPU in all", "Ray Train on 4 workers of one GPU each, "
+                                                   "which this machine's local Ray cluster lacks (dataset_dir REMOTE:... "
                                                    "replaced like every dataset_dir)"),
     "train_lora/deepseek2_lora_sft_kt.yaml": Example("refused: KTransformers", "KTransformers offloading (refused "
                                                      "before any model loads, so the tiny LLaMA stands in)"),

@@ -1,0 +1,106 @@
+"""A real Ray cluster of two nodes on 127.0.0.1, one CPU each, for the tests that train on Ray.
+
+Each node is `ray start ... --block`, a child process in a process group of its own, stopped by
+that group in teardown (also when a test fails): `ray stop` would end every Ray process on the
+machine, not only these. Every port is picked free, so clusters of other test runs do not meet it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cluster_services import free_port
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    address: str  # host:port of the head node's GCS, what RAY_ADDRESS holds
+    nodes: tuple[subprocess.Popen, ...]
+
+    def process_groups(self) -> list[int]:
+        return [node.pid for node in self.nodes]
+
+
+def node_command(*, head_port: int, head: bool, temp_dir: Path) -> list[str]:
+    ray = str(Path(sys.executable).with_name("ray"))
+    ports = {flag: free_port() for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                                            "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                                            "--runtime-env-agent-port")}
+    low = free_port()
+    command = [ray, "start", "--block", "--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
+               "--disable-usage-stats", "--object-store-memory", str(100 * 1024 * 1024),
+               "--min-worker-port", str(low), "--max-worker-port", str(low + 40),
+               *[str(part) for flag, port in ports.items() for part in (flag, port)]]
+    if head:
+        return [*command, "--head", "--port", str(head_port), "--include-dashboard", "false",
+                "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)]
+    return [*command, "--address", f"127.0.0.1:{head_port}"]
+
+
+def wait_for_nodes(address: str, count: int, *, nodes: list[subprocess.Popen], timeout: float = 120) -> None:
+    """Until `count` nodes are alive in the cluster at `address` (asked in a process of its own,
+    so this one never joins the cluster)."""
+    probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
+             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dead = [node.args for node in nodes if node.poll() is not None]
+        assert not dead, f"a Ray node ended while starting: {dead}"
+        result = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True, timeout=60)
+        if result.returncode == 0 and int(result.stdout.split()[-1]) >= count:
+            return
+        time.sleep(1)
+    raise AssertionError(f"the Ray cluster at {address} did not get {count} nodes in {timeout} s")
+
+
+def stop_nodes(nodes: list[subprocess.Popen]) -> None:
+    """Each node's process group, gently and then for good: `ray start --block` stops its node's
+    processes when it gets SIGTERM; its workers are in the same group."""
+    for node in reversed(nodes):
+        try:
+            os.killpg(node.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for node in nodes:
+        try:
+            node.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(node.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        node.wait()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    """Two Ray nodes of one CPU each on 127.0.0.1; RAY_ADDRESS names the head for the commands a test starts."""
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
+    head_port = free_port()
+    # Ray's unix sockets live under the temp dir; a short path keeps them under the system's length limit
+    temp_dir = Path(tempfile.mkdtemp(prefix="tlray"))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": ""}
+    nodes: list[subprocess.Popen] = []
+    log = open(temp_dir / "nodes.log", "w")
+    try:
+        for head in (True, False):
+            nodes.append(subprocess.Popen(node_command(head_port=head_port, head=head, temp_dir=temp_dir), env=env,
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            if head:
+                wait_for_nodes(f"127.0.0.1:{head_port}", 1, nodes=nodes)
+        wait_for_nodes(f"127.0.0.1:{head_port}", 2, nodes=nodes)
+        yield RayCluster(address=f"127.0.0.1:{head_port}", nodes=tuple(nodes))
+    finally:
+        stop_nodes(nodes)
+        log.close()
