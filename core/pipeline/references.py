@@ -92,6 +92,11 @@ class StageStore:
         """`core.store.cache.serve_or_compute` on this store."""
         return serve_or_compute(self.root, kind, key, serve=serve, compute=compute, on_wait=on_wait, on_damaged=on_damaged)
 
+    @property
+    def is_cache(self) -> bool:
+        """Whether `root` is only this machine's cache of a store elsewhere (a URL workspace)."""
+        return False
+
     def find(self, kind: str, key: str) -> Artifact | None:
         """The artifact stored under `key` when it is there and sound, without waiting for a writer of
         it; None otherwise (its writer, or `serve_or_compute`, decides what to do then)."""

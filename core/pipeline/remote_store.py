@@ -90,6 +90,10 @@ class RemoteStageStore(StageStore):
                     on_damaged(damage)
                 return compute(damage)
 
+    @property
+    def is_cache(self) -> bool:
+        return True
+
     def find(self, kind: str, key: str) -> Artifact | None:
         return self._published(kind, key)
 

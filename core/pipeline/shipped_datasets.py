@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
+import tempfile
 from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 
 from tuneline.core.data.dataset_info import get_dataset_attrs
@@ -122,12 +124,15 @@ def _content_key(dataset_dir: str, files: list[Path]) -> str:
 
 
 def _publish(store: StageStore, dataset_dir: str, files: list[Path], key: str) -> None:
-    root = Path(dataset_dir).resolve()
-    with write_artifact(store.root, DATASETS_KIND, key, config={"files": len(files)}) as draft:
-        for path in files:
-            target = draft.path / path.relative_to(root)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-    artifact = find_artifact(store.root, DATASETS_KIND, key)
-    assert artifact is not None  # just written, under the key's lock
-    store.publish(artifact)
+    source = Path(dataset_dir).resolve()
+    with ExitStack() as scratch:
+        # uploaded from a scratch folder: the launching machine's cache keeps no copy of its own data
+        root = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="tuneline-datasets-"))) if store.is_cache else store.root
+        with write_artifact(root, DATASETS_KIND, key, config={"files": len(files)}) as draft:
+            for path in files:
+                target = draft.path / path.relative_to(source)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+        artifact = find_artifact(root, DATASETS_KIND, key)
+        assert artifact is not None  # just written, under the key's lock
+        store.publish(artifact)
