@@ -21,6 +21,7 @@ import yaml
 from cluster_services import free_port, start_prefect_server, start_process, stop_process  # noqa: F401
 from cluster_services import mlflow_server, prefect_workers  # noqa: F401  (fixtures: tests/cluster_services.py)
 from object_store_server import ObjectStoreServer, start_object_store, weed_binary
+from ray_cluster import ray_cluster  # noqa: F401  (the two-node Ray cluster fixture: tests/ray_cluster.py)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,6 +8,7 @@ machine, not only these. Every port is picked free, so clusters of other test ru
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def node_command(*, head_port: int, head: bool, temp_dir: Path) -> list[str]:
                *[str(part) for flag, port in ports.items() for part in (flag, port)]]
     if head:
         return [*command, "--head", "--port", str(head_port), "--include-dashboard", "false",
-                "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)]
+                "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)]
     return [*command, "--address", f"127.0.0.1:{head_port}"]
 
 
@@ -64,23 +65,36 @@ def wait_for_nodes(address: str, count: int, *, nodes: list[subprocess.Popen], t
 
 
 def stop_nodes(nodes: list[subprocess.Popen]) -> None:
-    """Each node's process group, gently and then for good: `ray start --block` stops its node's
-    processes when it gets SIGTERM; its workers are in the same group."""
-    for node in reversed(nodes):
-        try:
-            os.killpg(node.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    """Each node's process group, the worker node first. `ray start --block` stops its node's processes
+    on SIGTERM, the head's taking half a minute, so after a few seconds the groups are killed, and with
+    them the node's Ray workers, which sit in process groups of their own (found as the nodes' descendants)."""
+    import psutil
+
+    descendants = []
     for node in nodes:
         try:
-            node.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+            descendants += psutil.Process(node.pid).children(recursive=True)
+        except psutil.Error:
             pass
+    for node in reversed(nodes):
+        _signal_group(node, signal.SIGTERM)
         try:
-            os.killpg(node.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            node.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _signal_group(node, signal.SIGKILL)
+            node.wait()
+    for process in descendants:
+        try:
+            process.kill()
+        except psutil.Error:  # it has ended already
             pass
-        node.wait()
+
+
+def _signal_group(node: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(node.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +118,4 @@ def ray_cluster() -> Iterator[RayCluster]:
     finally:
         stop_nodes(nodes)
         log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)

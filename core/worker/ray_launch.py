@@ -13,6 +13,7 @@ resources, storage that cannot be written) is checked before any work, each as a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -201,6 +202,8 @@ def train_on_ray(job: TrainJob, job_path: Path, *, log: Callable[[str], None], e
     from ray.train.torch import TorchTrainer
 
     run = connect(job, env)
+    if job.overwrite_output_dir:
+        job = _started_over(job, job_path)
     training = job.training
     per_device, accumulation = training.get("per_device_train_batch_size", 8), training.get("gradient_accumulation_steps", 1)
     log(f"starting {run.num_workers} Ray Train worker(s) of {run.resources_per_worker} ({run.placement_strategy}) on "
@@ -229,6 +232,19 @@ def train_on_ray(job: TrainJob, job_path: Path, *, log: Callable[[str], None], e
         if run.connected_here:
             ray.shutdown()
     return {k: v for k, v in (result.metrics or {}).items() if isinstance(v, int | float)}
+
+
+def _started_over(job: TrainJob, job_path: Path) -> TrainJob:
+    """`overwrite_output_dir` starts the run over, once, here: the workers' job resumes from the newest
+    checkpoint, so that a gang Ray Train restarts after a failure goes on from this run's checkpoints."""
+    from tuneline.core.training.checkpoints import drop_newer, trim_log
+    from tuneline.core.training.job import LOG_FILE
+
+    drop_newer(Path(job.output_dir), than=0)
+    trim_log(Path(job.output_dir) / LOG_FILE, last_step=0)
+    job = dataclasses.replace(job, overwrite_output_dir=False)
+    job.write(job_path)
+    return job
 
 
 def _worker_problem(error: BaseException) -> TunelineError | None:
