@@ -31,6 +31,9 @@ RAY_EXTRA = "pip install 'tuneline[ray]'"
 # object store's. Others (PATH, CUDA_VISIBLE_DEVICES, ...) belong to the worker's own machine.
 FORWARDED_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TUNELINE_", "MLFLOW_", "AWS_", "TOKENIZERS_")
 _REMOTE_SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}
+# Whether this module's ray.init made the process's connection to Ray (a process has one): a run then
+# ends it; a connection made by someone else (a Ray task running the stage) is left as it was.
+_connection = {"ours": False}
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,6 @@ class RayRun:
     storage_path: str | None
     storage_filesystem: Any  # a pyarrow FileSystem for a remote storage_path, else None
     max_failures: int
-    connected_here: bool  # this call connected the process, so the run disconnects it at its end
 
 
 def import_ray(*, asked_by: str) -> Any:
@@ -70,7 +72,8 @@ def connect(job: TrainJob, env: Mapping[str, str]) -> RayRun:
     settings = job.ray
     ray = import_ray(asked_by=asked_by(job, env))
     init_kwargs = mapping_value("ray_init_kwargs", settings.get("ray_init_kwargs"))
-    address = init_kwargs.pop("address", None) or env.get("RAY_ADDRESS") or None
+    given = init_kwargs.pop("address", None)
+    address = given or env.get("RAY_ADDRESS") or None
     storage_path, filesystem = storage(settings.get("ray_storage_path"), settings.get("ray_storage_filesystem"))
     requested = mapping_value("resources_per_worker", settings.get("resources_per_worker"))
     workers = int(settings.get("ray_num_workers") or 1)
@@ -79,9 +82,9 @@ def connect(job: TrainJob, env: Mapping[str, str]) -> RayRun:
         local = {"CPU": float(os.cpu_count() or 1), "GPU": float(_local_gpus())}
         _check_resources(requested or _default_resources(local), workers, strategy, totals=local, nodes=[local],
                          where="the local Ray cluster this command would start (RAY_ADDRESS is unset)")
-    started_here = not ray.is_initialized()
-    if started_here:
-        _init(ray, address, init_kwargs)
+    if not ray.is_initialized():
+        _init(ray, address, init_kwargs, named_by="'ray_init_kwargs' address " if given else "RAY_ADDRESS=")
+        _connection["ours"] = True
     try:
         totals = dict(ray.cluster_resources())
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
@@ -89,29 +92,37 @@ def connect(job: TrainJob, env: Mapping[str, str]) -> RayRun:
         _check_resources(resources, workers, strategy, totals=totals, nodes=nodes,
                          where=f"the Ray cluster at {address}" if address else "the local Ray cluster")
     except ConfigError:
-        if started_here:
-            ray.shutdown()
+        disconnect()
         raise
     failures = settings.get("ray_max_failures")
     if failures is None:  # a restart resumes from the newest checkpoint: only worth it when there is one
         failures = 1 if job.training.get("save_steps") and job.training.get("save_strategy", "steps") == "steps" else 0
     return RayRun(address=address, num_workers=workers, resources_per_worker=resources, placement_strategy=strategy,
                   run_name=settings.get("ray_run_name"), storage_path=storage_path, storage_filesystem=filesystem,
-                  max_failures=int(failures), connected_here=started_here)
+                  max_failures=int(failures))
 
 
-def _init(ray: Any, address: str | None, init_kwargs: dict[str, Any]) -> None:
+def disconnect() -> None:
+    """End the process's connection to Ray if `connect` made it."""
+    if _connection["ours"]:
+        import ray
+
+        ray.shutdown()
+        _connection["ours"] = False
+
+
+def _init(ray: Any, address: str | None, init_kwargs: dict[str, Any], *, named_by: str) -> None:
     """`ray.init`, with an address nobody answers at named (Ray itself would retry for a minute)."""
     if address and ":" in address and "://" not in address:
         host, _, port = address.rpartition(":")
         try:
             socket.create_connection((host, int(port)), timeout=5).close()
         except (OSError, ValueError) as e:
-            raise ConfigError(f"no Ray cluster answers at RAY_ADDRESS={address} ({e}); start one there (`ray start "
+            raise ConfigError(f"no Ray cluster answers at {named_by}{address} ({e}); start one there (`ray start "
                               "--head`), point RAY_ADDRESS at its head node (host:port of its GCS), or unset "
                               "RAY_ADDRESS to train on a local Ray cluster.") from e
     try:
-        ray.init(address=address, logging_level="WARNING", **init_kwargs)
+        ray.init(address=address, **{"logging_level": "WARNING", **init_kwargs})
     except (ConnectionError, RuntimeError, ValueError, TypeError) as e:
         where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
         raise ConfigError(f"could not connect to {where} with ray_init_kwargs {init_kwargs or {}}: {e}; check "
@@ -221,7 +232,6 @@ def train_on_ray(job: TrainJob, job_path: Path, *, log: Callable[[str], None], e
         run_config=RunConfig(name=run.run_name, storage_path=run.storage_path, storage_filesystem=run.storage_filesystem,
                              failure_config=FailureConfig(max_failures=run.max_failures)),
     )
-    import ray
     from ray.train import TrainingFailedError
 
     try:
@@ -229,8 +239,7 @@ def train_on_ray(job: TrainJob, job_path: Path, *, log: Callable[[str], None], e
     except TrainingFailedError as e:
         raise _worker_problem(e) or _failed(e) from e
     finally:
-        if run.connected_here:
-            ray.shutdown()
+        disconnect()
     return {k: v for k, v in (result.metrics or {}).items() if isinstance(v, int | float)}
 
 
