@@ -74,7 +74,7 @@ def connect(job: TrainJob, env: Mapping[str, str]) -> RayRun:
     init_kwargs = mapping_value("ray_init_kwargs", settings.get("ray_init_kwargs"))
     given = init_kwargs.pop("address", None)
     address = given or env.get("RAY_ADDRESS") or None
-    storage_path, filesystem = storage(settings.get("ray_storage_path"), settings.get("ray_storage_filesystem"))
+    storage_path, filesystem = storage(settings.get("ray_storage_path"), settings.get("ray_storage_filesystem"), env=env)
     requested = mapping_value("resources_per_worker", settings.get("resources_per_worker"))
     workers = int(settings.get("ray_num_workers") or 1)
     strategy = settings.get("placement_strategy") or "PACK"
@@ -160,7 +160,7 @@ def _check_resources(resources: Mapping[str, float], workers: int, strategy: str
                            "or point RAY_ADDRESS at a larger cluster." for p in problems])
 
 
-def storage(path: str | None, filesystem: str | None) -> tuple[str | None, Any]:
+def storage(path: str | None, filesystem: str | None, *, env: Mapping[str, str]) -> tuple[str | None, Any]:
     """`ray_storage_path` as Ray Train takes it (a local absolute path, or a bucket path with its pyarrow
     filesystem), once it is known to be writable or reachable."""
     if not path:
@@ -171,7 +171,7 @@ def storage(path: str | None, filesystem: str | None) -> tuple[str | None, Any]:
     if scheme not in _REMOTE_SCHEMES:
         raise ConfigError(f"'ray_storage_path: {path}' names a filesystem Ray Train is not given here; use a local "
                           "path or an s3://, gs:// URL ('ray_storage_filesystem': s3, gs or gcs).")
-    return _remote_storage(path, protocol=_REMOTE_SCHEMES[scheme])
+    return _remote_storage(path, protocol=_REMOTE_SCHEMES[scheme], env=env)
 
 
 def _local_storage(path: str) -> str:
@@ -184,27 +184,37 @@ def _local_storage(path: str) -> str:
     return str(folder)
 
 
-def _remote_storage(path: str, *, protocol: str) -> tuple[str, Any]:
+def _remote_storage(path: str, *, protocol: str, env: Mapping[str, str]) -> tuple[str, Any]:
     import fsspec
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
     bucket_path = path.split("://", 1)[-1].strip("/")
     try:
-        fs = fsspec.filesystem(protocol, skip_instance_cache=True,
-                               **({"config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 1}}}
-                                  if protocol == "s3" else {}))
+        options = _s3_options(env) if protocol == "s3" else {}
+        probe = fsspec.filesystem(protocol, skip_instance_cache=True, **options,
+                                  **({"config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 1}}}
+                                     if protocol == "s3" else {}))
         if protocol == "s3":
-            fs.retries = 1  # s3fs retries a store that does not answer for minutes otherwise
-        fs.ls(bucket_path.split("/", 1)[0])
+            probe.retries = 1  # s3fs retries a store that does not answer for minutes otherwise
+        probe.ls(bucket_path.split("/", 1)[0])
     except ImportError as e:
         raise ConfigError(f"'ray_storage_path: {path}' needs the {protocol} filesystem of fsspec, which is not "
                           f"installed ({e}); `pip install 'tuneline[cluster]'` for s3, gcsfs for gs.") from e
     except Exception as e:  # noqa: BLE001  (s3fs and botocore raise many kinds for a store that does not answer)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = env.get("AWS_ENDPOINT_URL")
         raise ConfigError(f"'ray_storage_path: {path}' cannot be reached ({type(e).__name__}: {e}); check that the bucket "
                           f"exists and that the credentials{f' and AWS_ENDPOINT_URL={endpoint}' if endpoint else ''} "
                           "point at the store.") from e
-    return bucket_path, PyFileSystem(FSSpecHandler(fs))
+    return bucket_path, PyFileSystem(FSSpecHandler(fsspec.filesystem(protocol, skip_instance_cache=True, **options)))
+
+
+def _s3_options(env: Mapping[str, str]) -> dict[str, Any]:
+    """s3fs's settings from the standard AWS variables of this process, spelled out: the filesystem travels
+    pickled to Ray's controller and workers, whose environment need not hold them."""
+    given = {"endpoint_url": env.get("AWS_ENDPOINT_URL"), "key": env.get("AWS_ACCESS_KEY_ID"),
+             "secret": env.get("AWS_SECRET_ACCESS_KEY")}
+    region = env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION")
+    return {**{k: v for k, v in given.items() if v}, **({"client_kwargs": {"region_name": region}} if region else {})}
 
 
 def train_on_ray(job: TrainJob, job_path: Path, *, log: Callable[[str], None], env: Mapping[str, str]) -> dict[str, float]:

@@ -40,10 +40,11 @@ def small(tiny_base: Path, shared_dir: Path, *, accumulation: int, **keys) -> li
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def ray_train(config: Path, overrides: list[str], *, cwd: Path, address: str) -> subprocess.Popen:
-    """`USE_RAY=1 tuneline train CONFIG ...` against the cluster at `address`, output captured."""
+def ray_train(config: Path, overrides: list[str], *, cwd: Path, address: str, **env: str) -> subprocess.Popen:
+    """`USE_RAY=1 tuneline train CONFIG ...` against the cluster at `address`, output captured (each run
+    names a ray_storage_path in the test's folder: Ray's default is ~/ray_results)."""
     env = {**os.environ, "RAY_ADDRESS": address, "USE_RAY": "1", "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0",
-           "TUNELINE_CACHE": str(cwd / "cache")}
+           "TUNELINE_CACHE": str(cwd / "cache"), **env}
     return subprocess.Popen([sys.executable, "-m", "tuneline.flows.cli", "train", str(config), *overrides], cwd=cwd,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -120,12 +121,14 @@ def test_sft_on_two_ray_workers_ends_where_one_process_with_accumulation_ends(sf
 
 
 @pytest.mark.slow
-def test_dpo_on_two_ray_workers_ends_where_one_process_with_accumulation_ends(ray_cluster, runs: Path, tiny_base: Path,
+def test_dpo_on_two_ray_workers_ends_where_one_process_with_accumulation_ends(ray_cluster, s3_store, runs: Path, tiny_base: Path,
                                                                              shared_dir: Path, one_torch_thread):
-    config = example(shared_dir, "llama3_lora_dpo.yaml")
+    """Its Ray results kept in an S3 bucket (ray_storage_path: s3://..., the store of AWS_ENDPOINT_URL)."""
+    config, bucket = example(shared_dir, "llama3_lora_dpo.yaml"), s3_store.make_bucket()
     output = finished(ray_train(config, small(tiny_base, shared_dir, accumulation=1, output_dir="dpo_ray", max_steps=DPO_STEPS,
-                                              ray_num_workers=2, resources_per_worker='{"CPU": 1}'),
-                                cwd=runs, address=ray_cluster.address))
+                                              ray_num_workers=2, resources_per_worker='{"CPU": 1}',
+                                              ray_storage_path=f"{bucket}/results", ray_run_name="dpo_run"),
+                                cwd=runs, address=ray_cluster.address, **s3_store.env()))
     train_here(config, small(tiny_base, shared_dir, accumulation=2, output_dir="dpo_one", max_steps=DPO_STEPS), cwd=runs)
     assert len(worker_nodes(output)) == 2, output[-3000:]
     assert logged_steps(runs / "dpo_ray") == logged_steps(runs / "dpo_one") == list(range(1, DPO_STEPS + 1))
@@ -133,6 +136,9 @@ def test_dpo_on_two_ray_workers_ends_where_one_process_with_accumulation_ends(ra
     print(f"dpo, 2 Ray workers vs 1 process x accumulation 2: max abs weight difference {difference}")
     assert difference <= 1e-5
     assert any(t.abs().sum() > 0 for k, t in adapter(runs / "dpo_ray").items() if "lora_B" in k)
+    kept = s3_store.filesystem().glob(f"{bucket}/results/dpo_run/checkpoint_*/adapter_model.safetensors")
+    assert len(kept) == 1
+    assert s3_store.filesystem().cat_file(kept[0]) == (runs / "dpo_ray" / "adapter_model.safetensors").read_bytes()
 
 
 def ray_train_workers(ray_cluster) -> list:
@@ -158,7 +164,7 @@ def test_a_killed_ray_worker_restarts_the_gang_from_the_checkpoint_to_the_uninte
     killed = runs / "sft_killed"
     process = ray_train(example(shared_dir, "llama3_lora_sft.yaml"),
                         small(tiny_base, shared_dir, accumulation=1, output_dir=killed.name, max_steps=STEPS, save_steps=4,
-                              ray_num_workers=2, resources_per_worker='{"CPU": 1}'),
+                              ray_num_workers=2, resources_per_worker='{"CPU": 1}', ray_storage_path=runs / "ray_results"),
                         cwd=runs, address=ray_cluster.address)
     try:
         deadline = time.monotonic() + 240
@@ -194,11 +200,13 @@ def refused_here(small_sft, *overrides: str, **env: str) -> subprocess.Completed
     return result
 
 
-def test_without_ray_installed_the_extra_to_install_is_named(small_sft):
+def test_without_ray_installed_the_extra_to_install_is_named(two_row_stage):
+    config = two_row_stage(output_dir="refused", ray_num_workers=2)
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(sys.modules, "ray", None)  # what Python makes of an import of a package that is not installed
-        result = refused_here(small_sft, "ray_num_workers=2")
+        result = run_cli_here("train", str(config), cwd=config.parent)
     assert_refused(result, "'ray_num_workers: 2'", "pip install 'tuneline[ray]'")
+    assert not (config.parent / "refused").exists()
 
 
 @pytest.mark.slow
