@@ -38,6 +38,11 @@ class ObjectStoreError(TunelineError):
     the manifest that vouches for it: the message names the URL, the file and what differs."""
 
 
+class TrackingServerError(TunelineError):
+    """An MLflow tracking server that failed a request after the client's retries: the message names
+    the server and what to check."""
+
+
 def nearest(name: str, candidates: Iterable[str]) -> str | None:
     """The candidate closest to `name`, for "did you mean" hints."""
     matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)

@@ -4,14 +4,16 @@ with retries.
 The bucket mirrors a local workspace: `<url>/artifacts/<kind>/<key>/<files>` and the artifact's
 `manifest.json` beside them, uploaded last (`core.store.remote_artifacts`). Every request goes
 through `RemoteWorkspace.attempt`: an error that may pass (a refused or reset connection, a
-timeout, a 5xx or throttling answer) is retried with doubling waits, and one that outlasts them
-becomes an `ObjectStoreError` naming the URL. A missing object (FileNotFoundError) and a refused
+timeout, a 5xx or throttling answer) is retried with doubling waits (`RetryPolicy`: 5 tries over
+7.5 s unless TUNELINE_STORE_ATTEMPTS and TUNELINE_STORE_RETRY_WAIT_S say otherwise), and one that
+outlasts them becomes an `ObjectStoreError` naming the URL. A missing object (FileNotFoundError) and a refused
 one (PermissionError) are answers, not outages: they are not retried.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
-from tuneline.core.errors import ObjectStoreError
+from tuneline.core.errors import ConfigError, ObjectStoreError
 from tuneline.core.store.artifacts import MANIFEST, judge_manifest
 from tuneline.core.store.location import WorkspaceLocation, filesystem_class
 
@@ -47,15 +49,40 @@ class Download:
     sha256: str | None
 
 
+ATTEMPTS_ENV = "TUNELINE_STORE_ATTEMPTS"
+FIRST_WAIT_ENV = "TUNELINE_STORE_RETRY_WAIT_S"
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How long an unreachable store is waited for: `attempts` tries, the n-th wait `first_wait_s * 2**n`."""
+    """How long an unreachable store is waited for: `attempts` tries, the n-th wait `first_wait_s * 2**n`
+    (by default 5 tries over 7.5 s of waits)."""
 
     attempts: int = 5
     first_wait_s: float = 0.5
 
     def waits(self) -> list[float]:
         return [self.first_wait_s * 2**n for n in range(self.attempts - 1)]
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """The policy TUNELINE_STORE_ATTEMPTS and TUNELINE_STORE_RETRY_WAIT_S set, each defaulting to the above."""
+        attempts = _setting(ATTEMPTS_ENV, int, cls.attempts, "a whole number of tries, 1 or more, such as 5")
+        first_wait_s = _setting(FIRST_WAIT_ENV, float, cls.first_wait_s, "a number of seconds, 0 or more, such as 0.5")
+        if attempts < 1 or first_wait_s < 0:
+            raise ConfigError(f"{ATTEMPTS_ENV}={attempts} and {FIRST_WAIT_ENV}={first_wait_s}: give 1 or more tries and a wait "
+                              "of 0 or more seconds, or unset them for 5 tries from 0.5 s.")
+        return cls(attempts=attempts, first_wait_s=first_wait_s)
+
+
+def _setting(name: str, kind: Callable[[str], T], default: T, expected: str) -> T:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not {expected}; unset it for the default ({default}).") from None
 
 
 def transient(error: Exception) -> bool:
@@ -71,12 +98,12 @@ class RemoteWorkspace:
     """The objects of one URL workspace, through a filesystem of its own (fsspec's shared instances
     would keep the credentials and endpoint of the first caller)."""
 
-    def __init__(self, location: WorkspaceLocation, *, retry: RetryPolicy = RetryPolicy(), filesystem: Any = None,
+    def __init__(self, location: WorkspaceLocation, *, retry: RetryPolicy | None = None, filesystem: Any = None,
                  part_bytes: int = _PART_BYTES, parts_at_once: int = _PARTS_AT_ONCE) -> None:
         if not location.is_remote:
             raise ValueError(f"{location} is a local workspace")
         self.location = location
-        self.retry = retry
+        self.retry = retry or RetryPolicy.from_env()
         self._filesystem = filesystem
         self.part_bytes = part_bytes  # a download's ranges: objects up to this size take one GET
         self.parts_at_once = parts_at_once

@@ -24,6 +24,7 @@ from tuneline.core.errors import ConfigError
 from tuneline.core.store.location import parse_workspace
 from tuneline.core.store.locks import file_lock
 from tuneline.core.tracking.privacy import REDACTED, create_owner_only, mask_password
+from tuneline.core.tracking.server_retries import bound_client_retries, naming_failed_upload
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -60,6 +61,7 @@ def client(uri: str) -> MlflowClient:
     under a file lock beside it. A new database file is created owner-only (privacy.py)."""
     if not uri.startswith("sqlite:///"):
         _check_server_answers(uri)  # before MLflow is imported: a refusal costs no second of imports
+        bound_client_retries()
     from mlflow import MlflowClient
 
     if not uri.startswith("sqlite:///"):
@@ -185,20 +187,23 @@ def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
 
 def log_artifact(uri: str, run_id: str, path: str | Path, *, artifact_path: str | None = None) -> None:
     path = Path(path)
-    if path.is_dir():
-        client(uri).log_artifacts(run_id, str(path), artifact_path=artifact_path)
-    else:
-        client(uri).log_artifact(run_id, str(path), artifact_path=artifact_path)
+    with naming_failed_upload(uri, run_id, f"{artifact_path}/{path.name}" if artifact_path else path.name):
+        if path.is_dir():
+            client(uri).log_artifacts(run_id, str(path), artifact_path=artifact_path)
+        else:
+            client(uri).log_artifact(run_id, str(path), artifact_path=artifact_path)
 
 
 def log_table(uri: str, run_id: str, columns: Mapping[str, list[Any]], name: str) -> None:
     """Store `columns` (equal-length lists) as the run's table artifact `name`, which MLflow's UI shows as a table."""
-    client(uri).log_table(run_id, data=dict(columns), artifact_file=name)
+    with naming_failed_upload(uri, run_id, name):
+        client(uri).log_table(run_id, data=dict(columns), artifact_file=name)
 
 
 def log_dict(uri: str, run_id: str, values: Mapping[str, Any], name: str) -> None:
     """Store `values`, secrets masked, as a JSON artifact `name` of the run (the resolved stage config)."""
-    client(uri).log_dict(run_id, json.loads(json.dumps(redact(values), default=str)), name)
+    with naming_failed_upload(uri, run_id, name):
+        client(uri).log_dict(run_id, json.loads(json.dumps(redact(values), default=str)), name)
 
 
 def log_dataset_inputs(uri: str, run_id: str, fingerprints: Mapping[str, str]) -> None:

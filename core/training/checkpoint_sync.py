@@ -111,25 +111,37 @@ def uploading_checkpoints(sync: CheckpointSync, draft: Path, *, run_id: str | No
                           log: Callable[[str], None] = _LOG.info) -> Iterator[None]:
     """Upload each checkpoint that completes in `draft` while the block runs (a thread polls the
     draft; the trainer never waits for an upload). A failed upload is reported and tried again at
-    the next poll: the checkpoints only spare work, the artifact's own publication is what counts."""
+    the next poll: the checkpoints only spare work, the artifact's own publication is what counts.
+    A block that ends with an upload still failing tries what is pending once more (or lists the
+    store when nothing is), and a store that still does not answer ends the stage with the store's
+    error, its URL named: the artifact's upload would fail the same way, and a tracking server whose
+    artifacts are in that store would fail the stage's next MLflow upload with a bare HTTP 500."""
     done = set(sync.committed_steps())
     stop = threading.Event()
+    failure: list[Exception] = []  # the last upload's error, until an upload goes through
 
-    def upload_new() -> None:
+    def upload_new(then: str = "; trying again") -> bool:
+        """Upload the completed checkpoints not uploaded yet, oldest first; whether any was tried."""
+        tried = False
         for folder in reversed(checkpoints(draft)):  # oldest first
             step = checkpoint_step(folder)
             if step in done or not (folder / RECORD_FILE).is_file() or incomplete_reason(folder) is not None:
                 continue
+            tried = True
             try:
                 sync.upload(folder, run_id=run_id)
-            except FileNotFoundError:  # rotated away (save_total_limit) while it was uploaded
+            except FileNotFoundError as error:  # rotated away (save_total_limit) while it was uploaded
                 done.add(step)
+                failure[:] = [error]  # whether the store took it is not known
                 continue
             except Exception as error:  # noqa: BLE001 - the store's clients raise their own classes
-                log(f"checkpoint {folder.name} was not uploaded ({error}); trying again")
-                return
+                failure[:] = [error]
+                log(f"checkpoint {folder.name} was not uploaded ({error}){then}")
+                return tried
+            failure.clear()
             done.add(step)
             log(f"uploaded {folder.name} to {sync.url}/{folder.name}")
+        return tried
 
     def poll() -> None:
         while not stop.wait(_POLL_S):
@@ -142,3 +154,17 @@ def uploading_checkpoints(sync: CheckpointSync, draft: Path, *, run_id: str | No
     finally:
         stop.set()
         watcher.join()
+    if failure:  # the last upload did not go through: what is pending is tried once more
+        tried = upload_new(then="")
+        if failure and (not tried or isinstance(failure[0], FileNotFoundError)):  # nothing told: is the store back?
+            try:
+                sync.committed_steps()  # one listing, through the store's retries
+                failure.clear()
+            except Exception as error:  # noqa: BLE001 - as above
+                failure[:] = [error]
+    if failure:
+        error = failure[0]
+        if isinstance(error, ObjectStoreError):
+            raise error
+        raise ObjectStoreError(f"the checkpoints of {draft.name} could not be uploaded to {sync.url}: {type(error).__name__}: "
+                               f"{error}. Check the store and its credentials, then run the same command again.") from error

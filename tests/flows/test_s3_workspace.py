@@ -7,7 +7,9 @@ stopped the command ends with the store's URL named, and once it is back every s
 its manifest alone (one GET each). In a second bucket the same pipeline runs on a work pool of two
 process workers; the worker running sft is SIGKILLed with its flow run once the stage has uploaded a
 checkpoint, the pipeline finds that flow run dead, and the other worker resumes the stage from the
-uploaded checkpoint and ends with the uninterrupted run's weights.
+uploaded checkpoint and ends with the uninterrupted run's weights. Last, the store is stopped while sft
+uploads a checkpoint: the run ends naming the store's URL, and once the store is back the same command
+finishes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 STEPS = 20  # enough steps after the first uploaded checkpoint for the test to see it and kill the run
 STAGES = ["sft/tokenize", "sft"]
 POOL = "resume-pool"
+# a store that does not answer is given up on after 2 tries 0.2 s apart (core/store/remote.py)
+QUICK_STORE_RETRIES = {"TUNELINE_STORE_ATTEMPTS": "2", "TUNELINE_STORE_RETRY_WAIT_S": "0.2"}
 
 
 def pipeline(tiny_base: Path) -> dict:
@@ -199,3 +203,74 @@ def test_a_stage_whose_worker_dies_resumes_on_the_other_worker_from_its_uploaded
     assert [run.info.run_name for run in resumed] == ["sft"]
     assert resumed[0].data.tags["tuneline.resumed_from_step"] == str(step)
     assert resumed[0].data.tags["tuneline.worker"] == survivor
+
+
+def test_the_store_stopped_mid_upload_ends_the_run_naming_its_url_and_the_same_command_then_finishes(uninterrupted, setting,
+                                                                                                    monkeypatch, tmp_path):
+    """The store (the workspace's, and the tracking server's artifacts') is stopped as sft uploads its
+    first checkpoint: the run ends within seconds, the store's URL named, its MLflow run FAILED and
+    nothing of it committed; once the store is back, the same command computes sft and publishes it
+    whole, and `tuneline verify` finds nothing damaged."""
+    from mlflow.tracking import MlflowClient
+    from object_store_server import restart_object_store
+
+    from tuneline.core.store.remote import RemoteWorkspace
+
+    store = setting["store"]
+    for name, value in {**setting["env"], **QUICK_STORE_RETRIES}.items():
+        monkeypatch.setenv(name, value)
+    bucket = store.make_bucket()
+    workspace = f"{bucket}/team"
+    tokenized = "artifacts/tokenized"  # served from its manifest: the run computes sft alone
+    store.filesystem().copy(f"{uninterrupted['workspace']}/{tokenized}", f"{workspace}/{tokenized}", recursive=True)
+    stopped: dict = {}
+
+    def stop_the_store_at_the_first_checkpoint_upload(request, **_):
+        path = request.url.split("?", 1)[0]
+        if request.method == "PUT" and ".partial/checkpoint-" in path and not stopped:
+            stopped.update(at=time.monotonic(), url=path)
+            store.stop()
+
+    opened = RemoteWorkspace.filesystem.fget
+
+    def hooked(self):  # every filesystem the run opens sends its requests past the hook
+        filesystem = opened(self)
+        if not getattr(filesystem, "stops_the_store", False):
+            filesystem.connect()
+            filesystem.s3.meta.events.register("before-send.s3", stop_the_store_at_the_first_checkpoint_upload)
+            filesystem.stops_the_store = True
+        return filesystem
+
+    arguments = ("run", str(setting["pipeline"]), "--workspace", workspace, "sft.max_steps=8")
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(RemoteWorkspace, "filesystem", property(hooked))
+            failed = run_cli_here(*arguments, cwd=tmp_path)
+        ended = time.monotonic()
+    finally:
+        if not store.running():
+            restart_object_store(store)
+    assert stopped, f"sft uploaded no checkpoint:\n{failed.stdout[-3000:]}{failed.stderr[-3000:]}"
+    assert failed.returncode == 2, failed.stdout[-3000:] + failed.stderr[-3000:]
+    assert ended - stopped["at"] < 60  # MLflow's own retries would have taken minutes
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert errors[0].startswith("error: the object store did not answer: ") and f"{workspace}/artifacts/" in errors[0], errors[0]
+    key = stopped["url"].split("/.", 1)[1].split(".partial/", 1)[0]  # sft-<key>
+    stored = objects(setting, bucket)
+    assert not [path for path in stored if path.endswith(("manifest.json", "checkpoint.json")) and key in path], stored
+
+    client = MlflowClient(setting["tracking"])
+    experiment = client.get_experiment_by_name("s3-workspace").experiment_id
+    [attempt] = client.search_runs(experiment, f"tags.`tuneline.key` = '{key}'")
+    assert attempt.info.status == "FAILED"
+
+    result = run_cli_here(*arguments, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trained = stage_rows(result.stdout)["sft"]
+    assert trained == ("computed", f"{workspace}/artifacts/trained/{key}")
+    stored = objects(setting, bucket)
+    assert f"team/artifacts/trained/{key}/manifest.json" in stored
+    assert not [path for path in stored if path.endswith(".lease") or ".partial/" in path], stored
+    verified = run_cli_here("verify", "--workspace", workspace, cwd=tmp_path)
+    assert verified.returncode == 0 and "2 artifact(s) verified, 0 damaged" in verified.stdout, verified.stdout + verified.stderr
