@@ -9,7 +9,8 @@ Scheduling: the flow submits every stage whose stages it refers to have ended an
 whichever ends first, so stages that do not depend on each other (rm and dpo after sft) run at the
 same time; a stage's tokenization starts as soon as its tokenizer is built. A stage with a `work_pool` runs as a flow run on a worker of that pool (flows/stage_flow.py);
 one without runs in this process, in a thread of its own, with at most `parallel_training` of
-them training at a time (one training stage uses every core and GPU of the machine).
+them training at a time (one training stage uses every core and GPU of the machine). With
+`task_runner: ray` every stage runs as a Ray task holding its `resources` (flows/ray_stages.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tuneline.core.tracking import runs as tracking
 from tuneline.core.tracking.lineage import lineage_tags
 from tuneline.core.tracking.privacy import mask_password
 from tuneline.core.tracking.promotion import candidate_metrics
+from tuneline.flows.ray_stages import on_ray_cluster, run_on_ray
 from tuneline.flows.report import change_summary
 from tuneline.flows.stage_flow import PoolDispatch, run_on_pool
 from tuneline.tasks.register import register
@@ -73,12 +75,21 @@ class ChainState:
 _CHECKED: ContextVar[Pipeline | None] = ContextVar("checked_pipeline", default=None)
 
 
+def checked_pipeline() -> Pipeline | None:
+    # the flow reads the variable through this function: a Ray task is sent the flow with the globals it
+    # names, and a ContextVar does not pickle
+    return _CHECKED.get()
+
+
 def run_checked_pipeline(pipeline: Pipeline, *, pipeline_path: str, overrides: list[str] | None,
                          workspace: str | None) -> dict[str, Any]:
     """The flow on `pipeline`, which the caller read and checked from these arguments (`tuneline run`
     does, before Prefect starts), so that the YAML is read once."""
     handed = _CHECKED.set(pipeline)
     try:
+        if pipeline.on_ray:  # the cluster is checked before anything is written
+            with on_ray_cluster(pipeline_flow, pipeline) as flow_on_ray:
+                return flow_on_ray(pipeline_path, overrides, workspace)
         return pipeline_flow(pipeline_path, overrides, workspace)
     finally:
         _CHECKED.reset(handed)
@@ -86,7 +97,7 @@ def run_checked_pipeline(pipeline: Pipeline, *, pipeline_path: str, overrides: l
 
 @flow(name="tuneline-pipeline")
 def pipeline_flow(pipeline_path: str, overrides: list[str] | None = None, workspace: str | None = None) -> dict[str, Any]:
-    pipeline = _CHECKED.get() or load_pipeline(pipeline_path, overrides, workspace=workspace)
+    pipeline = checked_pipeline() or load_pipeline(pipeline_path, overrides, workspace=workspace)
     local = pipeline.workspace if isinstance(pipeline.workspace, Path) else None  # else a URL: nothing is written here
     if local is not None:
         local.mkdir(parents=True, exist_ok=True)
@@ -270,7 +281,8 @@ STAGE_RUNNERS = {BaseStage: run_base, TrainingStage: run_training_stage}
 
 def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput]) -> ArtifactRef:
     """Run a stage unit (it serves its artifact from the store or computes it) and report it: as a flow
-    run on its stage's work pool, else in its task in this process (a training unit once a slot is free)."""
+    run on its stage's work pool, a Ray task on the cluster, else in its task in this process (a training
+    unit once a slot is free)."""
     unit = build_unit(state.pipeline, state.fingerprints, address)
     placement = state.pipeline.stage(address.stage).placement
     started = time.monotonic()
@@ -280,6 +292,11 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
         result = serve_stored_unit(unit, inputs, context=state.context) or run_on_pool(
             unit, address, inputs, placement=placement, dispatch=state.dispatch, context=state.context, store=state.store,
             say=lambda message: print(message, flush=True))
+    elif placement.ray_resources is not None:
+        assert state.dispatch is not None
+        result = serve_stored_unit(unit, inputs, context=state.context) or run_on_ray(
+            unit, address, inputs, pipeline=state.pipeline, fingerprints=state.fingerprints,
+            datasets=state.dispatch.datasets, context=state.context)
     elif unit.kind == TrainUnit.kind:
         with state.training_slots:
             result = run_in_task(state, unit, inputs)

@@ -39,7 +39,8 @@ DATASET_INFO = "dataset_info.json"  # the folder's index of its datasets
 
 
 def on_a_pool(pipeline: Pipeline) -> bool:
-    return any(stage.placement.work_pool for stage in pipeline.stages)
+    """Whether some stage runs away from the launching machine (a work pool's worker, a Ray node)."""
+    return any(stage.placement.elsewhere for stage in pipeline.stages)
 
 
 def ship_datasets(pipeline: Pipeline, store: StageStore) -> dict[str, str]:
@@ -80,15 +81,15 @@ def _pool_dataset_files(pipeline: Pipeline) -> dict[str, list[Path]]:
     """By `dataset_dir`: the local files the pool stages (and an evaluate section on a pool) read."""
     wanted: dict[str, set[str]] = {}
     for stage in pipeline.stages:
-        if stage.placement.work_pool is None:
+        if stage.placement.elsewhere is None:
             continue
         if isinstance(stage, TrainingStage) and (media := media_datasets(stage.config)):
-            raise ConfigError(f"stage '{stage.name}' runs on work pool '{stage.placement.work_pool}' and reads the media "
+            raise ConfigError(f"stage '{stage.name}' runs on {stage.placement.elsewhere} and reads the media "
                               f"dataset(s) {', '.join(media)}: a pipeline on a pool carries its dataset files to the "
                               "workers through the store, but not yet the images, videos or sounds their rows name. "
                               f"Run stage '{stage.name}' in the pipeline's own process (no work_pool for it).")
         wanted.setdefault(stage_dataset_dir(stage), set()).update(stage_datasets(stage))
-    if pipeline.evaluate and pipeline.stage(pipeline.evaluate.stage).placement.work_pool:
+    if pipeline.evaluate and pipeline.stage(pipeline.evaluate.stage).placement.elsewhere:
         evaluated = pipeline.stage(pipeline.evaluate.stage)
         if pipeline.evaluate.benchmarks or pipeline.evaluate.harness_tasks:
             raise ConfigError(f"the evaluate section scores stage '{evaluated.name}' on a work pool with benchmarks or harness "

@@ -21,6 +21,8 @@ the stage as a flow run on a worker of that Prefect work pool, with the stage's 
 (a mapping, e.g. `{env: {CUDA_VISIBLE_DEVICES: "1"}}`); a crashed flow run is submitted again up
 to the stage's `retries` (default 1). Without a pool the stage runs in the pipeline's process,
 beside the stages it does not depend on, at most `parallel_training` training stages at a time.
+`task_runner: ray` at the top runs every stage as a Ray task on the cluster at RAY_ADDRESS instead,
+holding the Ray resources its `resources:` names (`{CPU: 1, GPU: 1}`; default one CPU).
 
 References: `from` always names a stage (the full-weight model the stage starts from). `ref_model`
 and `reward_model` name a stage when their value is a bare name (no `/`) that is not a path on
@@ -52,8 +54,11 @@ from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, load_promote_func
 
 BASE_KIND = "build_base"  # the pipeline's own stage: the project's tiny base model, built from a corpus
 REFERENCE_KEYS = ("ref_model", "reward_model")
-PLACEMENT_KEYS = ("work_pool", "job_variables", "retries")
-_TOP_SETTINGS = ("work_pool", "parallel_training")  # top-level keys that `key=value` overrides too
+PLACEMENT_KEYS = ("work_pool", "job_variables", "retries", "resources")
+TASK_RUNNERS = ("local", "ray")  # the stages' runner: this process (and work pools), or a Ray cluster
+RAY_RUNNER = "ray"
+DEFAULT_RAY_RESOURCES = {"CPU": 1.0}
+_TOP_SETTINGS = ("work_pool", "parallel_training", "task_runner")  # top-level keys that `key=value` overrides too
 _TOP_KEYS = ("name", "workspace", "defaults", "stages", "evaluate", "export", "register", *_TOP_SETTINGS)
 _STAGE_META_KEYS = ("name", "from", "stage", *PLACEMENT_KEYS)
 
@@ -68,6 +73,16 @@ class Placement:
     """The flow run's job variables on that pool (a process pool's `env`, a Kubernetes pool's fields)."""
     retries: int = 1
     """Flow runs of the stage submitted again after one crashed or was found dead."""
+    ray_resources: Mapping[str, float] | None = None
+    """The Ray resources each of the stage's tasks holds (`resources:`, e.g. {CPU: 1, GPU: 1}) when the
+    pipeline runs on Ray (`task_runner: ray`); None: it does not."""
+
+    @property
+    def elsewhere(self) -> str | None:
+        """Where the stage runs when not in the pipeline's own process, in words; None when it does."""
+        if self.work_pool is not None:
+            return f"work pool '{self.work_pool}'"
+        return "the Ray cluster" if self.ray_resources is not None else None
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,12 @@ class Pipeline:
     source: str | None = field(default=None, compare=False)
     parallel_training: int = 1
     """Training stages run at the same time in the pipeline's own process (stages on a work pool not counted)."""
+    task_runner: str = "local"
+    """What runs the stages: `local` (the pipeline's process, and work pools) or `ray` (a Ray cluster)."""
+
+    @property
+    def on_ray(self) -> bool:
+        return self.task_runner == RAY_RUNNER
 
     def stage(self, name: str) -> BaseStage | TrainingStage:
         return next(s for s in self.stages if s.name == name)
@@ -228,13 +249,18 @@ def build_pipeline(
         else:
             everywhere[key] = value
     parallel_training = _parallel_training(top.get("parallel_training", 1), problems)
+    task_runner = _task_runner(top.get("task_runner", "local"), problems)
     inherited = {"work_pool": _top_pool(top.get("work_pool"), problems), **{k: v for k, v in defaults.items() if k in PLACEMENT_KEYS}}
+    if task_runner == RAY_RUNNER and inherited["work_pool"] is not None:
+        problems.append(f"'task_runner: ray' and 'work_pool: {inherited['work_pool']}' both place every stage: a stage runs "
+                        "as a Ray task or as a flow run on a work pool, not both; keep one of them.")
+        inherited["work_pool"] = None
     defaults = {k: v for k, v in defaults.items() if k not in PLACEMENT_KEYS}
     raw_stages = raw.get("stages") or []
     if not raw_stages:
         problems.append("'stages' is empty; list at least one stage.")
     stages = [_placed(_build_stage(entry, i, defaults, everywhere, per_stage, problems), entry, inherited,
-                      everywhere, per_stage, problems) for i, entry in enumerate(raw_stages)]
+                      everywhere, per_stage, problems, on_ray=task_runner == RAY_RUNNER) for i, entry in enumerate(raw_stages)]
     stages = [s for s in stages if s is not None]
     names = [s.name for s in stages]
     for name in per_stage:
@@ -264,6 +290,7 @@ def build_pipeline(
         stages=tuple(_ordered(stages)),
         source=source,
         parallel_training=parallel_training,
+        task_runner=task_runner,
         **settings,
     )
 
@@ -277,6 +304,16 @@ def _parallel_training(value: Any, problems: list[str]) -> int:
     return value
 
 
+def _task_runner(value: Any, problems: list[str]) -> str:
+    if value not in TASK_RUNNERS:
+        guess = nearest(str(value), TASK_RUNNERS)
+        problems.append(f"'task_runner: {value}' is not a task runner; choose {listed(TASK_RUNNERS)}"
+                        + (f" (did you mean '{guess}'?)" if guess else "") + ": `local` runs the stages in the pipeline's "
+                        "process (and on work pools), `ray` as Ray tasks on the cluster at RAY_ADDRESS.")
+        return "local"
+    return value
+
+
 def _top_pool(pool: Any, problems: list[str]) -> str | None:
     if pool is not None and (not isinstance(pool, str) or not pool.strip()):
         problems.append(f"'work_pool: {pool}' must name a Prefect work pool (a non-empty string) that runs every stage, "
@@ -286,7 +323,7 @@ def _top_pool(pool: Any, problems: list[str]) -> str | None:
 
 
 def _placed(stage: BaseStage | TrainingStage | None, entry: Any, inherited: Mapping[str, Any], everywhere: Mapping[str, Any],
-            per_stage: Mapping[str, Mapping[str, Any]], problems: list[str]) -> BaseStage | TrainingStage | None:
+            per_stage: Mapping[str, Mapping[str, Any]], problems: list[str], *, on_ray: bool) -> BaseStage | TrainingStage | None:
     """`stage` with its placement: the top-level `work_pool` and `defaults`, then the stage entry, then
     `key=value`, then `stage.key=value`."""
     if stage is None:
@@ -308,9 +345,32 @@ def _placed(stage: BaseStage | TrainingStage | None, entry: Any, inherited: Mapp
     if variables and pool is None and len(problems) == before:
         problems.append(f"stage '{stage.name}': 'job_variables' are a work pool's settings, but the stage names no "
                         "'work_pool'; add work_pool: NAME (at the top or in the stage), or remove job_variables.")
+    resources = _ray_resources(stage.name, values.get("resources"), pool=pool, on_ray=on_ray, problems=problems)
     if len(problems) > before:
         return stage
-    return dataclasses.replace(stage, placement=Placement(work_pool=pool, job_variables=dict(variables), retries=retries))
+    return dataclasses.replace(stage, placement=Placement(work_pool=pool, job_variables=dict(variables), retries=retries,
+                                                          ray_resources=resources))
+
+
+def _ray_resources(name: str, resources: Any, *, pool: Any, on_ray: bool, problems: list[str]) -> dict[str, float] | None:
+    """A stage's `resources` on Ray ({CPU: 1} unless it names them); None when the pipeline is not on Ray."""
+    if resources is not None and (not isinstance(resources, Mapping) or not resources or any(
+            not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int | float) or v < 0 for k, v in resources.items())):
+        problems.append(f"stage '{name}': 'resources: {resources}' must be a mapping of Ray resource names to amounts of 0 "
+                        f"or more, e.g. {name}.resources='{{CPU: 2, GPU: 1}}'.")
+        return None
+    if not on_ray:
+        if resources is not None:
+            problems.append(f"stage '{name}': 'resources: {resources}' are the Ray resources a stage's tasks hold, but the "
+                            "pipeline does not run on Ray; add 'task_runner: ray' at the top (or pass task_runner=ray), "
+                            "or remove resources.")
+        return None
+    if pool is not None:
+        problems.append(f"stage '{name}': 'work_pool: {pool}' puts the stage on a work pool, and 'task_runner: ray' runs "
+                        f"every stage as a Ray task; a stage runs in one place: remove {name}'s work_pool, or the "
+                        "task_runner.")
+        return None
+    return {str(k): float(v) for k, v in (resources or DEFAULT_RAY_RESOURCES).items()}
 
 
 def _build_stage(
