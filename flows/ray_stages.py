@@ -31,12 +31,25 @@ def on_ray_cluster(flow: Flow[..., Any], pipeline: Pipeline) -> Iterator[Flow[..
     """`flow` with its tasks on the Ray cluster at RAY_ADDRESS (checked first); disconnected after."""
     address = connect_cluster(pipeline, os.environ)  # first: it names a missing ray package
     import ray
+    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_ray import RayTaskRunner
 
     try:
-        yield flow.with_options(task_runner=RayTaskRunner(address=address))
+        # the tasks report to this run's Prefect API: without PREFECT_API_URL, each Ray worker would start a
+        # temporary server of its own, so the URL of this process's is handed to them
+        with temporary_settings(updates={PREFECT_API_URL: PREFECT_API_URL.value() or temporary_api_url()}):
+            yield flow.with_options(task_runner=RayTaskRunner(address=address))
     finally:
         ray.shutdown()
+
+
+def temporary_api_url() -> str:
+    """The URL of this process's temporary Prefect server (on 127.0.0.1: Ray nodes of this machine reach it)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start()
+    return server.api_url
 
 
 def run_on_ray(unit: StageUnit, address: UnitAddress, inputs: Mapping[str, ModelInput], *, pipeline: Pipeline,

@@ -43,10 +43,6 @@ class RayUnit:
     env: Mapping[str, str] = field(default_factory=dict)
     """The launching process's hub, tuneline, MLflow and object-store variables, set on the node."""
 
-    @property
-    def label(self) -> str:
-        return f"{self.address.stage}/{self.address.kind}"
-
 
 def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(FORWARDED_ENV_PREFIXES) and k != WORKER_ENV}
