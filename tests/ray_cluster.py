@@ -88,6 +88,7 @@ def stop_nodes(nodes: list[subprocess.Popen]) -> None:
             process.kill()
         except psutil.Error:  # it has ended already
             pass
+    psutil.wait_procs(descendants, timeout=10)  # before their folder goes: a dying raylet still writes its logs
 
 
 def _signal_group(node: subprocess.Popen, sig: int) -> None:
