@@ -47,6 +47,15 @@ from tuneline.core.config import (
     read_yaml,
 )
 from tuneline.core.errors import ConfigError, listed, nearest
+from tuneline.core.pipeline.placement import (
+    PLACEMENT_KEYS,
+    RAY_RUNNER,
+    Placement,
+    parallel_training_value,
+    placed,
+    task_runner_value,
+    top_pool,
+)
 from tuneline.core.store.location import parse_workspace
 from tuneline.core.stages.registry import DEFAULT_STAGE, STAGE_NAMES, build_stage_config, kinds_with, stage_kind
 from tuneline.core.evaluation.benchmark_plan import BenchmarkPlan
@@ -54,35 +63,9 @@ from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, load_promote_func
 
 BASE_KIND = "build_base"  # the pipeline's own stage: the project's tiny base model, built from a corpus
 REFERENCE_KEYS = ("ref_model", "reward_model")
-PLACEMENT_KEYS = ("work_pool", "job_variables", "retries", "resources")
-TASK_RUNNERS = ("local", "ray")  # the stages' runner: this process (and work pools), or a Ray cluster
-RAY_RUNNER = "ray"
-DEFAULT_RAY_RESOURCES = {"CPU": 1.0}
 _TOP_SETTINGS = ("work_pool", "parallel_training", "task_runner")  # top-level keys that `key=value` overrides too
 _TOP_KEYS = ("name", "workspace", "defaults", "stages", "evaluate", "export", "register", *_TOP_SETTINGS)
 _STAGE_META_KEYS = ("name", "from", "stage", *PLACEMENT_KEYS)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a stage runs and how often a crashed run of it is submitted again."""
-
-    work_pool: str | None = None
-    """The Prefect work pool whose worker runs the stage; None: the pipeline's own process."""
-    job_variables: Mapping[str, Any] = field(default_factory=dict)
-    """The flow run's job variables on that pool (a process pool's `env`, a Kubernetes pool's fields)."""
-    retries: int = 1
-    """Flow runs of the stage submitted again after one crashed or was found dead."""
-    ray_resources: Mapping[str, float] | None = None
-    """The Ray resources each of the stage's tasks holds (`resources:`, e.g. {CPU: 1, GPU: 1}) when the
-    pipeline runs on Ray (`task_runner: ray`); None: it does not."""
-
-    @property
-    def elsewhere(self) -> str | None:
-        """Where the stage runs when not in the pipeline's own process, in words; None when it does."""
-        if self.work_pool is not None:
-            return f"work pool '{self.work_pool}'"
-        return "the Ray cluster" if self.ray_resources is not None else None
 
 
 @dataclass(frozen=True)
@@ -248,9 +231,9 @@ def build_pipeline(
             top[key] = value
         else:
             everywhere[key] = value
-    parallel_training = _parallel_training(top.get("parallel_training", 1), problems)
-    task_runner = _task_runner(top.get("task_runner", "local"), problems)
-    inherited = {"work_pool": _top_pool(top.get("work_pool"), problems), **{k: v for k, v in defaults.items() if k in PLACEMENT_KEYS}}
+    parallel_training = parallel_training_value(top.get("parallel_training", 1), problems)
+    task_runner = task_runner_value(top.get("task_runner", "local"), problems)
+    inherited = {"work_pool": top_pool(top.get("work_pool"), problems), **{k: v for k, v in defaults.items() if k in PLACEMENT_KEYS}}
     if task_runner == RAY_RUNNER and inherited["work_pool"] is not None:
         problems.append(f"'task_runner: ray' and 'work_pool: {inherited['work_pool']}' both place every stage: a stage runs "
                         "as a Ray task or as a flow run on a work pool, not both; keep one of them.")
@@ -259,7 +242,7 @@ def build_pipeline(
     raw_stages = raw.get("stages") or []
     if not raw_stages:
         problems.append("'stages' is empty; list at least one stage.")
-    stages = [_placed(_build_stage(entry, i, defaults, everywhere, per_stage, problems), entry, inherited,
+    stages = [placed(_build_stage(entry, i, defaults, everywhere, per_stage, problems), entry, inherited,
                       everywhere, per_stage, problems, on_ray=task_runner == RAY_RUNNER) for i, entry in enumerate(raw_stages)]
     stages = [s for s in stages if s is not None]
     names = [s.name for s in stages]
@@ -295,82 +278,6 @@ def build_pipeline(
     )
 
 
-def _parallel_training(value: Any, problems: list[str]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        problems.append(f"'parallel_training: {value}' must be a whole number of at least 1: how many training stages "
-                        "run at the same time in the pipeline's own process (default 1, since one training stage uses "
-                        "every core and GPU of the machine).")
-        return 1
-    return value
-
-
-def _task_runner(value: Any, problems: list[str]) -> str:
-    if value not in TASK_RUNNERS:
-        guess = nearest(str(value), TASK_RUNNERS)
-        problems.append(f"'task_runner: {value}' is not a task runner; choose {listed(TASK_RUNNERS)}"
-                        + (f" (did you mean '{guess}'?)" if guess else "") + ": `local` runs the stages in the pipeline's "
-                        "process (and on work pools), `ray` as Ray tasks on the cluster at RAY_ADDRESS.")
-        return "local"
-    return value
-
-
-def _top_pool(pool: Any, problems: list[str]) -> str | None:
-    if pool is not None and (not isinstance(pool, str) or not pool.strip()):
-        problems.append(f"'work_pool: {pool}' must name a Prefect work pool (a non-empty string) that runs every stage, "
-                        "e.g. work_pool=gpu; remove it to run the stages in the pipeline's process.")
-        return None
-    return pool
-
-
-def _placed(stage: BaseStage | TrainingStage | None, entry: Any, inherited: Mapping[str, Any], everywhere: Mapping[str, Any],
-            per_stage: Mapping[str, Mapping[str, Any]], problems: list[str], *, on_ray: bool) -> BaseStage | TrainingStage | None:
-    """`stage` with its placement: the top-level `work_pool` and `defaults`, then the stage entry, then
-    `key=value`, then `stage.key=value`."""
-    if stage is None:
-        return None
-    values = {k: v for k, v in inherited.items() if v is not None}
-    for source in (entry, everywhere, per_stage.get(stage.name, {})):
-        values.update({k: v for k, v in source.items() if k in PLACEMENT_KEYS})
-    before = len(problems)
-    pool, variables, retries = values.get("work_pool"), values.get("job_variables") or {}, values.get("retries", 1)
-    if pool is not None and (not isinstance(pool, str) or not pool.strip()):
-        problems.append(f"stage '{stage.name}': 'work_pool: {pool}' must name a Prefect work pool (a non-empty string), "
-                        f"e.g. {stage.name}.work_pool=gpu; remove it to run the stage in the pipeline's process.")
-    if not isinstance(variables, Mapping) or not all(isinstance(k, str) for k in variables):
-        problems.append(f"stage '{stage.name}': 'job_variables: {variables}' must be a mapping of the work pool's job "
-                        f"variables, e.g. {stage.name}.job_variables='{{env: {{CUDA_VISIBLE_DEVICES: \"1\"}}}}'.")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        problems.append(f"stage '{stage.name}': 'retries: {retries}' must be a whole number of 0 or more: how many times a "
-                        "crashed flow run of the stage is submitted again (default 1).")
-    if variables and pool is None and len(problems) == before:
-        problems.append(f"stage '{stage.name}': 'job_variables' are a work pool's settings, but the stage names no "
-                        "'work_pool'; add work_pool: NAME (at the top or in the stage), or remove job_variables.")
-    resources = _ray_resources(stage.name, values.get("resources"), pool=pool, on_ray=on_ray, problems=problems)
-    if len(problems) > before:
-        return stage
-    return dataclasses.replace(stage, placement=Placement(work_pool=pool, job_variables=dict(variables), retries=retries,
-                                                          ray_resources=resources))
-
-
-def _ray_resources(name: str, resources: Any, *, pool: Any, on_ray: bool, problems: list[str]) -> dict[str, float] | None:
-    """A stage's `resources` on Ray ({CPU: 1} unless it names them); None when the pipeline is not on Ray."""
-    if resources is not None and (not isinstance(resources, Mapping) or not resources or any(
-            not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int | float) or v < 0 for k, v in resources.items())):
-        problems.append(f"stage '{name}': 'resources: {resources}' must be a mapping of Ray resource names to amounts of 0 "
-                        f"or more, e.g. {name}.resources='{{CPU: 2, GPU: 1}}'.")
-        return None
-    if not on_ray:
-        if resources is not None:
-            problems.append(f"stage '{name}': 'resources: {resources}' are the Ray resources a stage's tasks hold, but the "
-                            "pipeline does not run on Ray; add 'task_runner: ray' at the top (or pass task_runner=ray), "
-                            "or remove resources.")
-        return None
-    if pool is not None:
-        problems.append(f"stage '{name}': 'work_pool: {pool}' puts the stage on a work pool, and 'task_runner: ray' runs "
-                        f"every stage as a Ray task; a stage runs in one place: remove {name}'s work_pool, or the "
-                        "task_runner.")
-        return None
-    return {str(k): float(v) for k, v in (resources or DEFAULT_RAY_RESOURCES).items()}
 
 
 def _build_stage(
