@@ -105,6 +105,11 @@ def ray_cluster() -> Iterator[RayCluster]:
     head_port = free_port()
     # Ray's unix sockets live under the temp dir; a short path keeps them under the system's length limit
     temp_dir = Path(tempfile.mkdtemp(prefix="tlray"))
+    # A local Ray started on this machine (Ray 2.60 and later) leaves ~/.ray/auth_token, which would turn on
+    # token authentication for every node and client started after it: the test cluster and the
+    # commands the tests run against it say they run without.
+    auth_mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": ""}
     nodes: list[subprocess.Popen] = []
     log = open(temp_dir / "nodes.log", "w")
@@ -120,3 +125,7 @@ def ray_cluster() -> Iterator[RayCluster]:
         stop_nodes(nodes)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        if auth_mode is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = auth_mode
