@@ -116,6 +116,11 @@ def test_the_image_is_built_from_what_pyproject_packages_with_its_extras():
     assert "cluster" in extras and set(extras) <= set(pyproject["project"]["optional-dependencies"])
 
 
+# Prefect reads its settings from the environment once, as it is first imported: importing it here
+# comes after the session's Prefect server has set PREFECT_API_URL for the in-process commands of
+# later tests of this worker.
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
 def test_the_gpu_pools_template_requests_the_gpus_a_stage_asks_for(gpu_template, services):
     from prefect.utilities.templating import apply_values, find_placeholders
 

@@ -8,24 +8,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from prefect import flow
-from prefect.client.orchestration import get_client
-from prefect.settings import PREFECT_WORKER_HEARTBEAT_SECONDS, temporary_settings
-from prefect.states import Pending, Running
 
-from tuneline.flows.stage_liveness import WORKER_LABEL, StageRunWatch
-
+# Prefect is imported inside the test: Prefect reads its settings from the environment once, as it
+# is first imported, and this module is imported while tests are collected, before the session's
+# Prefect server has set PREFECT_API_URL.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 HEARTBEAT_S = 0.2  # a silence of 3 of these (0.6 s) is death
 POOL = "liveness-pool"
 
 
-@flow(name="liveness-probe")
-def probe() -> None:
-    """Never run: its flow runs are only set Pending and Running, as a worker would."""
-
-
-def looked_at_until_dead(client, watch: StageRunWatch, flow_run_id, *, for_s: float) -> tuple[str | None, float]:
+def looked_at_until_dead(client, watch, flow_run_id, *, for_s: float) -> tuple[str | None, float]:
     started = time.monotonic()
     while time.monotonic() - started < for_s:
         if (why := watch.dead(client.read_flow_run(flow_run_id))) is not None:
@@ -35,7 +27,17 @@ def looked_at_until_dead(client, watch: StageRunWatch, flow_run_id, *, for_s: fl
 
 
 def test_a_run_is_found_dead_after_three_silent_heartbeats_of_its_worker_and_not_before():
+    from prefect import flow
+    from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_WORKER_HEARTBEAT_SECONDS, temporary_settings
+    from prefect.states import Pending, Running
+
+    from tuneline.flows.stage_liveness import WORKER_LABEL, StageRunWatch
+
+    @flow(name="liveness-probe")
+    def probe() -> None:
+        """Never run: its flow runs are only set Pending and Running, as a worker would."""
 
     with temporary_settings({PREFECT_WORKER_HEARTBEAT_SECONDS: HEARTBEAT_S}), get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=POOL, type="process"), overwrite=True)  # no worker in it
