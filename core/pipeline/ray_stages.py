@@ -11,7 +11,6 @@ tagged with the Ray id of that node. The orchestrator that submits the tasks liv
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ from tuneline.core.pipeline.spec import Pipeline
 from tuneline.core.pipeline.stage_unit import WORKER_ENV, Announcer, RunContext, run_stage_unit, unit_key
 from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit
-from tuneline.core.worker.ray_launch import FORWARDED_ENV_PREFIXES, RAY_EXTRA
+from tuneline.core.worker.ray_launch import FORWARDED_ENV_PREFIXES, RAY_EXTRA, unanswered_address
 
 _ASKED = "the pipeline runs its stages on Ray ('task_runner: ray')"
 
@@ -65,14 +64,10 @@ def connect_cluster(pipeline: Pipeline, env: Mapping[str, str]) -> str | None:
         raise ConfigError(f"{_ASKED}, and Ray is not installed in this environment ({e}); install the ray extra with "
                           f"`{RAY_EXTRA}`, or remove task_runner to run the stages in this process.") from e
     address = env.get("RAY_ADDRESS") or None
-    if address and ":" in address and "://" not in address:  # Ray itself would retry for a minute
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{_ASKED}, and no Ray cluster answers at RAY_ADDRESS={address} ({e}); start one there "
-                              "(`ray start --head`), point RAY_ADDRESS at its head node (host:port of its GCS), or "
-                              "unset RAY_ADDRESS to run the stages on a local Ray.") from e
+    if (unanswered := unanswered_address(address)) is not None:
+        raise ConfigError(f"{_ASKED}, and no Ray cluster answers at RAY_ADDRESS={address} ({unanswered}); start one there "
+                          "(`ray start --head`), point RAY_ADDRESS at its head node (host:port of its GCS), or "
+                          "unset RAY_ADDRESS to run the stages on a local Ray.") from unanswered
     if not ray.is_initialized():
         try:
             ray.init(address=address, logging_level="WARNING", namespace="tuneline")

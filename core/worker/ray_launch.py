@@ -111,16 +111,25 @@ def disconnect() -> None:
         _connection["ours"] = False
 
 
+def unanswered_address(address: str | None) -> Exception | None:
+    """Why nothing answers at a `host:port` Ray address, found at once (Ray itself would retry for a
+    minute); None when something does, or the address is no host:port (`auto`, `ray://`)."""
+    if not address or ":" not in address or "://" in address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except (OSError, ValueError) as e:
+        return e
+    return None
+
+
 def _init(ray: Any, address: str | None, init_kwargs: dict[str, Any], *, named_by: str) -> None:
-    """`ray.init`, with an address nobody answers at named (Ray itself would retry for a minute)."""
-    if address and ":" in address and "://" not in address:
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"no Ray cluster answers at {named_by}{address} ({e}); start one there (`ray start "
-                              "--head`), point RAY_ADDRESS at its head node (host:port of its GCS), or unset "
-                              "RAY_ADDRESS to train on a local Ray cluster.") from e
+    """`ray.init`, with an address nobody answers at named."""
+    if (unanswered := unanswered_address(address)) is not None:
+        raise ConfigError(f"no Ray cluster answers at {named_by}{address} ({unanswered}); start one there (`ray start "
+                          "--head`), point RAY_ADDRESS at its head node (host:port of its GCS), or unset "
+                          "RAY_ADDRESS to train on a local Ray cluster.") from unanswered
     try:
         ray.init(address=address, **{"logging_level": "WARNING", **init_kwargs})
     except (ConnectionError, RuntimeError, ValueError, TypeError) as e:
