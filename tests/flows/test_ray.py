@@ -1,9 +1,15 @@
-"""Training on a Ray cluster: LLaMA-Factory's own example YAMLs with `ray_num_workers: 2` on a real
-two-node cluster (`ray_cluster`) end where one process with gradient accumulation 2 ends; a worker
-killed after a checkpoint restarts the gang to the same weights; what Ray cannot run is refused first.
+"""tuneline on a real two-node Ray cluster (`ray_cluster`, started once for the module).
 
-The Ray runs are `tuneline train` commands with RAY_ADDRESS naming the cluster; the one-process runs go
-through the command's `main` in this process (`train_here`), the worker's run without its start."""
+Training on Ray: LLaMA-Factory's own example YAMLs with `ray_num_workers: 2` end where one process with
+gradient accumulation 2 ends; a worker killed after a checkpoint restarts the gang to the same weights;
+what Ray cannot run is refused first. The Ray runs are `tuneline train` commands with RAY_ADDRESS naming
+the cluster; the one-process runs go through the command's `main` in this process (`train_here`), the
+worker's run without its start.
+
+Stages on Ray: a pipeline with `task_runner: ray` runs the fork pipeline of test_parallel_stages (a tiny
+base, sft, then rm and dpo from sft, two steps each) as Ray tasks on both nodes, each stage's MLflow run
+naming the node, rm and dpo at the same time; what the cluster cannot run is refused before anything is
+written."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_refused, run_cli_here, train_in_this_process
+from test_parallel_stages import overlap_seconds, stage_runs, write_fork
 from tuneline.core.config import read_stage_config
 from tuneline.core.config.ray import RayConfig, ray_problems
 from tuneline.core.training.checkpoints import RECORD_FILE
@@ -254,3 +261,66 @@ def test_the_ray_keys_are_read_and_checked_not_refused():
         "'resources_per_worker: {GPU: 1}' is neither a mapping nor its JSON (Expecting property name enclosed in double "
         "quotes: line 1 column 2 (char 1)); write it as, for example, resources_per_worker: {CPU: 1}.",
     ]
+
+
+# -- a pipeline's stages as Ray tasks --------------------------------------------------------------
+
+
+def cluster_node_ids(address: str) -> set[str]:
+    import ray
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        return {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_stages_run_as_ray_tasks_on_both_nodes_and_the_fork_at_once(ray_cluster, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    workspace = tmp_path / "workspace"
+    done = run_cli_here("run", str(write_fork(tmp_path / "fork.yaml")), "--workspace", str(workspace), "task_runner=ray",
+                        cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = stage_runs(f"sqlite:///{workspace / 'mlflow.db'}")
+    assert {"base", "sft", "sft/merge", "rm", "dpo"} <= set(runs)
+    ran_on = {name: run.data.tags["tuneline.worker"] for name, run in runs.items()}
+    print(f"stages by Ray node: {ran_on}")
+    assert set(ran_on.values()) == cluster_node_ids(ray_cluster.address)  # both nodes, named by their Ray ids
+    overlap = overlap_seconds(runs["rm"], runs["dpo"])
+    print(f"rm and dpo trained on nodes {ran_on['rm'][:8]} and {ran_on['dpo'][:8]} side by side for {overlap:.1f} s")
+    assert overlap > 0
+    stored = {path.parent.parent.name for path in (workspace / "artifacts").rglob("manifest.json")}
+    assert {"base", "tokenized", "trained", "merged", "datasets"} <= stored
+
+
+def refused(tmp_path: Path, *overrides: str) -> object:
+    result = run_cli_here("run", str(write_fork(tmp_path / "fork.yaml")), "--workspace", str(tmp_path / "workspace"),
+                          "task_runner=ray", *overrides, cwd=tmp_path)
+    assert not (tmp_path / "workspace").exists()
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_more_cpus_or_gpus_than_a_node_has_are_named(ray_cluster, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
+    result = refused(tmp_path, "rm.resources={CPU: 2}", "dpo.resources={GPU: 1}")
+    assert_refused(result, "stage 'rm': 'resources: {'CPU': 2.0}' asks for 2 CPU (the largest node has 1)",
+                   "stage 'dpo': 'resources: {'GPU': 1.0}' asks for 1 GPU (the largest node has 0)",
+                   f"the Ray cluster at {ray_cluster.address} (2 node(s))")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_no_cluster_at_ray_address_and_no_ray_installed_are_named(tmp_path: Path, monkeypatch):
+    from cluster_services import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    assert_refused(refused(tmp_path), "'task_runner: ray'", f"no Ray cluster answers at RAY_ADDRESS={address}")
+    monkeypatch.setitem(sys.modules, "ray", None)  # what Python makes of an import of a package that is not installed
+    assert_refused(refused(tmp_path), "'task_runner: ray'", "Ray is not installed", "pip install 'tuneline[ray]'")
