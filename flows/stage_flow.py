@@ -23,13 +23,10 @@ from tuneline.core.config import parse_overrides
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.references import ArtifactRef, ModelInput, StageStore
-from tuneline.core.pipeline.shipped_datasets import with_dataset_dirs
 from tuneline.core.pipeline.spec import Placement, build_pipeline
-from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.stage_unit import Announcer, RunContext, StageUnit, run_stage_unit, unit_key
-from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit, decode_inputs, encode_inputs
+from tuneline.core.pipeline.unit_plan import UnitAddress, decode_inputs, encode_inputs, rebuild_sent_unit
 from tuneline.core.store.cache import Damage
-from tuneline.core.store.fingerprints import code_digest, package_version
 from tuneline.core.training.job import TRACKING_URI_ENV, TRACKING_URI_FROM_ENV
 from tuneline.flows.stage_liveness import StageRunWatch, stage_lease_watch, wait_for_stage_run
 
@@ -49,14 +46,9 @@ def stage_flow(pipeline_yaml: str, overrides: list[str], workspace: str, unit: d
     # `register` is the parent's own step; its promote_function module is looked for beside the parent's YAML
     raw = {k: v for k, v in (yaml.safe_load(pipeline_yaml) or {}).items() if k != "register"}
     pipeline = build_pipeline(raw, overrides=parse_overrides(overrides), workspace=workspace)
-    if datasets:  # the launching machine's dataset folders, as copies it shipped through the store
-        pipeline = with_dataset_dirs(pipeline, datasets, open_store(workspace))
-    built = build_unit(pipeline, PipelineFingerprints(**fingerprints), UnitAddress(**unit))
     references = decode_inputs(inputs)
-    if (own_key := unit_key(built, references)) != key:  # the key is in the package's version and code digest too
-        raise ConfigError(f"{built.label}: this worker keys the stage {own_key}, the pipeline that sent it {key}: the two "
-                          f"machines run different tuneline code (version {package_version()}, code digest {code_digest()} "
-                          "here); install the same tuneline on the launching machine and every worker.")
+    built = rebuild_sent_unit(pipeline, PipelineFingerprints(**fingerprints), UnitAddress(**unit), references, key=key,
+                              datasets=datasets or {}, workspace=workspace, machine="this worker")
     uri = os.environ.get(TRACKING_URI_ENV) if context["tracking_uri"] == TRACKING_URI_FROM_ENV else context["tracking_uri"]
     if not uri:
         raise ConfigError(f"the pipeline's runs go to the tracking server its MLFLOW_TRACKING_URI names, but this worker's "

@@ -18,11 +18,9 @@ from typing import Any
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.references import ArtifactRef, ModelInput
-from tuneline.core.pipeline.shipped_datasets import with_dataset_dirs
 from tuneline.core.pipeline.spec import Pipeline
-from tuneline.core.pipeline.stage_unit import WORKER_ENV, Announcer, RunContext, run_stage_unit, unit_key
-from tuneline.core.pipeline.stores import open_store
-from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit
+from tuneline.core.pipeline.stage_unit import WORKER_ENV, Announcer, RunContext, run_stage_unit
+from tuneline.core.pipeline.unit_plan import UnitAddress, rebuild_sent_unit
 from tuneline.core.worker.ray_launch import FORWARDED_ENV_PREFIXES, RAY_EXTRA, unanswered_address
 
 _ASKED = "the pipeline runs its stages on Ray ('task_runner: ray')"
@@ -106,12 +104,6 @@ def run_ray_unit(sent: RayUnit, inputs: Mapping[str, ModelInput], *, context: Ru
 
     os.environ.update(sent.env)
     os.environ[WORKER_ENV] = ray.get_runtime_context().get_node_id()
-    pipeline = sent.pipeline
-    if sent.datasets:  # the launching machine's dataset folders, from the store
-        pipeline = with_dataset_dirs(pipeline, sent.datasets, open_store(context.workspace))
-    unit = build_unit(pipeline, sent.fingerprints, sent.address)
-    if (own_key := unit_key(unit, inputs)) != sent.key:
-        raise ConfigError(f"{unit.label}: the Ray node {os.environ[WORKER_ENV]} keys the stage {own_key}, the pipeline "
-                          f"that sent it {sent.key}: the two machines run different tuneline code; install the same "
-                          "tuneline on the launching machine and every Ray node.")
+    unit = rebuild_sent_unit(sent.pipeline, sent.fingerprints, sent.address, inputs, key=sent.key, datasets=sent.datasets,
+                             workspace=context.workspace, machine=f"the Ray node {os.environ[WORKER_ENV]}")
     return run_stage_unit(unit, inputs, context=context, announcer=announcer)

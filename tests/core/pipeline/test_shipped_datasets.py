@@ -16,7 +16,7 @@ from tuneline.core.pipeline.shipped_datasets import DATASETS_KIND, ship_datasets
 from tuneline.core.pipeline.spec import build_pipeline
 from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND
 from tuneline.core.pipeline.stage_unit import unit_key
-from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit
+from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit, rebuild_sent_unit
 
 DATA = Path(__file__).resolve().parents[3] / "data"
 TOKENIZER = ExternalModel(key="external-tokenizer", path="unused")  # keys name it; nothing reads it
@@ -44,13 +44,20 @@ def test_the_read_files_are_shipped_once_and_a_worker_keys_its_copy_as_the_launc
     folder = launcher.root / "artifacts" / DATASETS_KIND / shipped[str(launch_data)]
     assert sorted(p.name for p in folder.iterdir()) == ["dataset_info.json", "demo_alpaca.json", "demo_pretrain.jsonl", "manifest.json"]
     assert ship_datasets(pipeline, launcher) == shipped  # the same files: the same artifact, not written again
-    launcher_key = tokenize_key(pipeline)
+    launcher_key, fingerprints = tokenize_key(pipeline), pipeline_dataset_fingerprints(pipeline)
 
     shutil.rmtree(launch_data)  # the worker has no such folder
     on_worker = with_dataset_dirs(pipeline, shipped, launcher)
     assert on_worker.stage("sft").config.data.dataset_dir == str(folder)
     assert on_worker.stage("base").dataset_dir == str(folder)
     assert tokenize_key(on_worker) == launcher_key
+    sent = dict(key=launcher_key, datasets=shipped, workspace=str(launcher.root), machine="worker-2")
+    address = UnitAddress(TOKENIZED_KIND, "sft")
+    rebuilt = rebuild_sent_unit(pipeline, fingerprints, address, {"tokenizer": TOKENIZER}, **sent)
+    assert rebuilt.stage.config.data.dataset_dir == str(folder)
+    refusal = r"sft/tokenize: worker-2 keys the stage tokenize-\w+, the pipeline that sent it 0+: the two machines run different"
+    with pytest.raises(ConfigError, match=refusal):
+        rebuild_sent_unit(pipeline, fingerprints, address, {"tokenizer": TOKENIZER}, **{**sent, "key": "0" * 16})
 
 
 def test_changed_files_are_shipped_under_another_key(tmp_path: Path):
