@@ -310,44 +310,32 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_promote(args: argparse.Namespace) -> int:
-    from tuneline.core.tracking.model_registry import promote
+    from tuneline.core.tracking.model_registry import promote, registry_uri
 
-    print(promote(_registry_uri(args), name=args.model_name, version=args.version, alias=args.alias))
+    uri = registry_uri(args.workspace, tracking_uri=args.tracking_uri, source="tuneline promote")
+    print(promote(uri, name=args.model_name, version=args.version, alias=args.alias))
     return 0
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from tuneline.core.tracking.model_registry import rollback
+    from tuneline.core.tracking.model_registry import registry_uri, rollback
 
-    print(rollback(_registry_uri(args), name=args.model_name, alias=args.alias))
+    uri = registry_uri(args.workspace, tracking_uri=args.tracking_uri, source="tuneline rollback")
+    print(rollback(uri, name=args.model_name, alias=args.alias))
     return 0
-
-
-def _registry_uri(args: argparse.Namespace) -> str:
-    """--tracking-uri, else MLFLOW_TRACKING_URI, else the workspace's SQLite store, which must exist
-    (opening a missing one would create an empty store)."""
-    from tuneline.core.tracking import runs as tracking
-    from tuneline.core.errors import ConfigError
-
-    if args.tracking_uri:
-        return args.tracking_uri
-    uri = tracking.tracking_uri(args.workspace)
-    store = Path(args.workspace) / "mlflow.db"
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.is_file():
-        raise ConfigError(f"--workspace {args.workspace}: no MLflow store at {store.resolve()}; pass the workspace a "
-                          f"pipeline ran in (--workspace DIR) or --tracking-uri URI.", source=f"tuneline {args.command}")
-    return uri
 
 
 def run_chat(args: argparse.Namespace) -> int:
     from tuneline.core.inference.chat import ChatSession, chat_loop, chat_media, load_chat_model
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.store.readers import reading_artifacts
+    from tuneline.core.tracking.model_registry import registry_uri
     from tuneline.flows.serve_commands import chat_target
 
     generating = GeneratingConfig(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
-    target = chat_target(args.path, template=args.template, generating=generating, tracking_uri=lambda: _registry_uri(args))
+    target = chat_target(args.path, template=args.template, generating=generating,
+                         tracking_uri=lambda: registry_uri(args.workspace, tracking_uri=args.tracking_uri, source="tuneline chat"))
     source, generating = target.source, target.generating
     _check_generating(generating)
     with reading_artifacts([source.model, source.adapter, source.tokenizer]):  # kept by `tuneline gc` while chatting

@@ -62,20 +62,15 @@ def _serve(args: argparse.Namespace, *, page: bool) -> int:
     from tuneline.core.serving.server import serve, server_settings, with_decoding
     from tuneline.core.serving.sources import served_model
     from tuneline.core.store.readers import reading_artifacts
+    from tuneline.core.tracking.model_registry import registry_uri
 
     settings = server_settings(os.environ, host=args.host, port=args.port, allow_no_key=args.allow_no_key)
     settings = with_decoding(settings, os.environ, max_batch=args.max_batch, queue_size=args.queue_size)
-    served = served_model(args.target, template=args.template, overrides=args.overrides,
-                          tracking_uri=lambda: registry_uri(args), command=f"tuneline {args.command}")
+    command = f"tuneline {args.command}"
+    served = served_model(args.target, template=args.template, overrides=args.overrides, command=command,
+                          tracking_uri=lambda: registry_uri(args.workspace, tracking_uri=args.tracking_uri, source=command))
     with reading_artifacts([served.source.model, served.source.adapter, served.source.tokenizer]):
         return serve(served, settings, page=page)  # a served artifact is kept by `tuneline gc` until the server stops
-
-
-def registry_uri(args: argparse.Namespace) -> str:
-    """--tracking-uri, else MLFLOW_TRACKING_URI, else the workspace's SQLite store, which must exist."""
-    from tuneline.flows.cli import _registry_uri
-
-    return _registry_uri(args)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ a rollback returns to the version that held the alias before. MLflow is reached 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.errors import ConfigError, nearest
@@ -18,6 +20,19 @@ from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, Decision, metrics
 
 HISTORY_TAG = "tuneline.champion_history"
 DEFAULT_ALIAS = "champion"
+
+
+def registry_uri(workspace: str | Path, *, tracking_uri: str | None, source: str) -> str:
+    """The registry a command (`source`) reads: --tracking-uri, else MLFLOW_TRACKING_URI, else the
+    workspace's SQLite store, which must exist (opening a missing one would create an empty store)."""
+    if tracking_uri:
+        return tracking_uri
+    uri = tracking.tracking_uri(workspace)
+    store = Path(workspace) / "mlflow.db"
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.is_file():
+        raise ConfigError(f"--workspace {workspace}: no MLflow store at {store.resolve()}; pass the workspace a "
+                          f"pipeline ran in (--workspace DIR) or --tracking-uri URI.", source=source)
+    return uri
 
 
 def champion(uri: str, *, name: str, alias: str = DEFAULT_ALIAS) -> tuple[str | None, dict[str, float]]:
