@@ -7,7 +7,7 @@ the user can fix is printed as one JSON line too, so the launcher can report it 
 status the process launcher (torchrun) turns it into.
 
 With `--wait-for-job STAGE [--without-bitsandbytes]` the worker is started ahead of its job
-(`launch.start_worker_ahead`): it imports what stage STAGE trains with, then reads the job's path
+(`launch.worker_started_ahead`): it imports what stage STAGE trains with, then reads the job's path
 from its standard input, and ends quietly if that closes first.
 """
 

@@ -2,7 +2,7 @@
 
 One process by default; several through torchrun when the environment asks for them as it does
 for LLaMA-Factory (`FORCE_TORCHRUN=1 NPROC_PER_NODE=N`, see `distributed.py`). A single worker
-may be started ahead of its job (`start_worker_ahead`), so that its imports overlap the
+may be started ahead of its job (`worker_started_ahead`), so that its imports overlap the
 tokenizing that comes before the job exists. Other single-process jobs are forked from the
 process's warm worker (`warm.py`), which has done those imports once for every stage.
 """

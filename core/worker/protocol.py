@@ -7,6 +7,6 @@ Rank 0 prints the metrics after `RESULT_PREFIX`; any rank prints a problem the u
 RESULT_PREFIX = "TUNELINE_RESULT "
 ERROR_PREFIX = "TUNELINE_ERROR "
 
-# A worker started ahead of its job (`launch.start_worker_ahead`) reads the job's path from its standard input.
+# A worker started ahead of its job (`launch.worker_started_ahead`) reads the job's path from its standard input.
 WAIT_FOR_JOB = "--wait-for-job"
 WITHOUT_BITSANDBYTES = "--without-bitsandbytes"
