@@ -1,4 +1,4 @@
-"""The training unit: one stage (pt, sft, rm, dpo, kto, ...) trained in a worker process.
+"""The training unit: one stage, of any kind in `core/stages/registry.py`, trained in a worker process.
 
 Inputs: `data` (its tokenized datasets), `model` (the full-weight model it starts from) and, for
 `ref_model`/`reward_model` naming a stage, that stage's model under the same name.
