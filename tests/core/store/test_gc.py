@@ -89,7 +89,9 @@ def test_noting_a_use_survives_a_manifest_gone_meanwhile(tmp_path: Path):
     finished(tmp_path, "tokenized", "tokenize-a")
     artifact = find_artifact(tmp_path, "tokenized", "tokenize-a")
     (artifact.path / "manifest.json").unlink()
-    note_use(artifact)
+    note_use(artifact)  # neither raises nor writes the manifest back, which would resurrect a half-removed artifact
+    assert not (artifact.path / "manifest.json").exists() and find_artifact(tmp_path, "tokenized", "tokenize-a") is None
+    assert (artifact.path / "weights.bin").read_bytes() == b"w" * 100
 
 
 def test_gc_keeps_what_a_process_reads_says_so_and_removes_it_once_the_reader_is_gone(tmp_path: Path):
