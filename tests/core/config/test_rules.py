@@ -131,7 +131,8 @@ def test_the_allowed_counterparts_pass():
                  "use_reentrant_gc": False, "gradient_checkpointing": True, "print_param_status": True},
                 {"do_predict": True, "predict_with_generate": True, "eval_dataset": "a", "adapter_name_or_path": "saves/lora"},
                 {"enable_torch_profiler": True, "profiler_wait_steps": 0, "profiler_repeat": 0, "profile_modules": "*.mlp"}):
-        build_stage_config(raw)
+        flat = build_stage_config(raw).flat()  # refused, it would raise
+        assert {key: flat[key] for key in raw} == raw  # and each value is kept as written, none dropped or rewritten
 
 
 def test_the_cli_reports_every_problem_at_once_and_exits_2(tmp_path: Path):
