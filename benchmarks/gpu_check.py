@@ -46,7 +46,7 @@ def build_model(folder: Path, shape: dict, *, dtype: str) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tuneline.core.models.base_model import train_tokenizer
+    from tuneline.core.models.tiny.text import train_tokenizer
 
     texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data/demo_pretrain.jsonl").read_text().splitlines()]
     tokenizer = train_tokenizer(texts, vocab_size=2048)

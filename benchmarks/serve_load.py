@@ -103,7 +103,7 @@ class Reference:
 # -- the server -------------------------------------------------------------------------------------
 
 def build_model(folder: Path) -> Path:
-    from tuneline.core.models.base_model import BaseModelConfig, build_base_model
+    from tuneline.core.models.tiny.text import BaseModelConfig, build_base_model
 
     texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data/demo_pretrain.jsonl").read_text().splitlines()]
     build_base_model(texts, folder / "base", config=BaseModelConfig(**MODEL))

@@ -35,7 +35,7 @@ TRAINING = {"per_device_train_batch_size": 8, "learning_rate": 1.0e-3, "num_trai
 
 
 def build_model(folder: Path) -> Path:
-    from tuneline.core.models.base_model import BaseModelConfig, build_base_model
+    from tuneline.core.models.tiny.text import BaseModelConfig, build_base_model
     from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
 
     data = REPO_ROOT / "data"

@@ -89,7 +89,7 @@ def build_models(folder: Path) -> tuple[Path, Path]:
     from safetensors.torch import save_file
     from transformers import AutoTokenizer, LlamaForSequenceClassification
 
-    from tuneline.core.models.base_model import BaseModelConfig, build_base_model
+    from tuneline.core.models.tiny.text import BaseModelConfig, build_base_model
 
     texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data/demo_pretrain.jsonl").read_text().splitlines()]
     base = folder / "base"

@@ -328,6 +328,7 @@ def run_rollback(args: argparse.Namespace) -> int:
 def run_chat(args: argparse.Namespace) -> int:
     from tuneline.core.inference.chat import ChatSession, chat_loop, chat_media, load_chat_model
     from tuneline.core.config import GeneratingConfig
+    from tuneline.core.data.media.columns import MEDIA_COLUMNS
     from tuneline.core.store.readers import reading_artifacts
     from tuneline.core.tracking.model_registry import registry_uri
     from tuneline.flows.serve_commands import chat_target
@@ -342,7 +343,7 @@ def run_chat(args: argparse.Namespace) -> int:
         media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=target.template)
         model, tokenizer = load_chat_model(source, template=target.template, keys=target.keys, model_config=target.model_config)
         shown = {column: [str(Path(path).resolve()) for path in paths]
-                 for column, paths in (("images", args.image), ("videos", args.video), ("audios", args.audio)) if paths}
+                 for column, paths in zip(MEDIA_COLUMNS, (args.image, args.video, args.audio)) if paths}
         session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system, media=media, shown=shown)
         interactive = sys.stdin.isatty()
         try:

@@ -21,8 +21,8 @@ from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root, trains
 from tuneline.core.stages.ignored_keys import datasets_map_media, ignored_keys
 from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
-from tuneline.core.data.converters import MEDIA_COLUMNS
 from tuneline.core.data.dataset_info import get_dataset_attrs
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
 from tuneline.core.data.tokenization import TEMPLATE_WARNING_FILE, TOKENIZER_DIR, dataset_fingerprints, dataset_names, render_preview
 from tuneline.core.errors import ConfigError
 from tuneline.core.store.fingerprints import tree_fingerprint
@@ -37,7 +37,6 @@ from tuneline.core.pipeline.tokenized_folders import (holds_files, ignored_setti
                                                        write_record)
 from tuneline.core.training.job import LOG_FILE
 
-MEDIA_COLUMNS = frozenset({"images", "videos", "audios"})
 NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja", "preprocessor_config.json",
@@ -92,7 +91,7 @@ def _torch_left_to_the_worker(config: StageConfig) -> Iterator[None]:
     module set to None in `sys.modules` as absent, so transformers loads its tokenizers alone; media
     rows keep torch, which their processors may need. Afterwards torch can be imported again."""
     names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
-    media = any(set(attr.columns) & MEDIA_COLUMNS for attr in get_dataset_attrs(names, config.data.dataset_dir))
+    media = any(set(attr.columns) & set(MEDIA_COLUMNS) for attr in get_dataset_attrs(names, config.data.dataset_dir))
     if media or "torch" in sys.modules:
         yield
         return

@@ -95,7 +95,7 @@ def tiny_base(tmp_path_factory) -> Path:
     """A very small LLaMA-shaped model with a tokenizer trained on the demo corpus."""
     import json
 
-    from tuneline.core.models.base_model import BaseModelConfig, build_base_model
+    from tuneline.core.models.tiny.text import BaseModelConfig, build_base_model
 
     texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data/demo_pretrain.jsonl").read_text().splitlines()]
     path = tmp_path_factory.mktemp("tiny_base")

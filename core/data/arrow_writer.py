@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
+
 ARROW_FILE = "data-00000-of-00001.arrow"
-TEXT_LIST_COLUMNS = frozenset({"images", "videos", "audios"})  # lists of file paths, not of token ids
+TEXT_LIST_COLUMNS = frozenset(MEDIA_COLUMNS)  # lists of file paths, not of token ids
 
 
 def _feature(value: Any) -> dict[str, Any]:

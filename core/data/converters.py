@@ -19,11 +19,12 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
+
 if TYPE_CHECKING:
     from tuneline.core.data.dataset_attr import DatasetAttr
 
 Message = dict[str, str]
-MEDIA_COLUMNS = ("images", "videos", "audios")
 KTO_TEXT = {"true": True, "false": False}
 
 

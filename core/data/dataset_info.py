@@ -39,6 +39,7 @@ from tuneline.core.data.sources import (
     file_name_problem,
 )
 from tuneline.core.data.dataset_attr import DEFAULT_TAGS, DatasetAttr
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
 from tuneline.core.errors import DataError, unknown_name_message
 
 __all__ = ["DATA_CONFIG", "DEFAULT_TAGS", "DatasetAttr", "LoadReport", "dataset_file_paths",
@@ -50,8 +51,7 @@ SOURCE_KEYS = ("file_name", "hf_hub_url", "ms_hub_url", "om_hub_url", "script_ur
                "cloud_file_name")
 ENTRY_KEYS = SOURCE_KEYS + ("formatting", "ranking", "subset", "split", "folder", "revision",
                             "num_samples", "columns", "tags")
-COMMON_COLUMNS = ("system", "tools", "chosen", "rejected", "kto_tag", "images", "videos",
-                  "audios")
+COMMON_COLUMNS = ("system", "tools", "chosen", "rejected", "kto_tag", *MEDIA_COLUMNS)
 FORMAT_COLUMNS = {
     "alpaca": ("prompt", "query", "response", "history"),
     "sharegpt": ("messages",),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tuneline.core.config import StageConfig, trains
+from tuneline.core.data.media.columns import MEDIA_COLUMNS, MEDIA_TOKENS
 from tuneline.core.data.packing import pack_examples, pack_room
 from tuneline.core.data.processors import (
     RowEncoding,
@@ -247,10 +248,10 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
 def _with_media(example: dict[str, Any], row: dict[str, Any], token_ids: tuple[int, ...], counters: Counter, *,
                 ids: str = "input_ids") -> dict[str, Any] | None:
     """`example` with the row's image, video and audio files, or None (counted) when cutoff_len cut into their tokens."""
-    if sum(example[ids].count(token_id) for token_id in token_ids) != row["media_tokens"]:
+    if sum(example[ids].count(token_id) for token_id in token_ids) != row[MEDIA_TOKENS]:
         counters["rows_dropped_media_tokens_cut"] += 1
         return None
-    return {**example, "images": row["images"], "videos": row["videos"], "audios": row["audios"]}
+    return {**example, **{column: row[column] for column in MEDIA_COLUMNS}}
 
 
 def _pieces_ids(pieces: list[list[str | int]], encoded: dict[str, list[int]], split: dict[str, list[str]]) -> list[list[int]]:

@@ -18,8 +18,9 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem, convert_row
-from tuneline.core.data.media import resolved_media
+from tuneline.core.data.converters import RowProblem, convert_row
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
+from tuneline.core.data.media.files import resolved_media
 from tuneline.core.data.provenance import RowOrigin
 from tuneline.core.data.readers import Record
 from tuneline.core.data.sources import entry_label, open_records

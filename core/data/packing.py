@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
 from tuneline.core.data.processors import IGNORE_INDEX, PREPROCESSING_BATCH_SIZE, RowEncoding, encode_supervised_row
 from tuneline.core.errors import ConfigError, DataError
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Example = Mapping[str, Sequence[int]]
-MEDIA_COLUMNS = ("images", "videos", "audios")
 
 
 def pack_room(cutoff_len: int) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from tuneline.core.data.media.columns import PAIR_FILE_COLUMNS
 from tuneline.core.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -26,9 +27,6 @@ PAIRWISE_COLUMNS = ("chosen_input_ids", "chosen_attention_mask", "chosen_labels"
 FEEDBACK_COLUMNS = ("input_ids", "attention_mask", "labels", "kl_input_ids", "kl_attention_mask", "kl_labels",
                     "kto_tags")
 
-
-IMAGE_FILES, VIDEO_FILES, AUDIO_FILES = "image_files", "video_files", "audio_files"
-"""A pair's image files, which the image collator opens (`core.training.media_collator`)."""
 
 _TRAINED_BY = {"pairwise": "a pairwise stage (rm, dpo)", "feedback": "stage kto"}
 
@@ -118,8 +116,7 @@ def _split_feedback(batch: dict[str, list]) -> dict[str, list]:
 def _media_files(batch: dict[str, list]) -> dict[str, list]:
     """A batch's media files under other names: TRL takes `images` (and `videos`) columns for rows it
     tokenizes itself."""
-    names = {"images": IMAGE_FILES, "videos": VIDEO_FILES, "audios": AUDIO_FILES}
-    return {names[column]: batch[column] for column in names if column in batch}
+    return {files: batch[column] for column, files in PAIR_FILE_COLUMNS.items() if column in batch}
 
 
 def _map(dataset: Dataset, function: Any, *, with_indices: bool = False) -> Dataset:

@@ -26,9 +26,9 @@ from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
 from tuneline.core.data.encoding import EncodingSpec, predicts_only
 from tuneline.core.data.encoding_pool import pool_map
-from tuneline.core.data.media import READ_COLUMNS as MEDIA_READ
-from tuneline.core.data.frame_tiles import FRAME_TILED_PLUGINS
-from tuneline.core.data.media_rows import MediaRows
+from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_COLUMNS, VIDEOS
+from tuneline.core.data.media.rows import MediaRows
+from tuneline.core.data.media.video.frame_tiles import FRAME_TILED_PLUGINS
 from tuneline.core.data.eval_splits import VALIDATION, split_name
 from tuneline.core.data.provenance import RowRefused
 from tuneline.core.data.row_shapes import check_shapes
@@ -63,7 +63,7 @@ def dataset_fingerprints(config: StageConfig) -> dict[str, str]:
     attrs = get_dataset_attrs(names, config.data.dataset_dir)
     digests = {attr.name: entry_fingerprint(attr, config.data.dataset_dir, token=config.model.hf_hub_token) for attr in attrs}
     for attr in attrs:
-        if set(MEDIA_READ) & set(attr.columns):  # the media files' content decides the tokens (and the pixels) as much as the rows
+        if set(MEDIA_COLUMNS) & set(attr.columns):  # the media files' content decides the tokens (and the pixels) as much as the rows
             digests[attr.name] = hashlib.sha256(f"{digests[attr.name]}:{media_fingerprint(attr, config)}".encode()).hexdigest()
     return digests
 
@@ -73,7 +73,7 @@ def media_fingerprint(attr: Any, config: StageConfig) -> str:
     data = config.data
     rows = load_rows_with_report(attr, data.dataset_dir, on_bad_row=data.on_bad_row, max_samples=data.max_samples,
                                  token=config.model.hf_hub_token, media_dir=data.media_dir or data.dataset_dir)[0]
-    files = sorted({Path(path) for row in rows for key in MEDIA_READ for path in row.get(key, [])})
+    files = sorted({Path(path) for row in rows for key in MEDIA_COLUMNS for path in row.get(key, [])})
     return tree_fingerprint(files)
 
 
@@ -235,11 +235,11 @@ def _media_rows(config: StageConfig, template: Template, model_path: str | Path,
     if problems:
         raise ConfigError(problems)
     media_rows = MediaRows.load(template, model_path, config.media,
-                                datasets={column: media_datasets(config, columns=(column,)) for column in MEDIA_READ})
+                                datasets={column: media_datasets(config, columns=(column,)) for column in MEDIA_COLUMNS})
     if config.data.packing and media_rows.media.plugin in UNPACKED_PLUGINS:
         raise ConfigError(f"'packing' with media rows through 'template: {template.name}' is not offered: "
                           f"{UNPACKED_PLUGINS[media_rows.media.plugin]}; remove packing.")
-    images, videos = (media_datasets(config, columns=(column,)) for column in ("images", "videos"))
+    images, videos = (media_datasets(config, columns=(column,)) for column in (IMAGES, VIDEOS))
     if config.data.packing and media_rows.media.plugin in FRAME_TILED_PLUGINS and images and videos:
         raise ConfigError(f"'packing' with images (dataset {', '.join(map(repr, images))}) and videos (dataset "
                           f"{', '.join(map(repr, videos))}) through 'template: {template.name}' is not offered: InternVL's "
@@ -256,7 +256,7 @@ UNPACKED_PLUGINS = {
 """Families whose media rows cannot be packed, and why."""
 
 
-def media_datasets(config: StageConfig, *, columns: tuple[str, ...] = MEDIA_READ) -> list[str]:
+def media_datasets(config: StageConfig, *, columns: tuple[str, ...] = MEDIA_COLUMNS) -> list[str]:
     """The names of the datasets the stage reads (to train or evaluate) that map one of `columns`."""
     names = dataset_names(config.data.dataset) + dataset_names(config.data.eval_dataset)
     return [attr.name for attr in get_dataset_attrs(names, config.data.dataset_dir) if set(columns) & set(attr.columns)]
@@ -264,8 +264,8 @@ def media_datasets(config: StageConfig, *, columns: tuple[str, ...] = MEDIA_READ
 
 def media_token_ids(tokenizer, media_rows: MediaRows) -> tuple[int, ...]:
     """The ids of the template's image, video and audio tokens, each of which must be one token of the vocabulary."""
-    tokens = {"images": media_rows.media.image_token, "videos": media_rows.media.video_token,
-              "audios": media_rows.media.audio_token}
+    tokens = {IMAGES: media_rows.media.image_token, VIDEOS: media_rows.media.video_token,
+              AUDIOS: media_rows.media.audio_token}
     # the media columns' tokens (not GLM-4.1V's video markers, which token_ids also names)
     ids = {column: token_id for column, token_id in media_rows.token_ids(tokenizer).items() if column in tokens}
     for column, token_id in ids.items():

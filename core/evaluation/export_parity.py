@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import StageConfig
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
 from tuneline.core.errors import TunelineError
 from tuneline.core.templates.check import PROBE, PROBE_SYSTEM, around, first_difference
 from tuneline.core.templates.conversation import Conversation, encode_prompt, encode_turns, render_text
@@ -78,7 +79,7 @@ def _dataset_probes(config: StageConfig, *, count: int) -> list[Probe]:
 
 
 def _plain(row: dict[str, Any]) -> bool:
-    media = any(row.get(column) for column in ("images", "videos", "audios"))
+    media = any(row.get(column) for column in MEDIA_COLUMNS)
     response = row.get("response") or []
     return bool(row.get("prompt")) and bool(response) and response[0].get("role") == "assistant" \
         and not row.get("tools") and not media

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import StageConfig
-from tuneline.core.data.row_media import RowMedia
+from tuneline.core.data.media.batching import RowMedia
 from tuneline.core.evaluation.benchmark_plan import BenchmarkPlan, run_benchmarks
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 
-    from tuneline.core.data.row_media import RowMedia
+    from tuneline.core.data.media.batching import RowMedia
 
 PREDICTIONS_FILE = "generated_predictions.jsonl"
 IGNORE_INDEX = -100

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedModel
 
-    from tuneline.core.data.row_media import RowMedia
+    from tuneline.core.data.media.batching import RowMedia
 
 
 @dataclass(frozen=True)

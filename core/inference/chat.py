@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TextStreamer
 
-from tuneline.core.data.media_rows import SECONDS_SPACED, MediaRows, media_rows_for_model
-from tuneline.core.data.media_tokens import PLACEHOLDERS, placeholder_counts
+from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_COLUMNS, VIDEOS
+from tuneline.core.data.media.expansion import PLACEHOLDERS, placeholder_counts
+from tuneline.core.data.media.rows import SECONDS_SPACED, MediaRows, media_rows_for_model
 from tuneline.core.store.artifacts import read_manifest
 from tuneline.core.config import DataConfig, GeneratingConfig, ModelConfig
 from tuneline.core.errors import ConfigError, unknown_name_message
@@ -38,6 +39,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CLEAR, EXIT = "clear", "exit"
+MEDIA_FLAGS = {IMAGES: "--image", VIDEOS: "--video", AUDIOS: "--audio"}
+"""The chat command's option for each media column."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ class ChatSession:
         input_ids = torch.tensor([prompt], device=self.model.device)
         extra = {}
         if self.media is not None and any(shown.values()):
-            inputs = self.media.model_inputs(input_ids, shown.get("images", []), shown.get("videos", []), shown.get("audios", []),
+            inputs = self.media.model_inputs(input_ids, shown.get(IMAGES, []), shown.get(VIDEOS, []), shown.get(AUDIOS, []),
                                              token_ids=self.media.token_ids(self.tokenizer))
             extra = {key: value.to(self.model.device) for key, value in inputs.items()}
         streamer = WriterStreamer(self.tokenizer, write, skip_special_tokens=self.generating.skip_special_tokens)
@@ -201,7 +204,7 @@ class ChatSession:
             prefix: list[int] = []
             if shown:
                 row = self.media.expand({"prompt": messages, "response": [], **shown})
-                messages, prefix = row["prompt"], self.media.prefix_ids(shown.get("images", []), self.tokenizer)
+                messages, prefix = row["prompt"], self.media.prefix_ids(shown.get(IMAGES, []), self.tokenizer)
             ids = prefix + list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                                    return_dict=False))
             if len(ids) <= limit or len(self.history) <= 1:
@@ -212,11 +215,11 @@ class ChatSession:
 def with_placeholders(message: str, counts: dict[str, int]) -> str:
     """`message` holding as many `<image>`, `<video>` and `<audio>` placeholders as `counts` (by media column)
     says: those it lacks go in front, sounds first, then videos, then images, as LLaMA-Factory puts them."""
-    for column in ("images", "videos", "audios"):  # each goes in front of the ones before
+    for column in MEDIA_COLUMNS:  # each goes in front of the ones before
         placeholder, count = PLACEHOLDERS[column], counts.get(column, 0)
         written = message.count(placeholder)
         if written > count:
-            flag = {"images": "--image", "videos": "--video", "audios": "--audio"}[column]
+            flag = MEDIA_FLAGS[column]
             raise ConfigError(f"the message holds {written} {placeholder} placeholders and {count} file(s) were given "
                               f"with {flag}; give one {flag} per placeholder.")
         message = placeholder * (count - written) + message
@@ -262,8 +265,8 @@ def chat_media(source: ModelSource, *, images: list[str] = (), videos: list[str]
     if not (images or videos or audios):
         return None
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.audio_clips import AudioError, check as check_audio
-    from tuneline.core.data.video_frames import VideoError, check as check_video
+    from tuneline.core.data.media.audio.clips import AudioError, check as check_audio
+    from tuneline.core.data.media.video.frames import VideoError, check as check_video
     from tuneline.core.models.composite import MODEL_TEMPLATES
     from tuneline.core.templates.catalog import TEMPLATES
     from tuneline.core.templates.unwritten import unwritten_template_message
@@ -290,8 +293,8 @@ def chat_media(source: ModelSource, *, images: list[str] = (), videos: list[str]
         if name is None:
             raise ConfigError(f"'{source.model}' is a {model_type or 'text'} model, which hears and sees no media; pass a "
                               "model of a family that takes videos (Qwen2-VL) or sound (Qwen2-Audio), or leave them out.")
-        flags = {"images": ["--image"] if images else [], "videos": ["--video"] if videos else [],
-                 "audios": ["--audio"] if audios else []}
+        given = {IMAGES: images, VIDEOS: videos, AUDIOS: audios}
+        flags = {column: [MEDIA_FLAGS[column]] if paths else [] for column, paths in given.items()}
         rows = MediaRows.load(TEMPLATES[name], processor, settings, datasets=flags)
         # the model's own type spaces video positions (Qwen2.5-VL's seconds), whichever folder holds the processor
         return dataclasses.replace(rows, video_seconds=model_type in SECONDS_SPACED)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.models.base_model import build_base_model
+from tuneline.core.models.tiny.text import build_base_model
 from tuneline.core.config import InferenceConfig, StageConfig, trains
 from tuneline.core.config.added_tokens import added_tokens
 from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, media_datasets, read_rows

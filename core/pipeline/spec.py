@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.models.base_model import BaseModelConfig
+from tuneline.core.models.tiny.text import BaseModelConfig
 from tuneline.core.config import (
     StageConfig,
     coerce_fields,

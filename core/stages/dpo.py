@@ -122,7 +122,7 @@ def preference_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, val
                        finetuning: FinetuningConfig, *, prefix: str = "eval") -> dict[str, float]:
     """The trainer's evaluation plus how strongly policy and reference prefer the chosen replies (`eval_pref_*`)."""
     from tuneline.core.evaluation.preference import evaluate_preference
-    from tuneline.core.training.media_collator import row_media
+    from tuneline.core.data.media.batching import row_media
 
     metrics = dict(trainer.evaluate(metric_key_prefix=prefix))
     found = evaluate_preference(trainer.model, validation, beta=finetuning.pref_beta, reference=getattr(trainer, "ref_model", None),

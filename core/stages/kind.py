@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.models.vocabulary import NewTokens
     from tuneline.core.training.job import TrainJob
 

@@ -35,7 +35,7 @@ class TokenizedDPOTrainer(DPOTrainer):
         if not self.use_weighting:  # WPO's weights need a field only TRL's head computes
             _score_from_full_logits(self, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
         if media_rows is not None:  # pairs of media rows: their pixels are cut per batch
-            from tuneline.core.training.media_collator import PairedMediaCollator
+            from tuneline.core.data.media.batching import PairedMediaCollator
 
             self.data_collator = PairedMediaCollator(self.data_collator, media_rows, token_ids=media_rows.token_ids(self.processing_class))
 
@@ -67,7 +67,7 @@ class TokenizedKTOTrainer(KTOTrainer):
         self.data_collator = OwnKLPromptCollator(pad_token_id=collator.pad_token_id, max_length=collator.max_length,
                                                  pad_to_multiple_of=collator.pad_to_multiple_of)
         if media_rows is not None:  # media rows: their pixels are cut per batch, for both sequences of each example
-            from tuneline.core.training.media_collator import FeedbackMediaCollator
+            from tuneline.core.data.media.batching import FeedbackMediaCollator
 
             self.data_collator = FeedbackMediaCollator(self.data_collator, media_rows,
                                                        token_ids=media_rows.token_ids(self.processing_class))
@@ -147,6 +147,6 @@ class TokenizedCPOTrainer(CPOTrainer):
 def _pair_media(media_rows: Any, tokenizer: Any) -> Any:
     if media_rows is None:
         return None
-    from tuneline.core.training.media_collator import ConcatenatedPairMedia
+    from tuneline.core.data.media.batching import ConcatenatedPairMedia
 
     return ConcatenatedPairMedia(media_rows, token_ids=media_rows.token_ids(tokenizer))

@@ -56,7 +56,7 @@ def build_reward_trainer(request: TrainerRequest) -> RewardTrainer:
     _head_in_hidden_dtype(trainer.model)
     media = request.media_rows
     if media is not None:  # pairs of media rows: each pair's pixels fed for its chosen and its rejected sequence
-        from tuneline.core.training.media_collator import PairedMediaCollator
+        from tuneline.core.data.media.batching import PairedMediaCollator
 
         trainer.data_collator = PairedMediaCollator(trainer.data_collator, media, token_ids=media.token_ids(request.tokenizer))
     return trainer
@@ -93,7 +93,7 @@ def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validat
     """The trainer's evaluation plus pair accuracy and margin on the validation pairs (`eval_rm_*`)."""
     from tuneline.core.evaluation.reward import evaluate_reward_model
 
-    from tuneline.core.training.media_collator import PairedMediaCollator
+    from tuneline.core.data.media.batching import PairedMediaCollator
 
     metrics = dict(trainer.evaluate(metric_key_prefix=prefix))
     collator = trainer.data_collator if isinstance(trainer.data_collator, PairedMediaCollator) else None

@@ -57,7 +57,7 @@ _QWEN2_OMNI_MEDIA = MediaTokens(plugin="qwen2_omni", image_token="<|IMAGE|>", vi
 _MINICPM_V_4_6_MEDIA = MediaTokens(plugin="minicpm_v_4_6", image_token="<|image_pad|>", vision_bos="<image>",
                                    vision_eos="</image>")
 """MiniCPM-V 4.6's images (no videos yet): each image and each of its slices, Qwen's `<|image_pad|>` once per merged
-patch, the whole image between `<image>` and `</image>` (see `core.data.media_tokens` for the slices)."""
+patch, the whole image between `<image>` and `</image>` (see `core.data.media.expansion` for the slices)."""
 _QWEN3_VL_MEDIA = MediaTokens(plugin="qwen3_vl", image_token="<|image_pad|>", video_token="<|video_pad|>",
                               vision_bos="<|vision_start|>", vision_eos="<|vision_end|>")
 

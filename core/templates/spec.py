@@ -53,7 +53,7 @@ class MediaTokens:
     """How a multimodal template writes a row's media: LLaMA-Factory's `mm_plugin` and its tokens.
 
     Each `<image>` of a message becomes `vision_bos`, `image_token` repeated once per feature the
-    family's image processor makes of that image, and `vision_eos` (see `core.data.media_tokens`)."""
+    family's image processor makes of that image, and `vision_eos` (see `core.data.media.expansion`)."""
 
     plugin: MediaPlugin
     image_token: str | None

@@ -21,7 +21,7 @@ PALIGEMMA_MEDIA = MediaTokens(plugin="paligemma", image_token="<image>", images_
 GLM4V_MEDIA = MediaTokens(plugin="glm4v", image_token="<|image|>", video_token="<|video|>", vision_bos="<|begin_of_image|>",
                           vision_eos="<|end_of_image|>", video_bos="<|begin_of_video|>", video_eos="<|end_of_video|>")
 """GLM-4V's image (GLM-4.1V-Thinking): Qwen2-VL's sizing and merged patches between GLM's image markers; a video's
-frames each as an image, between its video markers (core/data/video_layout.py)."""
+frames each as an image, between its video markers (core/data/media/video/layout.py)."""
 _DEEPSEEK3_USER = "<\uff5cUser\uff5c>{content}<\uff5cAssistant\uff5c>"  # fullwidth bars, as DeepSeek writes them
 _GLM_STOP = ("<|user|>", "<|observation|>")
 _GLM_PREFIX = ("[gMASK]", "<sop>")

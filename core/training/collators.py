@@ -135,6 +135,6 @@ def build_collator(train_dataset, *, tokenizer, model, ignore_pad_token_for_loss
     text = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=label_pad)
     if media_rows is None:
         return text
-    from tuneline.core.training.media_collator import MediaCollator
+    from tuneline.core.data.media.batching import MediaCollator
 
     return MediaCollator(text, media_rows, token_ids=media_rows.token_ids(tokenizer))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tuneline.core.config import DataConfig, FinetuningConfig, GeneratingConfig, ModelConfig, OptimizerConfig, RuntimeConfig, trains
 from tuneline.core.data.eval_splits import VALIDATION, per_dataset_splits
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
 from tuneline.core.models.vocabulary import NewTokens
 from tuneline.core.stages.kind import LoopRequest, ModelRequest, StageKind, TrainerRequest
 from tuneline.core.stages.registry import stage_kind
@@ -70,8 +71,8 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                  *profiler_callbacks(RuntimeConfig(**job.runtime), output_dir=job.output_dir, tracking_uri=job.tracking_uri,
                                      run_id=job.run_id)]
     media_rows = None
-    if {"images", "videos", "audios"} & set(datasets["train"].column_names):  # the collator opens them, so the trainer must pass them on
-        from tuneline.core.data.media_rows import MediaRows
+    if set(MEDIA_COLUMNS) & set(datasets["train"].column_names):  # the collator opens them, so the trainer must pass them on
+        from tuneline.core.data.media.rows import MediaRows
         from tuneline.core.data.tokenization import TOKENIZER_DIR
 
         media_rows = MediaRows.read(Path(job.dataset_path) / TOKENIZER_DIR)
@@ -105,7 +106,7 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         metrics.update(results["eval"])
     if args.do_predict:
         from tuneline.core.evaluation.predict import predict_after_training
-        from tuneline.core.training.media_collator import row_media
+        from tuneline.core.data.media.batching import row_media
 
         metrics.update(predict_after_training(trainer, datasets, generating=prediction_generating(job.generating, data),
                                               media=row_media(trainer)))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from tuneline.core.models.base_model import BaseModelConfig, build_base_model
+from tuneline.core.models.tiny.text import BaseModelConfig, build_base_model
 
 OUT = Path("tests/data/nlg_eval")
 DATASETS = ("alpaca_en_demo", "alpaca_zh_demo")

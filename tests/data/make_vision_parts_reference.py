@@ -1,5 +1,5 @@
 """Which parameters LLaMA-Factory 0.9.5 trains, and which modules get LoRA, on tiny Qwen2-VL and Qwen2.5-VL
-models (the shapes of tuneline's own, core/models/vision_base_model.py) under the freeze_vision_tower,
+models (the shapes of tuneline's own, core/models/tiny/vision.py) under the freeze_vision_tower,
 freeze_multi_modal_projector and freeze_language_model settings: the data of
 tests/core/models/test_vision_parts.py (vision_parts_llamafactory.json). Run with LLaMA-Factory's Python:
 

@@ -1,4 +1,4 @@
-"""Training on audio rows: a tiny Qwen2-Audio (core/models/audio_base_model.py; llama2's tokenizer with chatml's
+"""Training on audio rows: a tiny Qwen2-Audio (core/models/tiny/audio.py; llama2's tokenizer with chatml's
 and the audio tokens added) takes sounds written by data/generate_audio_data.py, each decoded at 16 kHz and
 cut into Whisper mel frames per batch by the feature extractor the tokenized data was counted with."""
 
@@ -28,7 +28,7 @@ def sound_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def audio_model(tmp_path_factory, shared_dir: Path) -> Path:
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     folder = tmp_path_factory.mktemp("qwen2_audio") / "model"
     build_vision_language_model(shared_dir / "tokenizers/llama2", folder, config=VisionModelConfig(family="qwen2_audio"))
@@ -42,7 +42,7 @@ def test_a_batchs_features_fill_its_audio_tokens_and_train_the_tower(audio_model
     from transformers import AutoTokenizer
 
     from tuneline.core.config import FinetuningConfig
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
@@ -148,7 +148,7 @@ def test_a_qwen2_5_omni_thinker_trains_and_answers_on_sounds(sound_data: Path, t
     import yaml
     from conftest import chat_turn, run_cli_here, train_in_this_process
 
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     model_dir = tmp_path / "model"
     build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family="qwen2_5_omni_thinker"))

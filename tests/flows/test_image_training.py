@@ -1,4 +1,4 @@
-"""Training on image rows: a tiny Qwen2-VL (core/models/vision_base_model.py, the Qwen2.5 tokenizer) learns
+"""Training on image rows: a tiny Qwen2-VL (core/models/tiny/vision.py, the Qwen2.5 tokenizer) learns
 from generated pictures through `tuneline train`, its pixels cut per batch by the image processor the
 tokenized data was counted with."""
 
@@ -17,7 +17,7 @@ def pictures(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     """A tiny Qwen2-VL folder and a dataset of one-colour pictures (of three sizes), one row with two of them."""
     from PIL import Image
 
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     root = tmp_path_factory.mktemp("pictures")
     build_vision_language_model(shared_dir / "tokenizers/qwen2.5", root / "model", config=VisionModelConfig())
@@ -55,7 +55,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_in_order(pictures, tmp_path: Path
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
     from tuneline.core.training.collators import build_collator
@@ -89,7 +89,7 @@ def test_the_vision_towers_gradients_come_from_the_pixels(pictures, tmp_path: Pa
     from transformers import AutoTokenizer
 
     from tuneline.core.config import FinetuningConfig
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
@@ -116,7 +116,7 @@ def test_chat_shows_the_image_as_training_expands_it(pictures, tmp_path: Path):
     from PIL import Image
 
     from tuneline.core.config import GeneratingConfig
-    from tuneline.core.data.media_tokens import sized_image
+    from tuneline.core.data.media.sizing import sized_image
     from tuneline.core.evaluation.predict import generation_kwargs
     from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source
 
@@ -183,11 +183,11 @@ def test_image_pairs_carry_their_pixels_into_both_halves_of_a_batch(pictures, tm
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.preference_columns import dpo_pairs
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.training.media_collator import PairedMediaCollator
+    from tuneline.core.data.media.batching import PairedMediaCollator
 
     model, data = pictures
     keys = {"model_name_or_path": str(model), "stage": "dpo", "dataset": "picture_pairs", "dataset_dir": str(data),
@@ -220,12 +220,12 @@ def test_kto_feeds_each_examples_pixels_to_its_sequence_and_its_kl_sequence(pict
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.preference_columns import kto_examples
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.preference_trainers import OwnKLPromptCollator
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.training.media_collator import FeedbackMediaCollator
+    from tuneline.core.data.media.batching import FeedbackMediaCollator
 
     model, data = pictures
     keys = {"model_name_or_path": str(model), "stage": "kto", "dataset": "picture_feedback", "dataset_dir": str(data),
@@ -284,12 +284,12 @@ def test_rm_trains_a_scoring_head_on_image_pairs_that_reads_their_pixels(picture
     from datasets import load_from_disk
     from safetensors.torch import load_file
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.evaluation.reward import score_media_pairs
     from tuneline.core.models.loading import load_reward_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.training.media_collator import PairedMediaCollator
+    from tuneline.core.data.media.batching import PairedMediaCollator
 
     model, data = pictures
     keys = {"model_name_or_path": str(model), "stage": "rm", "dataset": "picture_pairs", "dataset_dir": str(data),
@@ -346,7 +346,7 @@ def test_packed_picture_rows_keep_each_examples_images_whole_and_in_order(pictur
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
     from tuneline.core.training.collators import build_collator
@@ -393,12 +393,13 @@ def test_orpo_and_simpo_feed_each_pairs_pixels_into_their_concatenated_pass(pict
     from transformers import AutoTokenizer
 
     from tuneline.core.config import FinetuningConfig
-    from tuneline.core.data.media_rows import MediaRows
-    from tuneline.core.data.preference_columns import IMAGE_FILES, odds_ratio_pairs
+    from tuneline.core.data.media.rows import MediaRows
+    from tuneline.core.data.media.columns import IMAGE_FILES
+    from tuneline.core.data.preference_columns import odds_ratio_pairs
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.training.media_collator import ConcatenatedPairMedia, RowMedia
+    from tuneline.core.data.media.batching import ConcatenatedPairMedia, RowMedia
 
     model_dir, data = pictures
     keys = {"model_name_or_path": str(model_dir), "stage": "dpo", "pref_loss": pref_loss, "dataset": "picture_pairs",
@@ -453,7 +454,7 @@ def test_do_predict_answers_each_held_out_picture_row_with_its_pictures(pictures
     import yaml
     from conftest import run_cli_here, train_in_this_process
 
-    from tuneline.core.training.media_collator import RowMedia
+    from tuneline.core.data.media.batching import RowMedia
 
     model, data = pictures
     (tmp_path / "sft.yaml").write_text(yaml.safe_dump({
@@ -485,7 +486,7 @@ def test_the_pipelines_evaluation_reads_held_out_picture_rows_with_their_picture
     generated from the pictures, expanded as training expanded them."""
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.row_media import RowMedia
+    from tuneline.core.data.media.batching import RowMedia
     from tuneline.core.data.tokenization import TOKENIZER_DIR, read_rows
     from tuneline.core.evaluation.heldout import load_for_inference, score_model, validation_loss
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data

@@ -263,7 +263,7 @@ class TinyBases:
         if name == "qwen2":
             return build_tiny_model(self.tokenizers / "qwen2.5", folder, family="qwen2", layers=2)
         if name == "qwen2_5vl":  # hidden_size 32 as for the text bases (OFT's blocks of 32)
-            from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+            from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
             config = VisionModelConfig(family="qwen2_5_vl", hidden_size=32, intermediate_size=64, num_attention_heads=2,
                                        num_key_value_heads=1, max_position_embeddings=4096)

@@ -1,4 +1,4 @@
-"""Training on video rows: tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V and InternVL models (core/models/vision_base_model.py; llama2's
+"""Training on video rows: tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V and InternVL models (core/models/tiny/vision.py; llama2's
 tokenizer with chatml's and the vision tokens added) take clips written by data/generate_video_data.py, their
 sampled frames decoded and cut per batch with the processor and settings the tokenized data was counted with."""
 
@@ -45,7 +45,7 @@ def clip_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
 def family_model(request, tmp_path_factory, shared_dir: Path) -> tuple[str, Path]:
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     folder = tmp_path_factory.mktemp(request.param) / "model"
     build_vision_language_model(shared_dir / "tokenizers/llama2", folder, config=VisionModelConfig(family=request.param))
@@ -56,7 +56,7 @@ def collated(model_dir: Path, data: Path, tmp_path: Path, *, model=None, templat
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
     from tuneline.core.training.collators import build_collator
@@ -107,7 +107,7 @@ def test_tuneline_train_fits_clips(shared_dir: Path, clip_data: Path, tmp_path: 
     import yaml
     from conftest import run_cli_here, train_in_this_process
 
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     model_dir = tmp_path / "model"
     build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family="qwen2_5_vl"))
@@ -145,10 +145,10 @@ def test_a_qwen2_5_omni_thinker_reads_clips_with_its_seconds_per_grid(shared_dir
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import load_model
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
     from tuneline.core.training.collators import build_collator
 
@@ -178,10 +178,10 @@ def test_a_qwen2_5_omni_thinker_hears_each_clips_own_sound(shared_dir: Path, tmp
     from PIL import Image
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import load_model
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
     from tuneline.core.training.collators import build_collator
 
@@ -226,7 +226,7 @@ def trained_on_clips(family: str, template: str, *, shared_dir: Path, clip_data:
     from conftest import run_cli_here, train_in_this_process
     from safetensors.torch import load_file
 
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     model_dir = tmp_path / "model"
     build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family=family))
@@ -248,7 +248,7 @@ def trained_on_clips(family: str, template: str, *, shared_dir: Path, clip_data:
 @pytest.mark.parametrize("family", ["qwen3_vl", "glm4v"])
 def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_data: Path, tmp_path: Path, monkeypatch):
     """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny Qwen3-VL and GLM-4.1V, whose videos are
-    sized as whole clips and written a temporal patch at a time with its time (core/data/video_layout.py): the model
+    sized as whole clips and written a temporal patch at a time with its time (core/data/media/video/layout.py): the model
     finds as many video tokens as features in every batch (transformers checks), and the adapter moves."""
     model_dir = trained_on_clips(family, family, shared_dir=shared_dir, clip_data=clip_data, tmp_path=tmp_path, patch=monkeypatch)
     # the video processor's numbers beside the adapter, as the model folder held them: chat sizes clips as training did
@@ -273,7 +273,7 @@ def test_a_timed_video_batch_fills_its_tokens_with_its_frames(family: str, share
     (2 on a video's tokens; GLM's are image tokens within its video markers), and a loss the model computes over
     the frames (it refuses a batch whose tokens and features differ)."""
     from tuneline.core.models.loading import load_model
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     model_dir = tmp_path / "model"
     build_vision_language_model(shared_dir / "tokenizers/llama2", model_dir, config=VisionModelConfig(family=family))
@@ -292,7 +292,7 @@ def test_a_timed_video_batch_fills_its_tokens_with_its_frames(family: str, share
 
 def test_tuneline_train_takes_internvl_videos(shared_dir: Path, clip_data: Path, tmp_path: Path, monkeypatch):
     """`tuneline train` (LoRA sft, two steps) on the clip questions for a tiny InternVL, each sampled frame one image
-    tile written `FrameN: <img>...</img>` (core/data/frame_tiles.py): the model finds as many image tokens as tiles'
+    tile written `FrameN: <img>...</img>` (core/data/media/video/frame_tiles.py): the model finds as many image tokens as tiles'
     features in every batch (transformers checks), and the adapter moves."""
     trained_on_clips("internvl", "intern_vl", shared_dir=shared_dir, clip_data=clip_data, tmp_path=tmp_path, patch=monkeypatch)
 

@@ -6,7 +6,7 @@ pooling projector and Gemma 3's decoder) and a tiny PaliGemma (a SigLIP tower, a
 decoder, its image tokens before the text) and a tiny Llama 3.2 Vision (its tiled vision encoder read by a
 cross-attention layer of the decoder) and a tiny Qwen2.5-Omni thinker (Qwen2.5-VL's tower, an audio encoder and Qwen2's
 decoder, which finds its media tokens by id) and a tiny MiniCPM-V 4.6 (a NaViT tower with its window merger, the merger
-into Qwen3.5's hybrid linear/full-attention decoder), all from core/models/vision_base_model.py, all with llama2's
+into Qwen3.5's hybrid linear/full-attention decoder), all from core/models/tiny/vision.py, all with llama2's
 tokenizer (a vocabulary a fifth of Qwen's, for speed) and their family's media and control tokens added. Each is tokenized with its family's template, collated with pixels cut
 by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
 transformers' own generate() answers."""
@@ -84,7 +84,7 @@ def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
 def family(request, tmp_path_factory, shared_dir: Path) -> tuple[Family, Path, Path]:
     from PIL import Image
 
-    from tuneline.core.models.vision_base_model import VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     family = FAMILIES[request.param]
     root = tmp_path_factory.mktemp(family.name)
@@ -113,7 +113,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
     from transformers import AutoTokenizer
 
     from tuneline.core.config import FinetuningConfig
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
@@ -210,7 +210,7 @@ def test_the_reward_model_keeps_the_backbone_and_scores_with_the_pixels(family, 
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data

@@ -58,7 +58,7 @@ def audio_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
 
 
 def audio_rows(model: Path):
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
 
     return MediaRows.load(TEMPLATES["qwen2_audio"], model, MediaConfig(), datasets={"audios": ["sounds"]})
 
@@ -125,7 +125,7 @@ def test_audio_goes_to_qwen2_audio_only(audio_folder, tmp_path: Path, shared_dir
     """Sounds through a template that hears none, and images through Qwen2-Audio's, are refused by name."""
     from transformers import Qwen2VLImageProcessor
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
 
     model, _ = audio_folder
     vision = shutil.copytree(shared_dir / "tokenizers/qwen2.5", tmp_path / "vision")

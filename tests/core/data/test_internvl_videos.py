@@ -1,4 +1,4 @@
-"""InternVL's `<video>` expansion (core/data/frame_tiles.py) against LLaMA-Factory 0.9.5's own output with
+"""InternVL's `<video>` expansion (core/data/media/video/frame_tiles.py) against LLaMA-Factory 0.9.5's own output with
 transformers' real InternVLProcessor (tests/data/media/internvl_videos.json, written by
 tests/data/make_internvl_video_golden.py): each sampled frame one tile written `FrameN: <img>...</img>`, the
 same token ids and supervised examples, and pixel_values of the images' tiles then the frames."""
@@ -66,7 +66,7 @@ def internvl_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
 
 
 def media_rows(model: Path, settings: MediaConfig, template: str = "intern_vl"):
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
 
     return MediaRows.load(TEMPLATES[template], model, settings, datasets={"images": ["clips"], "videos": ["clips"]})
 
@@ -117,8 +117,8 @@ def test_a_videos_frames_follow_the_images_tiles_each_cut_alone(internvl_folder)
     import numpy as np
     from transformers import AutoImageProcessor
 
-    from tuneline.core.data.media_tokens import sized_image
-    from tuneline.core.data.video_frames import VideoSampling, frames, probe
+    from tuneline.core.data.media.sizing import sized_image
+    from tuneline.core.data.media.video.frames import VideoSampling, frames, probe
 
     model, data = internvl_folder
     clip, image = str(data / "media" / "long.mp4"), str(data / "media" / "wide.png")

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tuneline.core.data.media_tokens import (expand_images, image_features, image_token_counts, patch_token_counts,
-                                             placeholder_counts, sized_image)
+from tuneline.core.data.media.expansion import (expand_images, image_features, image_token_counts, patch_token_counts,
+                                                placeholder_counts)
+from tuneline.core.data.media.sizing import sized_image
 from tuneline.core.templates.catalog import TEMPLATES
 
 @functools.cache
@@ -171,7 +172,7 @@ def llava_folder(tmp_path_factory, shared_dir: Path) -> Path:
 @pytest.mark.parametrize("row", LLAVA["rows"], ids=[row["name"] for row in LLAVA["rows"]])
 def test_llava_images_expand_to_llamafactorys_tokens(row: dict, llava_folder: Path):
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["llava"]
@@ -212,7 +213,7 @@ def test_a_llava_folder_without_its_processor_numbers_is_refused(llava_folder: P
     import shutil
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.errors import ConfigError
 
     folder = tmp_path / "llava"
@@ -304,7 +305,7 @@ def test_gemma3_images_expand_to_llamafactorys_tokens(setting: str, row: dict, g
     import torch
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
     folder, data = gemma3_dataset
@@ -373,7 +374,7 @@ def test_llava_next_images_expand_to_llamafactorys_tokens(row: dict, llava_next_
     """Each image's tokens depend on its size (its best grid of tiles, the padding off, a newline a row)."""
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["llava_next"]
@@ -434,7 +435,7 @@ def test_glm4v_images_expand_to_llamafactorys_tokens(row: dict, glm4v_folder: Pa
     """GLM-4V: Qwen2-VL's sizing, its own image processor's grid, GLM's image markers, the reasoning template."""
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["glm4v"]
@@ -502,7 +503,7 @@ def test_internvl_images_expand_to_llamafactorys_tokens(setting: str, row: dict,
     the tiles of its best grid and a thumbnail, as its image processor cuts it."""
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
     folder, data = internvl_dataset
@@ -590,7 +591,7 @@ def test_paligemma_images_go_before_the_conversation_as_llamafactory_writes_them
     import torch
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES[name]
@@ -682,7 +683,7 @@ def test_mllama_images_become_one_token_and_cross_attention_inputs_as_llamafacto
     import torch
 
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
     template = TEMPLATES["mllama"]

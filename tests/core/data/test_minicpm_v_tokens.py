@@ -42,7 +42,7 @@ def test_images_expand_to_llamafactorys_tokens_and_a_batch_gets_its_inputs(minic
     import torch
     from test_media_tokens import fixed_tokenizer
 
-    from tuneline.core.data.media_rows import media_rows_for_model
+    from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
     folder, data = minicpm_folder
@@ -94,7 +94,7 @@ def test_rows_tokenize_to_llamafactorys_supervised_examples(minicpm_folder, tmp_
 
 
 def test_video_and_audio_rows_are_refused_by_name(minicpm_folder):
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
 
     folder, _ = minicpm_folder
     with pytest.raises(ConfigError, match=r"dataset 'clips' holds videos, and tuneline feeds MiniCPM-V 4.6 \('template: "

@@ -25,7 +25,7 @@ def omni_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     them), and the golden rows as a dataset of the golden's pictures and tones."""
     from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
-    from tuneline.core.models.omni_base_model import save_qwen2_omni_processors
+    from tuneline.core.models.tiny.omni import save_qwen2_omni_processors
 
     sys.path.insert(0, str(ROOT / "data"))
     from generate_audio_data import tone, write_wave
@@ -55,7 +55,7 @@ def omni_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
 def test_images_and_sounds_expand_to_llamafactorys_tokens(row: dict, omni_folder):
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
 
     model, data = omni_folder

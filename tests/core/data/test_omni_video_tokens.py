@@ -39,7 +39,7 @@ def omni_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     row's video and as its sound."""
     from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
-    from tuneline.core.models.omni_base_model import save_qwen2_omni_processors
+    from tuneline.core.models.tiny.omni import save_qwen2_omni_processors
     from test_media_tokens import drawn
 
     root = tmp_path_factory.mktemp("omni_videos")
@@ -67,7 +67,7 @@ def expands_as_golden(row: dict, omni_folder, *, heard: bool) -> None:
     videos (and, when `heard`, as its sounds too); with `heard`, its sounds' mel frames as well."""
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.templates.conversation import Conversation, encode_turns, fix_tokenizer
 
     model, data = omni_folder
@@ -108,7 +108,7 @@ def test_supervised_examples_and_the_collators_inputs_match_llamafactory(cutoff_
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
     from tuneline.core.training.collators import build_collator
@@ -139,7 +139,7 @@ def test_supervised_examples_and_the_collators_inputs_match_llamafactory(cutoff_
 def test_a_clip_without_its_sound_placeholder_or_file_is_named(omni_folder):
     """Under `use_audio_in_video` each `<video>` needs the `<audio>` of its sound after it, and each video its
     file in `audios`: otherwise the row is refused naming it and the fix."""
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.errors import DataError
 
     model, _ = omni_folder

@@ -47,7 +47,7 @@ def video_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
 
 
 def media_rows(model: Path, settings: MediaConfig):
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
 
     return MediaRows.load(TEMPLATES["qwen2_vl"], model, settings, datasets={"images": ["clips"], "videos": ["clips"]})
 
@@ -83,9 +83,9 @@ def test_a_videos_temporal_patches_take_consecutive_frames(video_folder):
     import numpy as np
     from transformers import Qwen2VLImageProcessor
 
-    from tuneline.core.data.media_tokens import sized_image
-    from tuneline.core.data.video_layout import VideoPatching, video_features
-    from tuneline.core.data.video_frames import VideoSampling, frames, probe
+    from tuneline.core.data.media.sizing import sized_image
+    from tuneline.core.data.media.video.layout import VideoPatching, video_features
+    from tuneline.core.data.media.video.frames import VideoSampling, frames, probe
 
     _, data = video_folder
     clip = data / "media" / "long.mp4"
@@ -148,7 +148,7 @@ def test_video_rows_need_a_family_that_takes_videos(video_folder, tmp_path: Path
 
 
 # Qwen3-VL and GLM-4.1V: frames sized as a whole clip, a video written a temporal patch at a time with its time
-# (core/data/video_layout.py), against LLaMA-Factory 0.9.5's own output with transformers' real processors
+# (core/data/media/video/layout.py), against LLaMA-Factory 0.9.5's own output with transformers' real processors
 # (tests/data/make_qwen3_vl_video_golden.py, make_glm4v_video_golden.py)
 TIMED = {family: json.loads((MEDIA / f"{family}_videos.json").read_text()) for family in ("qwen3_vl", "glm4v")}
 TIMED_ROWS = [(family, row) for family, golden in TIMED.items() for row in golden["rows"]]
@@ -190,7 +190,7 @@ def timed_folders(tmp_path_factory, shared_dir: Path) -> dict[str, tuple[Path, P
 
 
 def timed_rows(family: str, folder: Path, settings: MediaConfig):
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
 
     return MediaRows.load(TEMPLATES[family], folder, settings, datasets={"videos": ["clips"]})
 
@@ -291,7 +291,7 @@ def test_timed_video_rows_llamafactory_cannot_write_are_refused(timed_folders, t
     with pytest.raises(DataError, match="blink.mp4' lasts 0.20 s, and GLM-4.1V's video processor keeps floor"):
         timed_rows("glm4v", timed_folders["glm4v"][0], MediaConfig()).video_token_counts([str(tmp_path / "blink.mp4")])
 
-    from tuneline.core.data.media_rows import MediaRows
+    from tuneline.core.data.media.rows import MediaRows
 
     with pytest.raises(ConfigError, match="datasets 'clips' and 'clips' hold images and videos, and GLM-4.1V's model"):
         MediaRows.load(TEMPLATES["glm4v"], timed_folders["glm4v"][0], MediaConfig(), datasets={"images": ["clips"], "videos": ["clips"]})

@@ -16,7 +16,7 @@ from tuneline.core.stages.registry import build_stage_config
 @pytest.fixture
 def exported_tokenizer(tmp_path: Path) -> Path:
     """A folder holding what an export's tokenizer files are (the rest of the export is not read)."""
-    from tuneline.core.models.base_model import train_tokenizer
+    from tuneline.core.models.tiny.text import train_tokenizer
 
     train_tokenizer(["a small corpus for a small vocabulary"], vocab_size=300).save_pretrained(tmp_path)
     return tmp_path

@@ -51,7 +51,7 @@ def test_the_modelfile_is_llamafactorys_byte_for_byte(golden: Path, shared_dir: 
 @pytest.fixture(scope="module")
 def small_tokenizer():
     """A byte-level BPE tokenizer with bos and eos, copied for each template that fixes it."""
-    from tuneline.core.models.base_model import train_tokenizer
+    from tuneline.core.models.tiny.text import train_tokenizer
 
     return train_tokenizer(["a small corpus for a small vocabulary"], vocab_size=300)
 

@@ -15,11 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.data.converters import MEDIA_COLUMNS, RowProblem
-from tuneline.core.data.media_tokens import PLACEHOLDERS, placeholder_counts
+from tuneline.core.data.converters import RowProblem
+from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_COLUMNS, VIDEOS
+from tuneline.core.data.media.expansion import PLACEHOLDERS, placeholder_counts
 
-READ_COLUMNS = ("images", "videos", "audios")
-"""The media columns tuneline reads."""
 URL_PREFIXES = ("http://", "https://", "data:")
 
 
@@ -45,11 +44,11 @@ def _file(reference: str, *, key: str, media_dir: Path) -> str:
     if not path.is_file():
         raise RowProblem(f"{key} file {reference!r} is neither in media_dir ({media_dir}) nor at that path",
                          reason="media_missing")
-    if key == "images":
+    if key == IMAGES:
         _check_image(path)
-    if key == "videos":
+    if key == VIDEOS:
         _check_video(path)
-    if key == "audios":
+    if key == AUDIOS:
         _check_audio(path)
     return str(path)
 
@@ -65,7 +64,7 @@ def _check_image(path: Path) -> None:
 
 
 def _check_video(path: Path) -> None:
-    from tuneline.core.data.video_frames import VideoError, check
+    from tuneline.core.data.media.video.frames import VideoError, check
 
     try:
         check(path)
@@ -74,7 +73,7 @@ def _check_video(path: Path) -> None:
 
 
 def _check_audio(path: Path) -> None:
-    from tuneline.core.data.audio_clips import AudioError, check
+    from tuneline.core.data.media.audio.clips import AudioError, check
 
     try:
         check(path)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuneline.core.data.media_tokens import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, image_features
+from tuneline.core.data.media.expansion import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, image_features
 from tuneline.core.errors import DataError
 
 if TYPE_CHECKING:

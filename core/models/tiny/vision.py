@@ -1,6 +1,6 @@
 """The project's tiny vision-language models, since nothing can be downloaded: Qwen2-VL, Qwen2.5-VL,
 Qwen3-VL, GLM-4.1V, LLaVA-1.5, LLaVA-NeXT, Gemma 3, InternVL, PaliGemma, Llama 3.2 Vision (Mllama) and MiniCPM-V 4.6
-(minicpm_base_model.py) shaped, from transformers' own config classes, randomly initialised.
+(tiny/minicpm.py) shaped, from transformers' own config classes, randomly initialised.
 
 A model takes a tokenizer folder (the project's own, or a real one such as Qwen2.5's), gains the
 family's media tokens and its template's control tokens where the tokenizer lacks them and the chat template of the family's template
@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuneline.core.models.audio_base_model import AUDIO_TOKENS, qwen2_audio_model, save_qwen2_audio_processor
+from tuneline.core.models.tiny.audio import AUDIO_TOKENS, qwen2_audio_model, save_qwen2_audio_processor
 from tuneline.core.models.composite import MODEL_TEMPLATES
-from tuneline.core.models.minicpm_base_model import MINICPM_V_TOKENS, minicpm_v_model, save_minicpm_v_processor
-from tuneline.core.models.omni_base_model import OMNI_TOKENS, qwen2_omni_thinker, save_qwen2_omni_processors
+from tuneline.core.models.tiny.minicpm import MINICPM_V_TOKENS, minicpm_v_model, save_minicpm_v_processor
+from tuneline.core.models.tiny.omni import OMNI_TOKENS, qwen2_omni_thinker, save_qwen2_omni_processors
 from tuneline.core.templates.catalog import TEMPLATES
 from tuneline.core.templates.check import template_markers
 from tuneline.core.templates.jinja import chat_template_jinja
@@ -45,8 +45,8 @@ QWEN3_PATCH_SIZE = 16  # Qwen3-VL's: one image token per 32x32 pixels
 @dataclass(frozen=True)
 class VisionModelConfig:
     family: str = field(default="qwen2_vl", metadata={"help": "qwen2_vl, qwen2_5_vl, qwen3_vl, glm4v, llava, llava_next, gemma3, internvl, "
-                                                                 "paligemma, mllama, minicpmv4_6 (minicpm_base_model.py), qwen2_audio "
-                                                                 "(audio_base_model.py) or qwen2_5_omni_thinker (omni_base_model.py)."})
+                                                                 "paligemma, mllama, minicpmv4_6 (tiny/minicpm.py), qwen2_audio "
+                                                                 "(tiny/audio.py) or qwen2_5_omni_thinker (tiny/omni.py)."})
     hidden_size: int = field(default=64, metadata={"help": "Language model width (the projector's output)."})
     intermediate_size: int = field(default=128, metadata={"help": "Language model MLP width."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers."})

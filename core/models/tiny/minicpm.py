@@ -2,7 +2,7 @@
 the merger that projects into the text, and Qwen3.5's hybrid decoder (linear-attention layers, then a full
 attention one), from transformers' own config classes, randomly initialised and saved with MiniCPMV4_6ImageProcessorPil
 at a small resolution, so the folder loads with AutoModelForImageTextToText, AutoTokenizer and
-AutoImageProcessor like a downloaded one. `vision_base_model.build_vision_language_model` builds it for
+AutoImageProcessor like a downloaded one. `vision.build_vision_language_model` builds it for
 `family: minicpmv4_6`."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A multimodal row's `<image>` placeholders expanded into the tokens its model family reads.
 
 With LLaMA-Factory 0.9.5's `mm_plugin` semantics, each image is first sized as LLaMA-Factory sizes it
-(scaled down to `image_max_pixels`, up to `image_min_pixels`, RGB), then by family:
+(`sizing`), then by family:
 
 - Qwen2-VL, Qwen2.5-VL (`qwen2_vl` plugin) and Qwen3-VL (`qwen3_vl`, in patches of 16): each side
   at least 28 pixels and an aspect ratio within 200:1; the model's image processor cuts the image
@@ -55,7 +55,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens
+from tuneline.core.data.media.columns import AUDIOS, IMAGES, VIDEOS
+from tuneline.core.data.media.sizing import MINICPM_V_4_6
+from tuneline.core.templates.spec import MediaTokens
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -63,65 +65,11 @@ if TYPE_CHECKING:
 IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
 AUDIO_PLACEHOLDER = "<audio>"
-PLACEHOLDERS = {"images": IMAGE_PLACEHOLDER, "videos": VIDEO_PLACEHOLDER, "audios": AUDIO_PLACEHOLDER}
+PLACEHOLDERS = {IMAGES: IMAGE_PLACEHOLDER, VIDEOS: VIDEO_PLACEHOLDER, AUDIOS: AUDIO_PLACEHOLDER}
 """Each media column's placeholder in the messages."""
-QWEN_MIN_SIDE = 28  # Qwen2-VL's processor needs both sides of at least one merged patch
-QWEN_MAX_ASPECT = 200  # beyond this the processor refuses an image; LLaMA-Factory narrows it to 180:1
-MINICPM_V_4_6 = "minicpm_v_4_6"
-UNSCALED_PLUGINS = (MINICPM_V_4_6,)
-"""Families whose images LLaMA-Factory passes to the image processor unscaled (no image_max_pixels/min_pixels)."""
 SLICE_MARKERS = ("<slice>", "</slice>")
 IMAGE_ID_MARKERS = ("<image_id>", "</image_id>")
 """MiniCPM-V 4.6's slice and image-number markers (its tokenizer's slice_start_token, image_id_start_token, ...)."""
-
-
-def sized_image(image: Image, *, max_pixels: int, min_pixels: int, plugin: str) -> Image:
-    """`image` scaled into [min_pixels, max_pixels] keeping its aspect, then as `plugin` needs it, in RGB."""
-    if plugin in UNSCALED_PLUGINS:  # as transformers' load_image opens the file LLaMA-Factory hands over
-        from PIL import ImageOps
-
-        return ImageOps.exif_transpose(image).convert("RGB")
-    for size in _pixel_scaled(image.width, image.height, max_pixels=max_pixels, min_pixels=min_pixels):
-        image = image.resize(size)
-    if image.mode != "RGB":
-        image = image.convert("RGB")
-    if plugin in QWEN_PLUGINS:
-        for size in _qwen_sized(image.width, image.height):
-            image = image.resize(size)
-    return image
-
-
-def sized_dimensions(width: int, height: int, *, max_pixels: int, min_pixels: int, plugin: str) -> tuple[int, int]:
-    """The (width, height) `sized_image` gives an image of `width` x `height`, without an image."""
-    sizes = [(width, height), *_pixel_scaled(width, height, max_pixels=max_pixels, min_pixels=min_pixels)]
-    if plugin in QWEN_PLUGINS:
-        sizes += _qwen_sized(*sizes[-1])
-    return sizes[-1]
-
-
-def _pixel_scaled(width: int, height: int, *, max_pixels: int, min_pixels: int) -> list[tuple[int, int]]:
-    """The sizes an image is resized through, one resize each (as LLaMA-Factory does, for the same pixels)."""
-    sizes = []
-    for limit, beyond in ((max_pixels, lambda pixels: pixels > max_pixels), (min_pixels, lambda pixels: pixels < min_pixels)):
-        if beyond(width * height):
-            factor = math.sqrt(limit / (width * height))
-            width, height = int(width * factor), int(height * factor)
-            sizes.append((width, height))
-    return sizes
-
-
-def _qwen_sized(width: int, height: int) -> list[tuple[int, int]]:
-    sizes = []
-    if min(width, height) < QWEN_MIN_SIDE:
-        width, height = max(width, QWEN_MIN_SIDE), max(height, QWEN_MIN_SIDE)
-        sizes.append((width, height))
-    if width / height > QWEN_MAX_ASPECT:
-        width = height * 180
-        sizes.append((width, height))
-    if height / width > QWEN_MAX_ASPECT:
-        height = width * 180
-        sizes.append((width, height))
-    return sizes
 
 
 PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 256, "pan_and_scan_max_num_crops": 4,
@@ -305,7 +253,7 @@ def _processed_size(image: Image, image_processor: Any) -> tuple[int, int]:
 
 
 def expand_videos(messages: Sequence[dict[str, str]], texts: Sequence[str]) -> list[dict[str, str]]:
-    """`messages` with the n-th `<video>` written as `texts[n]` (core/data/video_layout.py writes them)."""
+    """`messages` with the n-th `<video>` written as `texts[n]` (core/data/media/video/layout.py writes them)."""
     return _expanded(messages, texts, VIDEO_PLACEHOLDER)
 
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tuneline.core.data.media_tokens import AUDIO_PLACEHOLDER as AUDIO
-from tuneline.core.data.media_tokens import VIDEO_PLACEHOLDER as VIDEO
+from tuneline.core.data.media.expansion import AUDIO_PLACEHOLDER as AUDIO
+from tuneline.core.data.media.expansion import VIDEO_PLACEHOLDER as VIDEO
 from tuneline.core.errors import DataError
 
 POSITIONS_PER_SECOND = 25

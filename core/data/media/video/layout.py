@@ -41,13 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuneline.core.data.media_tokens import VIDEO_PLACEHOLDER
+from tuneline.core.data.media.columns import IMAGES
+from tuneline.core.data.media.expansion import VIDEO_PLACEHOLDER
 from tuneline.core.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from tuneline.core.data.video_frames import VideoProbe
+    from tuneline.core.data.media.video.frames import VideoProbe
     from tuneline.core.templates.spec import MediaTokens
 
 TIMED_PLUGINS = ("qwen3_vl", "glm4v")
@@ -306,7 +307,7 @@ def video_processor_config(patching: VideoPatching, plugin: str) -> dict[str, An
 def glm_token_types(input_ids: Any, token_ids: dict[str, int]) -> Any:
     """GLM-4.1V's `mm_token_type_ids` for `input_ids` ([batch, n]): 1 on image tokens, 2 on those within a
     video's markers (its frames), as Glm4vProcessor.create_mm_token_type_ids marks them."""
-    images = input_ids == token_ids["images"]
+    images = input_ids == token_ids[IMAGES]
     if "video_bos" not in token_ids:
         return images.long()
     within = (input_ids == token_ids["video_bos"]).cumsum(dim=-1) > (input_ids == token_ids["video_eos"]).cumsum(dim=-1)

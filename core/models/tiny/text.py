@@ -2,7 +2,7 @@
 
 A byte-level BPE tokenizer trained with `tokenizers` on the demo corpus, and a small randomly
 initialised LLaMA-shaped model sized to it. The demo then pre-trains it briefly (stage pt). With
-`vision`, the same tokenizer and sizes make a tiny vision-language model (`vision_base_model.py`).
+`vision`, the same tokenizer and sizes make a tiny vision-language model (`tiny/vision.py`).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def build_base_model(texts: Iterable[str], output_dir: str | Path, *, config: Ba
 def _build_vision_model(tokenizer, output_dir: str | Path, *, config: BaseModelConfig) -> dict[str, int]:
     import tempfile
 
-    from tuneline.core.models.vision_base_model import FAMILIES, VisionModelConfig, build_vision_language_model
+    from tuneline.core.models.tiny.vision import FAMILIES, VisionModelConfig, build_vision_language_model
 
     if config.vision not in FAMILIES:
         from tuneline.core.errors import ConfigError

@@ -2,7 +2,7 @@
 text; LLaMA-Factory trains this part alone): a Qwen2.5-VL-style vision tower, a Whisper-style audio encoder and
 Qwen2's decoder, from transformers' own config classes, randomly initialised and saved with Qwen2-VL's image
 processor and Whisper's feature extractor, so the folder loads with AutoModelForImageTextToText,
-AutoImageProcessor and AutoFeatureExtractor like a downloaded one. `vision_base_model.build_vision_language_model`
+AutoImageProcessor and AutoFeatureExtractor like a downloaded one. `vision.build_vision_language_model`
 builds it for `vision: qwen2_5_omni_thinker`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.models.audio_base_model import ENCODER_POSITIONS, MEL_BINS
+from tuneline.core.models.tiny.audio import ENCODER_POSITIONS, MEL_BINS
 
 OMNI_TOKENS = ("<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>")
 """Qwen2.5-Omni's media tokens, as its tokenizer names them."""

@@ -9,7 +9,8 @@ data was counted with (`MediaRows.read`), so the model gets `pixel_values` and `
 example, except for the Qwen-VL families, whose 3D rotary positions the model computes over the whole pack
 from its media tokens, as LLaMA-Factory's collator does for plain packing; `PairedMediaCollator` does the same for DPO's pairs, and
 `FeedbackMediaCollator` for KTO's examples and their KL sequences; `ConcatenatedPairMedia` feeds ORPO's and
-SimPO's pairs, whose trainers concatenate them inside their forward pass.
+SimPO's pairs, whose trainers concatenate them inside their forward pass. `RowMedia` cuts the same
+inputs for the evaluation and prediction code that runs a model on rows outside the training loop.
 """
 
 from __future__ import annotations
@@ -17,25 +18,28 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from tuneline.core.data.media_rows import MediaRows
-from tuneline.core.data.row_media import RowMedia, media_files
+from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_COLUMNS, PAIR_FILE_COLUMNS, VIDEOS
+from tuneline.core.data.media.rows import SETTINGS_FILE, MediaRows
 from tuneline.core.templates.spec import QWEN_PLUGINS
 
 TEXT_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids")  # position_ids: packs only
+PAIR_FILES = tuple(PAIR_FILE_COLUMNS[column] for column in MEDIA_COLUMNS)
 
+
+def media_files(rows: Sequence[Mapping[str, Any]], column: str) -> list[str]:
+    """The files of `column` (a media column) of each row, one list in row order."""
+    return [path for row in rows for path in row.get(column) or ()]
 
 
 def _text_and_files(text_collator: Callable[[list[dict[str, Any]]], dict[str, Any]], features: Sequence[Mapping[str, Any]]
                     ) -> tuple[dict[str, Any], tuple[list[str], list[str], list[str]]]:
     """A preference trainer's batch of `features` without their media file columns, and those files
     (images, videos, sounds), each in the order of the examples."""
-    from tuneline.core.data.preference_columns import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
-
-    files = (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES)
-    batch = dict(text_collator([{key: value for key, value in feature.items() if key not in files} for feature in features]))
-    return batch, tuple(media_files(features, column) for column in files)  # type: ignore[return-value]
+    batch = dict(text_collator([{key: value for key, value in feature.items() if key not in PAIR_FILES} for feature in features]))
+    return batch, tuple(media_files(features, column) for column in PAIR_FILES)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,8 @@ class MediaCollator:
         batch = dict(self.text_collator([{key: feature[key] for key in TEXT_COLUMNS if key in feature} for feature in features]))
         if self.media.media.plugin in QWEN_PLUGINS:  # a pack's rotary positions are the model's own, over the whole pack
             batch.pop("position_ids", None)
-        inputs = self.media.model_inputs(batch["input_ids"], media_files(features, "images"), media_files(features, "videos"),
-                                         media_files(features, "audios"), token_ids=self.token_ids,
+        inputs = self.media.model_inputs(batch["input_ids"], media_files(features, IMAGES), media_files(features, VIDEOS),
+                                         media_files(features, AUDIOS), token_ids=self.token_ids,
                                          attention_mask=batch.get("attention_mask"))
         return {**batch, **inputs}
 
@@ -104,10 +108,8 @@ class ConcatenatedPairMedia:
 
     @contextmanager
     def feeding(self, model: Any, batch: dict[str, Any]) -> Iterator[None]:
-        from tuneline.core.data.preference_columns import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
-
         images, videos, audios = ([path for paths in batch.pop(column, None) or () for path in paths or ()]
-                                  for column in (IMAGE_FILES, VIDEO_FILES, AUDIO_FILES))
+                                  for column in PAIR_FILES)
 
         def with_media(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
             input_ids = args[0] if args else kwargs["input_ids"]
@@ -122,6 +124,39 @@ class ConcatenatedPairMedia:
         finally:
             handle.remove()
 
+
+@dataclass(frozen=True)
+class RowMedia:
+    """The media of tokenized rows, cut for a batch of their ids outside the training loop (the held-out
+    pairs' log-probabilities, the answers `do_predict` generates)."""
+
+    media: MediaRows
+    token_ids: dict[str, int]
+
+    def inputs(self, input_ids: Any, rows: Sequence[Mapping[str, Any]], *, attention_mask: Any = None) -> dict[str, Any]:
+        """What the model takes beside `input_ids` (a [batch, n] tensor) for the media of `rows`, one row a line."""
+        device = input_ids.device
+        inputs = self.media.model_inputs(input_ids.cpu(), media_files(rows, IMAGES), media_files(rows, VIDEOS), media_files(rows, AUDIOS),
+                                         token_ids=self.token_ids,
+                                         attention_mask=None if attention_mask is None else attention_mask.cpu())
+        return {key: value.to(device) if hasattr(value, "to") else value for key, value in inputs.items()}
+
+    @classmethod
+    def of_tokenized(cls, tokenized_path: str | Path, tokenizer: Any) -> RowMedia | None:
+        """The media of a tokenized dataset's rows, as its tokenization saved them; None for a text dataset."""
+        from tuneline.core.data.tokenization import TOKENIZER_DIR
+
+        folder = Path(tokenized_path) / TOKENIZER_DIR
+        if not (folder / SETTINGS_FILE).is_file():
+            return None
+        media = MediaRows.read(folder)
+        return cls(media, token_ids=media.token_ids(tokenizer))
+
+    @staticmethod
+    def files_of(dataset: Any) -> list[dict[str, Any]]:
+        """Each row's media columns, those the dataset has."""
+        columns = [column for column in MEDIA_COLUMNS if column in dataset.column_names]
+        return list(dataset.select_columns(columns)) if columns else [{} for _ in range(len(dataset))]
 
 
 def row_media(trainer: Any) -> RowMedia | None:

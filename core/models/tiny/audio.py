@@ -2,7 +2,7 @@
 projector and Qwen2's decoder), from transformers' own config classes, randomly initialised and saved
 with Qwen2-Audio's processor: Whisper's feature extractor at 128 mel bins (preprocessor_config.json)
 and Qwen2AudioProcessor's tokens, so the folder loads with AutoModelForMultimodalLM, AutoProcessor and
-AutoFeatureExtractor like a downloaded one. `vision_base_model.build_vision_language_model` builds it
+AutoFeatureExtractor like a downloaded one. `vision.build_vision_language_model` builds it
 for `vision: qwen2_audio`."""
 
 from __future__ import annotations

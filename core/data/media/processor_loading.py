@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.data.media_tokens import LLAVA_SETTINGS
+from tuneline.core.data.media.expansion import LLAVA_SETTINGS
 from tuneline.core.errors import ConfigError
 from tuneline.core.templates.spec import MediaTokens
 

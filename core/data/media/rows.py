@@ -35,23 +35,25 @@ from pathlib import Path
 from typing import Any
 
 from tuneline.core.config import MediaConfig
-from tuneline.core.data.audio_clips import samples
-from tuneline.core.data.audio_in_video import block_text, heard_video_blocks, interleaved_counts, row_label
-from tuneline.core.data.frame_tiles import (FRAME_TILED_PLUGINS, check_images_first, check_one_sequence, frame_tile_features,
-                                            frame_tiles_text)
-from tuneline.core.data.media_tokens import (CROP_TO_PATCHES, MINICPM_V_4_6, PAN_AND_SCAN, SlicedImage,
-                                             audio_token_count, cross_attention_inputs, expand_audios, expand_images,
-                                             expand_videos, image_features, image_prefix, pan_and_scan_crops,
-                                             patch_token_counts, placeholder_counts, sized_dimensions, sized_image,
-                                             sliced_images)
-from tuneline.core.data.model_processors import (PROCESSOR_CLASSES, PROCESSOR_FILE, folder_model_type,
-                                                 load_audio_processor, load_image_processor, load_multimodal_processor,
-                                                 load_processor_settings, load_video_processor)
-from tuneline.core.data.video_frames import VideoSampling, frames, paired, probe
-from tuneline.core.data.video_layout import (TIMED_PLUGINS, VIDEO_PROCESSOR_FILE, TimedVideo, VideoPatching,
-                                             folder_video_patching, glm_kept_frames, glm_token_types, timed_video,
-                                             timed_video_texts, video_features, video_placements, video_processor_config,
-                                             video_run_text)
+from tuneline.core.data.media.audio.clips import samples
+from tuneline.core.data.media.audio.in_video import block_text, heard_video_blocks, interleaved_counts, row_label
+from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_TOKENS, VIDEOS
+from tuneline.core.data.media.expansion import (CROP_TO_PATCHES, PAN_AND_SCAN, SlicedImage, audio_token_count,
+                                                cross_attention_inputs, expand_audios, expand_images, expand_videos,
+                                                image_features, image_prefix, pan_and_scan_crops, patch_token_counts,
+                                                placeholder_counts, sliced_images)
+from tuneline.core.data.media.processor_loading import (PROCESSOR_CLASSES, PROCESSOR_FILE, folder_model_type,
+                                                        load_audio_processor, load_image_processor,
+                                                        load_multimodal_processor, load_processor_settings,
+                                                        load_video_processor)
+from tuneline.core.data.media.sizing import MINICPM_V_4_6, sized_dimensions, sized_image
+from tuneline.core.data.media.video.frame_tiles import (FRAME_TILED_PLUGINS, check_images_first, check_one_sequence,
+                                                        frame_tile_features, frame_tiles_text)
+from tuneline.core.data.media.video.frames import VideoSampling, frames, paired, probe
+from tuneline.core.data.media.video.layout import (TIMED_PLUGINS, VIDEO_PROCESSOR_FILE, TimedVideo, VideoPatching,
+                                                   folder_video_patching, glm_kept_frames, glm_token_types,
+                                                   timed_video, timed_video_texts, video_features, video_placements,
+                                                   video_processor_config, video_run_text)
 from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
 from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens, Template
@@ -94,27 +96,27 @@ class MediaRows:
                               f"{template.name}' writes text only; use a multimodal template of the model's family "
                               f"({FAMILY_TEMPLATES}).")
         media = template.media
-        if datasets.get("images") and media.image_token is None:
-            raise ConfigError(f"dataset {named('images')} holds images, and 'template: {template.name}' is for a model "
+        if datasets.get(IMAGES) and media.image_token is None:
+            raise ConfigError(f"dataset {named(IMAGES)} holds images, and 'template: {template.name}' is for a model "
                               "that reads no images; use a vision-language model and its template or leave out the images.")
-        if datasets.get("audios") and media.audio_token is None:
-            raise ConfigError(f"dataset {named('audios')} holds audio, and tuneline feeds audio to Qwen2-Audio and "
+        if datasets.get(AUDIOS) and media.audio_token is None:
+            raise ConfigError(f"dataset {named(AUDIOS)} holds audio, and tuneline feeds audio to Qwen2-Audio and "
                               f"Qwen2.5-Omni so far ('template: qwen2_audio' or 'qwen2_omni'), not through 'template: "
                               f"{template.name}'; use one of those models or leave out the audio.")
-        if datasets.get("videos") and media.plugin == MINICPM_V_4_6:
-            raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds MiniCPM-V 4.6 ('template: "
+        if datasets.get(VIDEOS) and media.plugin == MINICPM_V_4_6:
+            raise ConfigError(f"dataset {named(VIDEOS)} holds videos, and tuneline feeds MiniCPM-V 4.6 ('template: "
                               f"{template.name}') images only: its video frames are cut by transformers' "
                               "MiniCPMV4_6VideoProcessor, which needs torchvision; leave out the videos, or give their frames "
                               "as images.")
         image_processor = load_image_processor(model_path) if media.image_token else None
         video = folder_video_patching(media, model_path, image_processor)
-        if datasets.get("videos") and video is None and media.plugin not in FRAME_TILED_PLUGINS:
-            raise ConfigError(f"dataset {named('videos')} holds videos, and tuneline feeds videos to Qwen2-VL, Qwen2.5-VL, "
+        if datasets.get(VIDEOS) and video is None and media.plugin not in FRAME_TILED_PLUGINS:
+            raise ConfigError(f"dataset {named(VIDEOS)} holds videos, and tuneline feeds videos to Qwen2-VL, Qwen2.5-VL, "
                               "Qwen2.5-Omni, Qwen3-VL, GLM-4.1V and InternVL so far ('template: qwen2_vl', 'qwen2_omni', "
                               "'qwen3_vl', 'qwen3_vl_nothink', 'glm4v', 'intern_vl' or 'intern_s1'), not through 'template: "
                               f"{template.name}'; use one of those models or leave out the videos.")
-        if datasets.get("videos") and datasets.get("images") and media.plugin == "glm4v":
-            raise ConfigError(f"datasets {named('images')} and {named('videos')} hold images and videos, and GLM-4.1V's "
+        if datasets.get(VIDEOS) and datasets.get(IMAGES) and media.plugin == "glm4v":
+            raise ConfigError(f"datasets {named(IMAGES)} and {named(VIDEOS)} hold images and videos, and GLM-4.1V's "
                               "model (transformers' Glm4vModel) finds an image's and a video frame's features by the same "
                               "<|image|> token, so a batch holding both fails; train on the images and the videos in "
                               "separate runs.")
@@ -123,7 +125,7 @@ class MediaRows:
                    processor_settings=processor_settings, video=video,
                    multimodal_processor=load_multimodal_processor(model_path, media, image_processor, processor_settings),
                    video_seconds=folder_model_type(Path(model_path)) in SECONDS_SPACED,
-                   video_processor=load_video_processor(model_path) if datasets.get("videos") else None,
+                   video_processor=load_video_processor(model_path) if datasets.get(VIDEOS) else None,
                    audio_processor=load_audio_processor(model_path) if media.audio_token else None)
 
     def save(self, folder: str | Path) -> None:
@@ -244,7 +246,7 @@ class MediaRows:
     def expand(self, row: dict[str, Any]) -> dict[str, Any]:
         """`row` with its images', videos' and audio clips' placeholders expanded (a row without them gains
         empty lists)."""
-        images, videos, audios = (list(row.get(key) or []) for key in ("images", "videos", "audios"))
+        images, videos, audios = (list(row.get(key) or []) for key in (IMAGES, VIDEOS, AUDIOS))
         image_counts = self.token_counts(images) if images else []
         crops, slicings = self.crops(images), self.slicings(images)
         heard = self.hears_videos and bool(videos)
@@ -256,19 +258,19 @@ class MediaRows:
             audio_counts = self.audio_token_counts(audios) if audios else []
         in_prompt = placeholder_counts(row["prompt"])  # the prompt's media come first, then the reply's
         expanded = {}
-        for part, start, end in (("prompt", {"images": 0, "videos": 0, "audios": 0}, in_prompt),
-                                 ("response", in_prompt, {"images": None, "videos": None, "audios": None})):
-            with_images = expand_images(row[part], image_counts[start["images"]:end["images"]], self.media,
-                                        crops and crops[start["images"]:end["images"]], first_index=start["images"],
-                                        slicings=None if slicings is None else slicings[start["images"]:end["images"]])
+        for part, start, end in (("prompt", {IMAGES: 0, VIDEOS: 0, AUDIOS: 0}, in_prompt),
+                                 ("response", in_prompt, {IMAGES: None, VIDEOS: None, AUDIOS: None})):
+            with_images = expand_images(row[part], image_counts[start[IMAGES]:end[IMAGES]], self.media,
+                                        crops and crops[start[IMAGES]:end[IMAGES]], first_index=start[IMAGES],
+                                        slicings=None if slicings is None else slicings[start[IMAGES]:end[IMAGES]])
             if heard:
-                expanded[part] = heard_video_blocks(with_images, video_texts[start["videos"]:end["videos"]], where=row_label(row))
+                expanded[part] = heard_video_blocks(with_images, video_texts[start[VIDEOS]:end[VIDEOS]], where=row_label(row))
                 continue
-            with_videos = expand_videos(with_images, video_texts[start["videos"]:end["videos"]])
-            expanded[part] = expand_audios(with_videos, audio_counts[start["audios"]:end["audios"]], self.media)
+            with_videos = expand_videos(with_images, video_texts[start[VIDEOS]:end[VIDEOS]])
+            expanded[part] = expand_audios(with_videos, audio_counts[start[AUDIOS]:end[AUDIOS]], self.media)
         image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
-        return {**row, **expanded, "images": images, "videos": videos, "audios": audios,
-                "media_tokens": image_tokens + sum(video_counts) + sum(audio_counts),
+        return {**row, **expanded, IMAGES: images, VIDEOS: videos, AUDIOS: audios,
+                MEDIA_TOKENS: image_tokens + sum(video_counts) + sum(audio_counts),
                 "image_prefix": image_prefix(image_counts, self.media)}
 
     def audio_samples(self, path: str) -> Any:
@@ -391,8 +393,8 @@ class MediaRows:
     def token_ids(self, tokenizer: Any) -> dict[str, int]:
         """The ids of the template's image token and (for a family that takes videos) video token, by media
         column; and GLM-4.1V's video markers (`video_bos`, `video_eos`), within which its image tokens are a video's."""
-        tokens = {"images": self.media.image_token, "videos": self.media.video_token if self.video else None,
-                  "audios": self.media.audio_token if self.audio_processor is not None else None,
+        tokens = {IMAGES: self.media.image_token, VIDEOS: self.media.video_token if self.video else None,
+                  AUDIOS: self.media.audio_token if self.audio_processor is not None else None,
                   "video_bos": self.media.video_bos if self.video else None,
                   "video_eos": self.media.video_eos if self.video else None}
         return {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items() if token}
@@ -405,7 +407,7 @@ class MediaRows:
         3D rotary positions. `attention_mask` (0 on padding) keeps PaliGemma's token types 0 there, as
         LLaMA-Factory pads them."""
         if self.media.plugin == "mllama":
-            inputs = cross_attention_inputs(input_ids, self.sized(images), self.image_processor, image_token_id=token_ids["images"],
+            inputs = cross_attention_inputs(input_ids, self.sized(images), self.image_processor, image_token_id=token_ids[IMAGES],
                                             attention_mask=attention_mask) if images else {}
         else:
             inputs = dict(self.features(images)) if images else {}
@@ -422,14 +424,14 @@ class MediaRows:
         if self.media.plugin == "glm4v":  # a video's frames are image tokens: 2 within the video markers, 1 elsewhere
             inputs["mm_token_type_ids"] = glm_token_types(input_ids, token_ids)
         elif self.media.plugin in QWEN_PLUGINS and self.media.plugin != "qwen2_omni":  # Omni finds its media tokens by id
-            types = (input_ids == token_ids["images"]).long()
-            if "videos" in token_ids:
-                types += 2 * (input_ids == token_ids["videos"]).long()
+            types = (input_ids == token_ids[IMAGES]).long()
+            if VIDEOS in token_ids:
+                types += 2 * (input_ids == token_ids[VIDEOS]).long()
             inputs["mm_token_type_ids"] = types
         elif self.media.plugin == "gemma3":  # Gemma 3 attends both ways within an image's soft tokens
-            inputs["token_type_ids"] = (input_ids == token_ids["images"]).long()
+            inputs["token_type_ids"] = (input_ids == token_ids[IMAGES]).long()
         elif self.media.plugin == "paligemma":  # 0: the image prefix, attended both ways; 1: the text after it
-            text = (input_ids != token_ids["images"]).long()
+            text = (input_ids != token_ids[IMAGES]).long()
             inputs["token_type_ids"] = text if attention_mask is None else text * attention_mask.long()
         if self.hears_videos and videos:  # the thinker places each block's sound tokens by their seconds
             inputs["use_audio_in_video"] = True
