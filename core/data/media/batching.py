@@ -136,8 +136,8 @@ class RowMedia:
     def inputs(self, input_ids: Any, rows: Sequence[Mapping[str, Any]], *, attention_mask: Any = None) -> dict[str, Any]:
         """What the model takes beside `input_ids` (a [batch, n] tensor) for the media of `rows`, one row a line."""
         device = input_ids.device
-        inputs = self.media.model_inputs(input_ids.cpu(), media_files(rows, IMAGES), media_files(rows, VIDEOS), media_files(rows, AUDIOS),
-                                         token_ids=self.token_ids,
+        inputs = self.media.model_inputs(input_ids.cpu(), media_files(rows, IMAGES), media_files(rows, VIDEOS),
+                                         media_files(rows, AUDIOS), token_ids=self.token_ids,
                                          attention_mask=None if attention_mask is None else attention_mask.cpu())
         return {key: value.to(device) if hasattr(value, "to") else value for key, value in inputs.items()}
 
