@@ -184,12 +184,12 @@ def loading_problems(config: StageConfig) -> list[str]:
         problems.append("'pissa_convert: true' converts a PiSSA adapter to a plain LoRA adapter, and 'pissa_init' is "
                         "not set; set 'pissa_init: true' or remove pissa_convert.")
     # peft's conversion rewrites the LoRA matrices only: it would drop these parts of the adapter
-    lost = [key for key, asked in (("use_dora", ft.use_dora), ("additional_target", ft.additional_target),
-                                   ("stage: rm", ft.stage == "rm")) if asked]
+    # (and a reward head: core.stages.rules)
+    lost = [key for key, asked in (("use_dora", ft.use_dora), ("additional_target", ft.additional_target)) if asked]
     if ft.pissa_convert and lost:
         problems.append(f"'pissa_convert: true' keeps only the LoRA matrices of the adapter, and "
                         f"{', '.join(repr(key) for key in lost)} adds "
-                        "parts it would drop (DoRA's magnitudes, modules trained in full, the reward head); remove "
+                        "parts it would drop (DoRA's magnitudes, modules trained in full); remove "
                         "pissa_convert, or the other key.")
     if ft.loraplus_lr_embedding != FinetuningConfig.loraplus_lr_embedding and ft.loraplus_lr_ratio is None:
         problems.append(f"'loraplus_lr_embedding: {ft.loraplus_lr_embedding}' is the learning rate of LoRA+'s "

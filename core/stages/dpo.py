@@ -26,8 +26,8 @@ from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, PER_DATASET_EVALUATION_KEYS, PREFERENCE_KEYS, REFERENCE_KEYS,
-                                               TRAINER_KEYS, TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, PER_DATASET_EVALUATION_KEYS, REFERENCE_KEYS, TRAINER_KEYS,
+                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
 from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, Trainer
 
 REFERENCE_FREE = ("orpo", "simpo")
+PREFERENCE_KEYS = ("pref_beta", "pref_ftx", "pref_bco_weight", "pref_loss", "dpo_label_smoothing", "simpo_gamma", "ld_alpha")
+"""LLaMA-Factory's keys of the preference losses (stage kto reads pref_beta too)."""
 
 
 def dpo_problems(finetuning: FinetuningConfig) -> list[str]:
@@ -152,6 +154,7 @@ DPO = StageKind(
     reads=frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *PER_DATASET_EVALUATION_KEYS, *PREFERENCE_KEYS,
                      *REFERENCE_KEYS}),
     unread_keys=_unread_keys,
+    own_keys=PREFERENCE_KEYS,
     load_model=load_policy,
     build_trainer=build_dpo_trainer,
     held_out_metrics=preference_metrics,

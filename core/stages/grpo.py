@@ -15,7 +15,7 @@ the trained one: `eval_mean_reward(_before)` and `eval_pass_rate(_before)` (`cor
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tuneline.core.config import FinetuningConfig, StageConfig, trains
@@ -23,13 +23,18 @@ from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.rm import reward_model_key_problems
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, GRPO_ONLY_KEYS, ONLINE_KEYS, REFERENCE_KEYS, SAMPLING_KEYS,
-                                               SERVING_KEYS, TRAINER_KEYS, TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, REFERENCE_KEYS, SAMPLING_KEYS, SERVING_KEYS, TRAINER_KEYS,
+                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
 
 if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase, Trainer
 
+ONLINE_KEYS = ("num_generations", "beta", "epsilon", "epsilon_high", "loss_type", "importance_sampling_level", "scale_rewards",
+               "num_iterations", "max_completion_length", "mask_truncated_completions", "reward_funcs", "reward_weights",
+               "use_vllm", "vllm_mode")
+"""The keys of the online RL stages, in TRL's names (LLaMA-Factory has none for them)."""
+GRPO_ONLY_KEYS = ("loss_type", "importance_sampling_level", "scale_rewards")
 GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # TRL 1.16's loss_type values
 LOG_KEYS = ("reward_std", "frac_reward_zero_std", "kl", "entropy", "rewards/", "completions/", "clip_ratio/")
 """What TRL's online trainers log per step besides the reward: each reward's mean and spread, the KL,
@@ -58,11 +63,6 @@ def online_problems(config: StageConfig) -> list[str]:
                         f"{ft.epsilon_high}.")
     if ft.num_iterations < 1:
         problems.append(f"'num_iterations' must be at least 1, got {ft.num_iterations}.")
-    if stage == "grpo" and ft.loss_type not in GRPO_LOSSES:
-        problems.append(f"'loss_type: {ft.loss_type}' is not a GRPO loss; choose one of {', '.join(GRPO_LOSSES)}.")
-    if stage != "grpo":
-        problems.extend(f"'{key}' is a key of stage grpo, which stage '{stage}' does not read; remove it."
-                        for key in GRPO_ONLY_KEYS if getattr(ft, key) != _default(key))
     if ft.use_vllm:
         problems.extend(_vllm_problems())
     if not config.generating.do_sample:
@@ -83,10 +83,6 @@ def online_problems(config: StageConfig) -> list[str]:
                         f"'num_generations' ({ft.num_generations}): each batch holds whole groups of completions.")
     problems.extend(pissa_problems(ft, uses_reference=ft.beta > 0))
     return problems
-
-
-def _default(key: str) -> Any:
-    return next(f.default for f in dataclasses.fields(FinetuningConfig) if f.name == key)
 
 
 def _reward_problems(finetuning: FinetuningConfig) -> list[str]:
@@ -118,14 +114,6 @@ def _vllm_problems() -> list[str]:
     return [f"'use_vllm: true' generates with vLLM, which needs {' and '.join(missing)}; this machine has no "
             f"{' and no '.join(m.removeprefix('the ').removeprefix('a ') for m in missing)}. Remove use_vllm to generate "
             "with transformers (slower), or run on a CUDA machine with `pip install vllm`."]
-
-
-def online_key_problems(config: StageConfig, *, online: bool) -> list[str]:
-    """The online RL keys set in a stage that is not one (they would be silently ignored)."""
-    if online:
-        return []
-    return [f"'{key}' is a key of the online RL stages (grpo, rloo), not '{config.finetuning.stage}'; remove it."
-            for key in ONLINE_KEYS if getattr(config.finetuning, key) != _default(key)]
 
 
 def _rewards(request: TrainerRequest) -> tuple[list[Any], list[float]]:
@@ -259,14 +247,23 @@ def _unread_keys(config: StageConfig) -> dict[str, str]:
 REWARD_KEYS = ("reward_model", "reward_model_quantization_bit")
 
 
-def _kind(name: str, summary: str, *, reads: frozenset[str]) -> StageKind:
+def grpo_problems(config: StageConfig) -> list[str]:
+    """Those of `online_problems`, and a `loss_type` that is not one of GRPO's."""
+    loss = config.finetuning.loss_type
+    wrong_loss = [] if loss in GRPO_LOSSES else [f"'loss_type: {loss}' is not a GRPO loss; choose one of {', '.join(GRPO_LOSSES)}."]
+    return [*online_problems(config), *wrong_loss]
+
+
+def _kind(name: str, summary: str, *, keys: tuple[str, ...], config_problems: Callable[[StageConfig], list[str]]) -> StageKind:
     return StageKind(
         name=name,
         summary=summary,
         examples="unsupervised",
         references=frozenset({"ref_model", "reward_model"}),
-        config_problems=online_problems,
-        reads=reads,
+        config_problems=config_problems,
+        reads=frozenset({*ONLINE_READS, *keys}),
+        own_keys=keys,
+        exclusive_keys=frozenset(keys),  # tuneline's own keys: no LLaMA-Factory config sets them for another kind
         unread_keys=_unread_keys,
         load_model=load_policy,
         build_trainer=build_online_trainer,
@@ -277,9 +274,9 @@ def _kind(name: str, summary: str, *, reads: frozenset[str]) -> StageKind:
 
 
 # eval_on_each_dataset is refused (online_problems): the held-out prompts are scored together
-ONLINE_READS = frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *ONLINE_KEYS, *REFERENCE_KEYS, *REWARD_KEYS,
-                          *SAMPLING_KEYS})
+ONLINE_READS = frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *REFERENCE_KEYS, *REWARD_KEYS, *SAMPLING_KEYS})
 GRPO = _kind("grpo", "group relative policy optimisation: groups of sampled completions scored by verifiable rewards "
-                     "or a reward model (GRPO, Dr. GRPO, DAPO, GSPO)", reads=ONLINE_READS)
+                     "or a reward model (GRPO, Dr. GRPO, DAPO, GSPO)", keys=ONLINE_KEYS, config_problems=grpo_problems)
 RLOO = _kind("rloo", "REINFORCE leave-one-out: sampled completions scored by verifiable rewards or a reward model, "
-                     "each against its group's other completions", reads=ONLINE_READS - set(GRPO_ONLY_KEYS))
+                     "each against its group's other completions",
+             keys=tuple(key for key in ONLINE_KEYS if key not in GRPO_ONLY_KEYS), config_problems=online_problems)

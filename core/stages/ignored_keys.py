@@ -7,7 +7,7 @@ and why. So does a media key (`image_max_pixels`, `video_fps`, ...) when no data
 maps images, videos or audio (`datasets_map_media`). `tuneline train` prints the lines; a pipeline's
 train stage prints them and records the keys on its MLflow run as the tag `tuneline.ignored_keys`
 (comma-separated, in `STAGE_KEYS` order, the media keys last).
-Combinations LLaMA-Factory refuses stay refused when the config is read (`core.stages.registry`).
+Combinations LLaMA-Factory refuses stay refused when the config is read (`core.stages.rules`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,18 @@ from tuneline.core.config import GROUPS, MediaConfig, StageConfig
 from tuneline.core.data.tokenization import media_datasets
 from tuneline.core.errors import listed
 from tuneline.core.stages.registry import KINDS, stage_kind
-from tuneline.core.stages.stage_keys import READ_BY_NO_KIND, STAGE_KEYS, TRAINER_ARGUMENTS
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, LABEL_SMOOTHING_KEYS, LANGUAGE_MODEL_KEYS, PACKING_KEYS,
+                                               PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS, READ_BY_NO_KIND, REFERENCE_KEYS,
+                                               REWARD_MODEL_KEYS, SUPERVISED_LABEL_KEYS, TRAINER_ARGUMENTS, TRAINER_KEYS,
+                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+
+STAGE_KEYS: tuple[str, ...] = tuple(dict.fromkeys((
+    *PACKING_KEYS, *SUPERVISED_LABEL_KEYS, *TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS,
+    *LABEL_SMOOTHING_KEYS, *PER_DATASET_EVALUATION_KEYS, *LANGUAGE_MODEL_KEYS, *(key for kind in KINDS.values() for key in kind.own_keys),
+    *REFERENCE_KEYS, *REWARD_MODEL_KEYS, *PREDICTION_KEYS, *READ_BY_NO_KIND,
+)))
+"""Every key whose reading depends on the stage kind, in the order warnings name them: the groups several
+kinds share (`core.stages.stage_keys`) and each kind's own keys (`StageKind.own_keys`)."""
 
 MEDIA_KEYS = tuple(f.name for f in dataclasses.fields(MediaConfig))
 """The image, video and audio processors' keys: read only when a dataset of the stage maps media."""

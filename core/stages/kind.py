@@ -1,9 +1,10 @@
 """The stage-kind interface: everything tuneline knows about one kind of training stage.
 
-Each kind (pt, sft, rm, dpo, kto, ppo, grpo, rloo) is one module under `core/stages/` that builds a
-`StageKind` value; `core/stages/registry.py` lists them. Config validation, tokenization, the
-worker, `tuneline train` and the pipeline ask the registry, never compare stage names
-(docs/ARCHITECTURE.md, "Stage kinds").
+Each kind is one module under `core/stages/` that builds a `StageKind` value declaring what the kind
+needs (its keys, its examples, its references, whether it owns its optimizer or has a reward head);
+`core/stages/registry.py` lists them. Config validation (`core.stages.rules`), tokenization, the
+worker, `tuneline train` and the pipeline ask the registry and read these fields, never compare
+stage names (docs/ARCHITECTURE.md, "Stage kinds").
 
 A kind trains in one of two ways: through a trainer (`load_model` builds the model with its
 method applied, `build_trainer` the transformers or TRL trainer, `held_out_metrics` judges the
@@ -123,7 +124,7 @@ class StageKind:
     config_problems: Callable[[StageConfig], list[str]] = no_problems
     """Settings this kind cannot train with, one line each, found when the config is read."""
     reads: frozenset[str] = frozenset()
-    """The keys of `core.stages.stage_keys.STAGE_KEYS` it reads; any other of them set away from its
+    """The keys of `core.stages.ignored_keys.STAGE_KEYS` it reads; any other of them set away from its
     default is ignored by this kind, and said so (`core.stages.ignored_keys`)."""
     unread_keys: Callable[[StageConfig], dict[str, str]] = all_read
     """Keys this config leaves unread, each with why in the kind's own words: keys of `reads` that its
@@ -141,6 +142,17 @@ class StageKind:
     """Keys of its trainer's logs (or prefixes ending in '/') that trainer_log.jsonl holds beside LLaMA-Factory's."""
     trainer_modules: tuple[str, ...] = ()
     """Modules its trainer imports (TRL's), which a worker started ahead imports while the data is tokenized."""
+    own_keys: tuple[str, ...] = ()
+    """The keys of `FinetuningConfig` that are this kind's own settings (its loss, its rollouts), in
+    LLaMA-Factory's names (TRL's where LLaMA-Factory has none); with the keys several kinds share
+    (`core.stages.stage_keys`) they make up the keys whose reading depends on the kind (`ignored_keys.STAGE_KEYS`)."""
+    exclusive_keys: frozenset[str] = frozenset()
+    """Keys that only the kinds declaring them take: set away from its default in any other kind, such a
+    key is refused when the config is read (`core.stages.rules`), not only reported as ignored; for keys
+    that change what a run trains, which a user would not want silently dropped."""
+    owns_optimizer: bool = False
+    """Whether it builds its optimizer itself (in its own loop) rather than through transformers' Trainer,
+    so the keys that choose the Trainer's optimizer (`use_galore`, `use_badam`, ...) cannot apply."""
 
     def __post_init__(self) -> None:
         by_trainer = None not in (self.load_model, self.build_trainer, self.held_out_metrics)
@@ -151,3 +163,8 @@ class StageKind:
     @property
     def produces_policy(self) -> bool:
         return self.output == "policy"
+
+    @property
+    def has_reward_head(self) -> bool:
+        """Whether the trained model carries a scoring head (saved with its adapter) instead of an LM head."""
+        return self.output == "reward_model"

@@ -15,6 +15,7 @@ PT = StageKind(
     plotted_keys=("eval_loss",),
     reads=frozenset({*PACKING_KEYS, *TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *LABEL_SMOOTHING_KEYS,
                      *PER_DATASET_EVALUATION_KEYS, *LANGUAGE_MODEL_KEYS}),
+    exclusive_keys=frozenset(LANGUAGE_MODEL_KEYS),
     load_model=load_policy,
     build_trainer=build_language_model_trainer,
     held_out_metrics=perplexity_metrics,

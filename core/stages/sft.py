@@ -10,11 +10,13 @@ from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import build_language_model_trainer, load_policy, perplexity_metrics
 from tuneline.core.stages.kind import StageKind
 from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, LABEL_SMOOTHING_KEYS, LANGUAGE_MODEL_KEYS, PACKING_KEYS,
-                                               PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS, REFERENCE_KEYS, SFT_LOSS_KEYS,
+                                               PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS, REFERENCE_KEYS,
                                                SUPERVISED_LABEL_KEYS, TRAINER_KEYS, TRAINER_LOOP_KEYS,
                                                TRAINER_SAMPLER_KEYS)
 
 LOSS_VARIANTS = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")
+SFT_LOSS_KEYS = (*LOSS_VARIANTS, "asft_alpha", "eaft_alpha")
+"""The keys of sft's loss variants: which one, and the weights they read."""
 
 
 def loss_variant_problems(finetuning: FinetuningConfig) -> list[str]:
@@ -67,6 +69,8 @@ SFT = StageKind(
                      *TRAINER_SAMPLER_KEYS, *LABEL_SMOOTHING_KEYS, *PER_DATASET_EVALUATION_KEYS, *LANGUAGE_MODEL_KEYS,
                      *SFT_LOSS_KEYS, *REFERENCE_KEYS, *PREDICTION_KEYS}),
     unread_keys=_unread_keys,
+    own_keys=SFT_LOSS_KEYS,
+    exclusive_keys=frozenset({*LOSS_VARIANTS, *LANGUAGE_MODEL_KEYS}),  # a loss or metric asked for, never dropped silently
     load_model=load_policy,
     build_trainer=build_language_model_trainer,
     held_out_metrics=perplexity_metrics,

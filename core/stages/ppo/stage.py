@@ -9,8 +9,10 @@ from __future__ import annotations
 from tuneline.core.config import StageConfig, trains
 from tuneline.core.stages.kind import LoopRequest, StageKind
 from tuneline.core.stages.rm import reward_model_key_problems
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, GENERATION_KEYS, LABEL_SMOOTHING_KEYS, PPO_KEYS, REFERENCE_KEYS,
+from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, GENERATION_KEYS, LABEL_SMOOTHING_KEYS, REFERENCE_KEYS,
                                                TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+
+PPO_KEYS = ("ppo_buffer_size", "ppo_epochs", "ppo_score_norm", "ppo_target", "ppo_whiten_rewards")
 
 # ppo always samples its rollouts, and scores their token ids (never decoded text)
 ROLLOUT_KEYS = tuple(key for key in GENERATION_KEYS if key not in ("do_sample", "skip_special_tokens"))
@@ -75,6 +77,8 @@ PPO = StageKind(
     reads=frozenset({*PPO_KEYS, *REFERENCE_KEYS, "reward_model", "reward_model_quantization_bit",
                      "reward_model_type", *ROLLOUT_KEYS, *CHECKPOINT_KEYS}),
     unread_keys=_unread_keys,
+    own_keys=PPO_KEYS,
+    owns_optimizer=True,  # AdamW in its own loop
     train_loop=_train,
     trainer_modules=("accelerate", "trl.trainer.utils", "tuneline.core.stages.ppo.trainer"),
 )

@@ -61,10 +61,7 @@ def optimizer_problems(config: StageConfig) -> list[str]:
     if fsdp_setting(training.get("fsdp")):
         problems.append(f"'{chosen[0]}: true' cannot train under FSDP in this version (transformers' Trainer refuses an "
                         "optimizer built outside it when FSDP shards the model); remove 'fsdp', or the optimizer key.")
-    if finetuning.stage == "ppo":
-        problems.append(f"'{chosen[0]}: true' chooses the optimizer of a Trainer, and stage ppo trains in a loop of its own "
-                        "with AdamW; remove the key for ppo, or use it in the sft/dpo/kto stages.")
-    return problems
+    return problems  # a kind that builds its own optimizer refuses them all (core.stages.rules)
 
 
 def _combination_problems(chosen: list[str], finetuning: FinetuningConfig) -> list[str]:

@@ -8,9 +8,8 @@ import pytest
 
 from tuneline.core.config import read_stage_config
 from tuneline.core.errors import ConfigError
-from tuneline.core.stages.ignored_keys import MEDIA_KEYS, datasets_map_media, ignored_keys, tag_value
+from tuneline.core.stages.ignored_keys import MEDIA_KEYS, STAGE_KEYS, datasets_map_media, ignored_keys, tag_value
 from tuneline.core.stages.registry import KINDS, build_stage_config
-from tuneline.core.stages.stage_keys import STAGE_KEYS
 
 EVALUATING = {"eval_strategy": "steps", "eval_steps": 5, "val_size": 0.1, "dataset": "demo_alpaca",
               "metric_for_best_model": "eval_loss"}

@@ -11,7 +11,7 @@ EVALUATING = {"eval_strategy": "steps", "eval_steps": 5, "val_size": 0.1, "datas
 
 
 @pytest.mark.parametrize(("keys", "fragment"), [
-    ({"stage": "dpo", "compute_accuracy": True}, "'compute_accuracy: true' measures next-token predictions of stage pt or sft"),
+    ({"stage": "dpo", "compute_accuracy": True}, "'compute_accuracy' is a key of stage pt or sft, which stage 'dpo' does not read"),
     ({"compute_accuracy": True, "predict_with_generate": True, "do_predict": True, "val_size": 0.1, "dataset": "demo_alpaca"},
      "'compute_accuracy: true' scores the logits of each position and 'predict_with_generate: true'"),
     ({"stage": "ppo", "reward_model": "rm", "disable_shuffling": True}, "'disable_shuffling: True' is a key of the trainer-based stages"),

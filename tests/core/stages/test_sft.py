@@ -139,8 +139,8 @@ def logged_losses(trainer) -> list[float]:
     ({"asft_alpha": 0.5}, "'asft_alpha: 0.5' weighs the loss of 'use_asft_loss: true', which is not set"),
     ({"use_eaft_loss": True, "eaft_alpha": -1.0}, "'eaft_alpha' must be 0 or more"),
     ({"ref_model": "some/model"}, "stage sft reads 'ref_model' and 'ref_model_adapters' only for 'use_asft_loss: true'"),
-    ({"stage": "pt", "use_dft_loss": True}, "'use_dft_loss: true' is a loss of stage sft, not 'pt'"),
-    ({"stage": "dpo", "use_asft_loss": True}, "'use_asft_loss: true' is a loss of stage sft, not 'dpo'"),
+    ({"stage": "pt", "use_dft_loss": True}, "'use_dft_loss' is a key of stage sft, which stage 'pt' does not read"),
+    ({"stage": "dpo", "use_asft_loss": True}, "'use_asft_loss' is a key of stage sft, which stage 'dpo' does not read"),
 ])
 def test_contradictory_or_ignored_loss_settings_are_named(keys: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as error:
