@@ -112,9 +112,10 @@ class OwnKLPromptCollator(DataCollatorForUnpairedPreference):
         return output
 
 
-class TokenizedORPOTrainer(ORPOTrainer):
-    """ORPO on `alignment_data.odds_ratio_pairs` rows (LLaMA-Factory's column names, which ORPO reads); pairs
-    of media rows get their pixels in the concatenated pass."""
+class OnTokenizedPairs:
+    """The hooks TRL's ORPO and CPO trainers share, made to read `alignment_data.odds_ratio_pairs` rows
+    (LLaMA-Factory's column names, which both read) as they are; pairs of media rows get their pixels
+    in the concatenated pass. Listed first among a trainer's bases, so its hooks replace TRL's."""
 
     def __init__(self, *args: Any, media_rows: Any = None, **trainer_arguments: Any) -> None:
         super().__init__(*args, **trainer_arguments)
@@ -128,20 +129,12 @@ class TokenizedORPOTrainer(ORPOTrainer):
             return super().concatenated_forward(model, batch)
 
 
-class TokenizedCPOTrainer(CPOTrainer):
-    """CPO with SimPO's loss on `alignment_data.odds_ratio_pairs` rows; pairs of media rows get their
-    pixels in the concatenated pass."""
+class TokenizedORPOTrainer(OnTokenizedPairs, ORPOTrainer):
+    """ORPO on tokenized pairs."""
 
-    def __init__(self, *args: Any, media_rows: Any = None, **trainer_arguments: Any) -> None:
-        super().__init__(*args, **trainer_arguments)
-        self.pair_media = _pair_media(media_rows, self.processing_class)
 
-    def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, Any]:
-        return feature
-
-    def concatenated_forward(self, model: Any, batch: dict[str, Any]) -> Any:
-        with self.pair_media.feeding(model, batch) if self.pair_media else nullcontext():
-            return super().concatenated_forward(model, batch)
+class TokenizedCPOTrainer(OnTokenizedPairs, CPOTrainer):
+    """CPO with SimPO's loss on tokenized pairs."""
 
 
 def _pair_media(media_rows: Any, tokenizer: Any) -> Any:
