@@ -46,7 +46,7 @@ def unwritten_template_message(name: str) -> str | None:
             "from LLaMA-Factory's where the two formats differ")
     if name in TEXT_FORMATS:
         return (f"template '{name}' is one of LLaMA-Factory 0.9.5's text formats that tuneline does not write yet; "
-                f"{auto}, or name one of the templates README.md lists under 'Data and templates'.")
+                f"{auto}, or name one of the templates docs/templates.md lists.")
     if name in MEDIA_FORMATS:
         return (f"template '{name}' is LLaMA-Factory 0.9.5's format for {MEDIA_FORMATS[name]}, whose media tuneline does "
                 f"not expand yet; text-only rows of the same model train with {auto}.")
