@@ -1,8 +1,10 @@
 """Keys of the fine-tuning method: which parameters train (LoRA, OFT, freeze, full), and the losses
 of the stages (the SFT variants, the preference losses, PPO's and the online RL stages' settings).
 
-The online RL keys (grpo, rloo) take TRL's names, as LLaMA-Factory has none for them; their
-sampling reads LLaMA-Factory's generation keys (temperature, top_p, top_k)."""
+The keys of one stage kind's loss or rollouts are fields here, so that a YAML is read and type-checked
+before its kind is known; which kind owns each is declared in the kind's module (`StageKind.own_keys`).
+The online RL keys take TRL's names, as LLaMA-Factory has none for them; their sampling reads
+LLaMA-Factory's generation keys (temperature, top_p, top_k)."""
 
 from __future__ import annotations
 
