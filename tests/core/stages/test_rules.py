@@ -1,6 +1,6 @@
-"""The rules across stage kinds read what a kind declares, not its name: a kind that is not in the
-registry, given the fields of one that is, gets the same problems; and the keys the kinds declare
-their own are the kind-dependent fields of the config, each owned by one kind."""
+"""The rules across stage kinds read what a kind declares, not its name: a kind the registry does not
+hold gets a rule's problem exactly when it is given the field the rule reads; and the keys the kinds
+declare their own are fields of the config, each one kind's (the online RL keys the two online kinds')."""
 
 from __future__ import annotations
 
