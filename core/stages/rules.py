@@ -64,7 +64,7 @@ def stage_option_problems(config: StageConfig, kind: StageKind) -> list[str]:
                         if getattr(data, key))
     if config.training.get("load_best_model_at_end") and (kind.train_loop is not None or kind.has_reward_head):
         problems.append(f"'load_best_model_at_end: true' is not supported by stage '{kind.name}' (LLaMA-Factory refuses it "
-                        "for reward models and its own-loop stage too); remove it.")
+                        "for reward models and for PPO too); remove it.")
     return problems
 
 
