@@ -1,5 +1,8 @@
 """The documentation's reference tables and counts, written from the code's own tables.
 
+Hand-written tables of keys (a table whose first column is headed `key`) are checked instead: every
+key their first column names must be one a stage config or a pipeline section reads.
+
     python docs/hooks/reference_tables.py            # exit 1, naming each block that differs from the code
     python docs/hooks/reference_tables.py --write    # rewrite those blocks in docs/*.md
 
@@ -13,6 +16,7 @@ turns into a failure, and tests/docs/test_reference_tables.py compares the two w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import sys
@@ -193,6 +197,33 @@ def stale_blocks(markdown: str, *, source: str) -> list[str]:
     return [name for (name, old), (_, new) in zip(written, generated) if old != new]
 
 
+KEY_CELL = re.compile(r"`([a-z][a-z0-9_]*)(?::[^`]*)?`")
+
+
+def known_keys() -> set[str]:
+    """Every key a stage config reads (with transformers' trainer arguments and the keys refused by
+    name) and every key of a pipeline's `evaluate`, `export` and `register` sections."""
+    from tuneline.core.config.reading import valid_keys
+    from tuneline.core.pipeline.spec import EvaluateSettings, ExportSettings, RegisterSettings
+
+    sections = (EvaluateSettings, ExportSettings, RegisterSettings)
+    return valid_keys() | {f.name for section in sections for f in dataclasses.fields(section)}
+
+
+def unknown_keys(markdown: str, *, known: set[str]) -> list[str]:
+    """The keys named in the first column of `markdown`'s hand-written key tables that no config reads."""
+    unknown, in_key_table = [], False
+    for line in BLOCK.sub("", markdown).splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")] if line.startswith("|") else []
+        if not cells:
+            in_key_table = False
+        elif cells[0] == "key":
+            in_key_table = True
+        elif in_key_table and not set(cells[0]) <= set("-: "):
+            unknown += [key for key in KEY_CELL.findall(cells[0]) if key not in known]
+    return unknown
+
+
 def pages() -> Iterator[Path]:
     yield from sorted(DOCS.glob("**/*.md"))
 
@@ -201,12 +232,19 @@ def on_page_markdown(markdown: str, *, page: Any, config: Any, files: Any) -> st
     """mkdocs' hook: the page with its tables filled from the code, and a warning where its copy is stale."""
     import logging
 
-    source = page.file.src_uri
+    source, log = page.file.src_uri, logging.getLogger("mkdocs.hooks.reference_tables")
     stale = stale_blocks(markdown, source=source)
     if stale:
-        logging.getLogger("mkdocs.hooks.reference_tables").warning(
-            "docs/%s: the generated %s differ from the code; run `%s`", source, ", ".join(stale), REGENERATE)
+        log.warning("docs/%s: the generated %s differ from the code; run `%s`", source, ", ".join(stale), REGENERATE)
+    unknown = unknown_keys(markdown, known=_known_keys_once())
+    if unknown:
+        log.warning("docs/%s: its key tables name keys that no config reads: %s", source, ", ".join(unknown))
     return generate(markdown, source=source)
+
+
+@functools.cache
+def _known_keys_once() -> frozenset[str]:
+    return frozenset(known_keys())
 
 
 def main(argv: list[str]) -> int:

@@ -75,3 +75,11 @@ def test_tables_hold_every_entry_of_the_code(generator):
 def test_a_default_is_written_as_yaml(generator):
     assert [generator._yaml_value(v) for v in (None, True, "", " x", 0.5, ("a", "b"))] == \
         ["null", "true", '""', '" x"', "0.5", '["a", "b"]']
+
+
+def test_hand_written_key_tables_name_only_keys_a_config_reads(generator):
+    known = generator.known_keys()
+    unknown = {page.name: generator.unknown_keys(page.read_text(encoding="utf-8"), known=known) for page in generator.pages()}
+    assert not any(unknown.values()), {page: keys for page, keys in unknown.items() if keys}
+    table = "| key | meaning |\n| --- | --- |\n| `lora_rank` | r |\n| `finetuning_type: oft`, `lora_rnak` | x |\n\n| `nope` | y |\n"
+    assert generator.unknown_keys(table, known=known) == ["lora_rnak"]
