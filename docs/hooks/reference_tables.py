@@ -103,8 +103,8 @@ def refused_keys_table() -> str:
     rows = []
     for refused in REFUSED:
         asking = [f"{key}: {value}" for key, values in refused.values.items() for value in values]
-        instead = refused.instead + (f" (`{refused.command}` reads them)" if refused.command else "")
-        rows.append((refused.what, _names(list(refused.defaults) + asking), refused.why or "—", instead))
+        what = refused.what + (f"; `{refused.command}` reads its keys" if refused.command else "")
+        rows.append((what, _names(list(refused.defaults) + asking), refused.why or "—", refused.instead))
     return _table(("refused by name", "keys (and values) that ask for it", "why", "instead"), rows)
 
 
