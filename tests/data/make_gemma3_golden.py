@@ -12,29 +12,24 @@ Run with LLaMA-Factory's Python from the repository root:
 
     /work/lfvenv/bin/python tests/data/make_gemma3_golden.py tests/data/media/gemma3_images.json
 """
-import json
 import sys
 from pathlib import Path
+
 from transformers import AutoTokenizer, Gemma3ImageProcessor, Gemma3Processor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
+from golden_rows import (PANORAMA_ROW, PANORAMA_SIZE, PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs,
+                         supervised_examples, with_settings, write_golden)
 
 out = Path(sys.argv[1])
-QWEN = QWEN_GOLDEN
-SIZES = {**QWEN["sizes"], "panorama": [1100, 400]}
-ROWS = QWEN["rows"] + [{"name": "panorama and square", "images": ["panorama", "square"],
-                        "messages": [{"role": "user", "content": "<image>Is it wide? <image>"},
-                                     {"role": "assistant", "content": "The first is."}]}]
-
-
+SIZES = {**QWEN_GOLDEN["sizes"], "panorama": PANORAMA_SIZE}
+ROWS = QWEN_GOLDEN["rows"] + [PANORAMA_ROW]
 paths = drawn_images(SIZES)
 TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/llama2", **TOKENS)
 TURNS = ["<start_of_turn>", "<end_of_turn>"]  # Gemma's turn markers, single tokens in its own tokenizer
 tokenizer.add_special_tokens({"additional_special_tokens": list(TOKENS.values()) + TURNS})
-processor = Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=tokenizer,
-                            image_seq_length=16)
-processor.image_max_pixels, processor.image_min_pixels = 768 * 768, 32 * 32
+processor = with_settings(Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": 64, "width": 64}),
+                                          tokenizer=tokenizer, image_seq_length=16), PIXEL_LIMITS)
 template = TEMPLATES["gemma3"]
 template.fix_special_tokens(tokenizer)  # as LLaMA-Factory's loader does: <end_of_turn> becomes the eos token
 own_inputs = type(template.mm_plugin)._get_mm_inputs
@@ -54,22 +49,19 @@ for pan_and_scan in (False, True):
     golden = []
     for row in ROWS:
         images = [paths[n] for n in row["images"]]
-        expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
-        pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-        mm = template.mm_plugin._get_mm_inputs(images, [], [], processor)
+        expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images)
+        mm = media_inputs(template, processor, images)
         ids = [token for a, b in pairs for token in a + b]
         types_ = template.mm_plugin.get_mm_inputs(images, [], [], [len(images)], [0], [0], [ids], processor)["token_type_ids"]
         golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
-                       "expanded": expanded, "pairs": [[list(a), list(b)] for a, b in pairs],
+                       "expanded": expanded, "pairs": pairs,
                        "pixel_values_shape": list(mm["pixel_values"].shape), "num_crops": mm["num_crops"].flatten().tolist(),
                        "token_type_ids": types_[0]})
-    supervised = {}
-    for cutoff_len in (2048, 50):
-        supervised[str(cutoff_len)] = supervised_examples(template, tokenizer, processor, ROWS, paths, cutoff_len)
+    supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, ROWS, paths, cutoff_len)
+                  for cutoff_len in (2048, 50)}
     by_setting["pan_and_scan" if pan_and_scan else "plain"] = {"rows": golden, "supervised_by_cutoff_len": supervised}
 
-json.dump({"llamafactory_version": "0.9.5", "template": "gemma3", "tokenizer": "llama2 with Gemma 3's image tokens and turn markers added",
-           "tokens": TOKENS, "turn_tokens": TURNS, "processor": {"class": "Gemma3Processor", "image_seq_length": 16},
-           "image_processor": "Gemma3ImageProcessor(size 64 x 64)", "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32,
-           "sizes": SIZES, "by_setting": by_setting}, out.open("w"), indent=None)
+write_golden(out, {"template": "gemma3", "tokenizer": "llama2 with Gemma 3's image tokens and turn markers added",
+                   "tokens": TOKENS, "turn_tokens": TURNS, "processor": {"class": "Gemma3Processor", "image_seq_length": 16},
+                   "image_processor": "Gemma3ImageProcessor(size 64 x 64)", **PIXEL_LIMITS, "sizes": SIZES, "by_setting": by_setting})
 print("wrote", out, {k: [(g["name"], g["num_crops"], g["pixel_values_shape"]) for g in v["rows"]] for k, v in by_setting.items()})

@@ -22,13 +22,12 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, Glm4vImageProcessor, Glm4vProcessor, Glm4vVideoProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import CLIPS_DIR, SHARED, pixel_statistics, supervised_examples
+from golden_rows import (CLIPS_DIR, GLM_TOKENS, ONE_VIDEO_ROWS, SHARED, VIDEO_SETTING_GROUPS, VIDEO_SETTINGS, expanded_row,
+                         media_inputs, pixel_statistics, supervised_examples, with_settings, write_golden)
 
 out = Path(sys.argv[1])
 QWEN3 = json.loads((Path(__file__).parent / "media/qwen3_vl_videos.json").read_text())
 clips = {name: str(CLIPS_DIR / f"{name}.mp4") for name in ("short", "long", "tall", "one_second", "ntsc")}
-GLM_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<|begin_of_image|>",
-              "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"]
 
 
 class Glm4vVideoProcessorAsCalled(Glm4vVideoProcessor):
@@ -45,39 +44,31 @@ template = TEMPLATES["glm4v"]
 template.fix_special_tokens(tokenizer)
 video_processor = Glm4vVideoProcessorAsCalled()
 processor = Glm4vProcessor(image_processor=Glm4vImageProcessor(), tokenizer=tokenizer, video_processor=video_processor)
-SETTINGS = {"video_max_pixels": 256 * 256, "video_min_pixels": 16 * 16, "video_fps": 2.0, "video_maxlen": 128,
-            "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32}
-SETTING_GROUPS = {"defaults": {}, "video_fps 1, video_maxlen 2": {"video_fps": 1.0, "video_maxlen": 2},
-                  "video_fps 4, video_maxlen 12": {"video_fps": 4.0, "video_maxlen": 12}}
-ONE_VIDEO = ("one short video", "a long video", "an NTSC clip")  # the rows the third group writes
 # the Qwen3-VL golden's rows without its image: GLM-4.1V's model takes no image and video in one batch
 rows = [row for row in QWEN3["rows"] if row["name"].endswith("(defaults)") and not row["images"]]
 rows = [{"name": row["name"].removesuffix(" (defaults)"), "videos": row["videos"], "messages": row["messages"], "images": []}
         for row in rows]
 golden = []
-for group, changes in SETTING_GROUPS.items():
-    settings = {**SETTINGS, **changes}
-    for key, value in settings.items():  # as LLaMA-Factory's patch_processor sets them
-        setattr(processor, key, value)
+for group, changes in VIDEO_SETTING_GROUPS.items():
+    settings = {**VIDEO_SETTINGS, **changes}
+    with_settings(processor, settings)
     for row in rows:
-        if group.startswith("video_fps 4") and row["name"] not in ONE_VIDEO:
+        if group.startswith("video_fps 4") and row["name"] not in ONE_VIDEO_ROWS:
             continue
         videos = [clips[n] for n in row["videos"]]
-        expanded = template.mm_plugin.process_messages(row["messages"], [], videos, [], processor)
-        pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-        inputs = template.mm_plugin._get_mm_inputs([], videos, [], processor)
+        expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], videos=videos)
+        inputs = media_inputs(template, processor, videos=videos)
         golden.append({"name": f"{row['name']} ({group})", "settings": settings, "videos": row["videos"], "images": [],
                        "messages": row["messages"], "expanded": [m["content"] for m in expanded],
-                       "pairs": [[list(a), list(b)] for a, b in pairs], "video_grid_thw": inputs["video_grid_thw"].tolist(),
+                       "pairs": pairs, "video_grid_thw": inputs["video_grid_thw"].tolist(),
                        "pixel_values_videos": pixel_statistics(inputs["pixel_values_videos"])})
 
-for key, value in SETTINGS.items():
-    setattr(processor, key, value)
+with_settings(processor, VIDEO_SETTINGS)
 supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, rows, {}, cutoff_len, clips)
               for cutoff_len in (2048, 160)}
 
-json.dump({"llamafactory_version": "0.9.5", "transformers_version": "5.6.0", "template": "glm4v",
-           "tokenizer": "qwen2.5 with GLM's control and media tokens added", "added_tokens": GLM_TOKENS,
-           "image_processor": "Glm4vImageProcessor() defaults", "video_processor": json.loads(Glm4vVideoProcessor().to_json_string()),
-           "rows": golden, "supervised_by_cutoff_len": supervised}, out.open("w"), indent=None)
+write_golden(out, {"transformers_version": "5.6.0", "template": "glm4v", "tokenizer": "qwen2.5 with GLM's control and media tokens added",
+                   "added_tokens": GLM_TOKENS, "image_processor": "Glm4vImageProcessor() defaults",
+                   "video_processor": json.loads(Glm4vVideoProcessor().to_json_string()), "rows": golden,
+                   "supervised_by_cutoff_len": supervised})
 print("wrote", out, [(g["name"], g["video_grid_thw"]) for g in golden], [len(s["input_ids"]) for s in supervised["2048"]])

@@ -12,25 +12,19 @@ those. Run with LLaMA-Factory's Python from the repository root:
 
     /work/lfvenv/bin/python tests/data/make_internvl_golden.py tests/data/media/internvl_images.json
 """
-import json
 import sys
 import types
 from pathlib import Path
+
 from transformers import AutoTokenizer, GotOcr2ImageProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
+from golden_rows import (INTERN_TOKENS, PANORAMA_ROW, PANORAMA_SIZE, PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row,
+                         media_inputs, supervised_examples, write_golden)
 
 out = Path(sys.argv[1])
-QWEN = QWEN_GOLDEN
-SIZES = {**QWEN["sizes"], "panorama": [1100, 400]}
-ROWS = QWEN["rows"] + [{"name": "panorama and square", "images": ["panorama", "square"],
-                        "messages": [{"role": "user", "content": "<image>Is it wide? <image>"},
-                                     {"role": "assistant", "content": "The first is."}]}]
-INTERN_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
+SIZES = {**QWEN_GOLDEN["sizes"], "panorama": PANORAMA_SIZE}
+ROWS = QWEN_GOLDEN["rows"] + [PANORAMA_ROW]
 IMAGE_PROCESSOR = {"size": {"height": 448, "width": 448}, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
-
-
-
 
 paths = drawn_images(SIZES)
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
@@ -40,16 +34,15 @@ template.fix_special_tokens(tokenizer)
 by_setting = {}
 for crop in (False, True):
     processor = types.SimpleNamespace(image_processor=GotOcr2ImageProcessor(**IMAGE_PROCESSOR), image_seq_length=256,
-                                      crop_to_patches=crop, image_max_pixels=768 * 768, image_min_pixels=32 * 32)
+                                      crop_to_patches=crop, **PIXEL_LIMITS)
     golden = []
     for row in ROWS:
         images = [paths[n] for n in row["images"]]
-        expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
-        pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-        mm = template.mm_plugin._get_mm_inputs(images, [], [], processor)
+        expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images)
+        mm = media_inputs(template, processor, images)
         golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
                        "image_tokens": [m["content"].count("<IMG_CONTEXT>") for m in expanded],
-                       "pairs": None if crop else [[list(a), list(b)] for a, b in pairs],
+                       "pairs": None if crop else pairs,
                        "pixel_values_shape": list(mm["pixel_values"].shape),
                        "num_patches": [int(n) for n in mm["image_num_patches"]]})
     # a cropped row's whole example is thousands of tokens: those keep one cut example only
@@ -57,9 +50,8 @@ for crop in (False, True):
                   for cutoff_len in ((1500,) if crop else (8192, 400))}
     by_setting["crop_to_patches" if crop else "plain"] = {"rows": golden, "supervised_by_cutoff_len": supervised}
 
-json.dump({"llamafactory_version": "0.9.5", "template": "intern_vl", "tokenizer": "qwen2.5 with InternVL's image tokens added",
-           "added_tokens": INTERN_TOKENS, "image_processor": IMAGE_PROCESSOR, "image_seq_length": 256,
-           "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "sizes": SIZES, "by_setting": by_setting},
-          out.open("w"), indent=None)
+write_golden(out, {"template": "intern_vl", "tokenizer": "qwen2.5 with InternVL's image tokens added",
+                   "added_tokens": INTERN_TOKENS, "image_processor": IMAGE_PROCESSOR, "image_seq_length": 256,
+                   **PIXEL_LIMITS, "sizes": SIZES, "by_setting": by_setting})
 print("wrote", out, {k: [(g["name"], g["num_patches"], g["image_tokens"]) for g in v["rows"]] for k, v in by_setting.items()},
       {k: {c: [len(s["input_ids"]) for s in e] for c, e in v["supervised_by_cutoff_len"].items()} for k, v in by_setting.items()})

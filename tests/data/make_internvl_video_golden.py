@@ -14,19 +14,18 @@ processor); run with the LLaMA-Factory venv that has it, from the repository roo
 
     /work/lfvenv_tv/bin/python tests/data/make_internvl_video_golden.py tests/data/media/internvl_videos.json
 """
-import json
 import sys
 from pathlib import Path
 
 from transformers import AutoTokenizer, GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import CLIPS_DIR, SHARED, drawn_images, pixel_statistics, supervised_examples
+from golden_rows import (CLIPS_DIR, INTERN_TOKENS, SHARED, VIDEO_SETTINGS, assistant, drawn_images, expanded_row, media_inputs,
+                         pixel_statistics, supervised_examples, user, with_settings, write_golden)
 
 out = Path(sys.argv[1])
 clips = {name: str(CLIPS_DIR / f"{name}.mp4") for name in ("short", "long", "tall", "one_second")}
 IMAGES = {"square": (64, 64), "wide": (200, 100)}  # drawn again by the test
 images = drawn_images(IMAGES)
-INTERN_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 IMAGE_PROCESSOR = {"size": {"height": 112, "width": 112}, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
 IMAGE_SEQ_LENGTH = 16  # (112 / 14)^2 patches, pixel-shuffled 2 x 2
 
@@ -36,20 +35,9 @@ tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5", extra_s
 tokenizer.add_special_tokens({"additional_special_tokens": INTERN_TOKENS})
 processor = InternVLProcessor(image_processor=GotOcr2ImageProcessor(**IMAGE_PROCESSOR), tokenizer=tokenizer,
                               video_processor=InternVLVideoProcessor(), image_seq_length=IMAGE_SEQ_LENGTH)
-SETTINGS = {"video_max_pixels": 256 * 256, "video_min_pixels": 16 * 16, "video_fps": 2.0, "video_maxlen": 128,
-            "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "crop_to_patches": False}
+SETTINGS = {**VIDEO_SETTINGS, "crop_to_patches": False}
 SETTING_GROUPS = {"defaults": {}, "video_fps 1, video_maxlen 3": {"video_fps": 1.0, "video_maxlen": 3},
                   "crop_to_patches": {"crop_to_patches": True}}
-
-
-def user(content):
-    return {"role": "user", "content": content}
-
-
-def assistant(content):
-    return {"role": "assistant", "content": content}
-
-
 rows = [
     {"name": "one video", "videos": ["short"], "images": [], "messages": [user("<video>Where does the square go?"), assistant("Right.")]},
     {"name": "a long video", "videos": ["long"], "images": [], "messages": [user("What moves in <video>?"), assistant("A red square.")]},
@@ -63,33 +51,29 @@ for template_name in ("intern_vl", "intern_s1"):
 golden = []
 for group, changes in SETTING_GROUPS.items():
     settings = {**SETTINGS, **changes}
-    for key, value in settings.items():  # as LLaMA-Factory's patch_processor sets them
-        setattr(processor, key, value)
+    with_settings(processor, settings)
     for template_name in ("intern_vl", "intern_s1"):
         template = TEMPLATES[template_name]
         for row in rows:
             if (template_name == "intern_s1" or group == "crop_to_patches") and row["name"] != "a video with an image":
                 continue
             videos, row_images = [clips[n] for n in row["videos"]], [images[n] for n in row["images"]]
-            expanded = template.mm_plugin.process_messages(row["messages"], row_images, videos, [], processor)
-            pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-            inputs = template.mm_plugin._get_mm_inputs(row_images, videos, [], processor)
+            expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], row_images, videos)
+            inputs = media_inputs(template, processor, row_images, videos)
             golden.append({"name": f"{row['name']} ({template_name}, {group})", "template": template_name, "settings": settings,
                            "videos": row["videos"], "images": row["images"], "messages": row["messages"],
-                           "expanded": [m["content"] for m in expanded], "pairs": [[list(a), list(b)] for a, b in pairs],
+                           "expanded": [m["content"] for m in expanded], "pairs": pairs,
                            "image_num_patches": [int(n) for n in inputs.get("image_num_patches", [])],
                            "video_frames": [int(n) for n in inputs["video_patch_indices"]],
                            "video_num_patches": [int(n) for n in inputs["video_num_patches"]],
                            "pixel_values": pixel_statistics(inputs["pixel_values"])})
 
-for key, value in SETTINGS.items():
-    setattr(processor, key, value)
+with_settings(processor, SETTINGS)
 supervised = {str(cutoff_len): supervised_examples(TEMPLATES["intern_vl"], tokenizer, processor, rows, images, cutoff_len, clips)
               for cutoff_len in (1024, 130)}
 
-json.dump({"llamafactory_version": "0.9.5", "transformers_version": "5.6.0", "tokenizer": "qwen2.5 with InternVL's image tokens added",
-           "added_tokens": INTERN_TOKENS, "image_processor": {"class": "GotOcr2ImageProcessor", **IMAGE_PROCESSOR},
-           "image_seq_length": IMAGE_SEQ_LENGTH, "images": IMAGES, "rows": golden, "supervised_by_cutoff_len": supervised},
-          out.open("w"), indent=None)
+write_golden(out, {"transformers_version": "5.6.0", "tokenizer": "qwen2.5 with InternVL's image tokens added",
+                   "added_tokens": INTERN_TOKENS, "image_processor": {"class": "GotOcr2ImageProcessor", **IMAGE_PROCESSOR},
+                   "image_seq_length": IMAGE_SEQ_LENGTH, "images": IMAGES, "rows": golden, "supervised_by_cutoff_len": supervised})
 print("wrote", out, [(g["name"], g["video_num_patches"], g["pixel_values"]["shape"]) for g in golden],
       {c: [len(s["input_ids"]) for s in e] for c, e in supervised.items()})

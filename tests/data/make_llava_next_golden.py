@@ -7,47 +7,39 @@ by the test). Run with LLaMA-Factory's Python from the repository root:
 
     /work/lfvenv/bin/python tests/data/make_llava_next_golden.py tests/data/media/llava_next_images.json
 """
-import json
 import sys
 from pathlib import Path
+
 from transformers import AutoTokenizer, LlavaNextImageProcessor, LlavaNextProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
+from golden_rows import (PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs, supervised_examples,
+                         with_settings, write_golden)
 
 out = Path(sys.argv[1])
-QWEN = QWEN_GOLDEN
-SIZES = QWEN["sizes"]
-
-
-
-
-paths = drawn_images(SIZES)
+paths = drawn_images(QWEN_GOLDEN["sizes"])
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/llama2")
 tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
 IMAGE_PROCESSOR = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336},
                    "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]}
 SETTINGS = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
-processor = LlavaNextProcessor(image_processor=LlavaNextImageProcessor(**IMAGE_PROCESSOR), tokenizer=tokenizer, **SETTINGS)
-processor.image_max_pixels, processor.image_min_pixels = 768 * 768, 32 * 32
+processor = with_settings(LlavaNextProcessor(image_processor=LlavaNextImageProcessor(**IMAGE_PROCESSOR), tokenizer=tokenizer,
+                                              **SETTINGS), PIXEL_LIMITS)
 template = TEMPLATES["llava_next"]
 template.fix_special_tokens(tokenizer)
 golden = []
-for row in QWEN["rows"]:
+for row in QWEN_GOLDEN["rows"]:
     images = [paths[n] for n in row["images"]]
-    expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
-    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-    mm = template.mm_plugin._get_mm_inputs(images, [], [], processor)
+    expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images)
+    mm = media_inputs(template, processor, images)
     golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
                    "image_tokens": [m["content"].count("<image>") for m in expanded],
-                   "pairs": [[list(a), list(b)] for a, b in pairs], "pixel_values_shape": list(mm["pixel_values"].shape),
+                   "pairs": pairs, "pixel_values_shape": list(mm["pixel_values"].shape),
                    "image_sizes": mm["image_sizes"].tolist()})
-supervised = {}
-for cutoff_len in (4096, 1400):
-    supervised[str(cutoff_len)] = supervised_examples(template, tokenizer, processor, QWEN["rows"], paths, cutoff_len)
+supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, QWEN_GOLDEN["rows"], paths, cutoff_len)
+              for cutoff_len in (4096, 1400)}
 
-json.dump({"llamafactory_version": "0.9.5", "template": "llava_next", "tokenizer": "llama2 with <image> added",
-           "processor": {"class": "LlavaNextProcessor", **SETTINGS}, "image_processor": IMAGE_PROCESSOR,
-           "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32,
-           "rows": golden, "supervised_by_cutoff_len": supervised}, out.open("w"), indent=None)
+write_golden(out, {"template": "llava_next", "tokenizer": "llama2 with <image> added",
+                   "processor": {"class": "LlavaNextProcessor", **SETTINGS}, "image_processor": IMAGE_PROCESSOR,
+                   **PIXEL_LIMITS, "rows": golden, "supervised_by_cutoff_len": supervised})
 print("wrote", out, [g["image_tokens"] for g in golden], [g["pixel_values_shape"] for g in golden],
       [len(s["input_ids"]) for s in supervised["4096"]])

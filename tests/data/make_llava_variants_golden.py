@@ -6,13 +6,12 @@ the format tests/core/data/test_media_tokens.py reads. Run with LLaMA-Factory's 
 
     /work/lfvenv/bin/python tests/data/make_llava_variants_golden.py tests/data/media/llava_variants.json
 """
-import json
 import sys
 from pathlib import Path
 
 from transformers import AutoTokenizer, CLIPImageProcessor, LlavaNextImageProcessor, LlavaNextProcessor, LlavaProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
+from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, supervised_examples, with_settings, write_golden
 
 out = Path(sys.argv[1])
 ROWS = QWEN_GOLDEN["rows"]
@@ -32,12 +31,11 @@ for name, tokenizer_name in VARIANTS.items():
         processor = LlavaProcessor(image_processor=CLIPImageProcessor(**PLAIN_PROCESSOR), tokenizer=tokenizer, **SETTINGS)
     else:
         processor = LlavaNextProcessor(image_processor=LlavaNextImageProcessor(**NEXT_PROCESSOR), tokenizer=tokenizer, **SETTINGS)
-    processor.image_max_pixels, processor.image_min_pixels = 768 * 768, 32 * 32
+    with_settings(processor, PIXEL_LIMITS)
     template = TEMPLATES[name]
     template.fix_special_tokens(tokenizer)
     golden[name] = {"tokenizer": tokenizer_name, "image_token_id": tokenizer.convert_tokens_to_ids("<image>"),
                     "supervised": supervised_examples(template, tokenizer, processor, ROWS, paths, 4096)}
-json.dump({"llamafactory_version": "0.9.5", "rows": "the Qwen2-VL golden's", "next_image_processor": NEXT_PROCESSOR,
-           "plain_image_processor": PLAIN_PROCESSOR, "processor": SETTINGS, "image_max_pixels": 768 * 768,
-           "image_min_pixels": 32 * 32, "variants": golden}, out.open("w"), indent=None)
+write_golden(out, {"rows": "the Qwen2-VL golden's", "next_image_processor": NEXT_PROCESSOR, "plain_image_processor": PLAIN_PROCESSOR,
+                   "processor": SETTINGS, **PIXEL_LIMITS, "variants": golden})
 print("wrote", out, {name: [len(e["input_ids"]) for e in g["supervised"]] for name, g in golden.items()})

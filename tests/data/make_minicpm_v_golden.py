@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 from llamafactory.data.template import TEMPLATES
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
+from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, supervised_examples, write_golden
 
 out = Path(sys.argv[1])
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,17 +82,14 @@ tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
 tokenizer.add_special_tokens({"additional_special_tokens": ADDED_TOKENS})
 image_processor = ImageProcessorInTunelinesPython(IMAGE_PROCESSOR)
 processor = types.SimpleNamespace(image_processor=image_processor, tokenizer=tokenizer, slice_mode=image_processor.slice_mode,
-                                  default_use_image_id=image_processor.use_image_id, image_max_pixels=768 * 768,
-                                  image_min_pixels=32 * 32, **TOKEN_NAMES)
+                                  default_use_image_id=image_processor.use_image_id, **PIXEL_LIMITS, **TOKEN_NAMES)
 template = TEMPLATES["minicpm_v_4_6"]
 template.fix_special_tokens(tokenizer)
 rows, batch_ids, batch_images = [], [], []
 for row in ROWS:
     images = [paths[n] for n in row["images"]]
-    expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
-    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-    rows.append({"name": row["name"], "images": row["images"], "messages": row["messages"], "expanded": expanded,
-                 "pairs": [[list(a), list(b)] for a, b in pairs]})
+    expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images)
+    rows.append({"name": row["name"], "images": row["images"], "messages": row["messages"], "expanded": expanded, "pairs": pairs})
     batch_ids.append([token for a, b in pairs for token in a + b])
     batch_images += images
 mm = template.mm_plugin.get_mm_inputs(batch_images, [], [], [len(r["images"]) for r in ROWS], [0] * len(ROWS), [0] * len(ROWS),
@@ -104,10 +101,9 @@ supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processo
               for cutoff_len in (4096, 300)}
 image_processor.server.stdin.close()
 image_processor.server.wait()
-json.dump({"llamafactory_version": "0.9.5", "template": "minicpm_v_4_6",
-           "tokenizer": "qwen2.5 with MiniCPM-V's image markers added", "added_tokens": ADDED_TOKENS,
-           "token_names": TOKEN_NAMES, "image_processor": {"class": "MiniCPMV4_6ImageProcessorPil", **IMAGE_PROCESSOR},
-           "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "sizes": SIZES, "rows": rows, "batch": batch,
-           "supervised_by_cutoff_len": supervised}, out.open("w"), indent=None)
+write_golden(out, {"template": "minicpm_v_4_6", "tokenizer": "qwen2.5 with MiniCPM-V's image markers added",
+                   "added_tokens": ADDED_TOKENS, "token_names": TOKEN_NAMES,
+                   "image_processor": {"class": "MiniCPMV4_6ImageProcessorPil", **IMAGE_PROCESSOR}, **PIXEL_LIMITS,
+                   "sizes": SIZES, "rows": rows, "batch": batch, "supervised_by_cutoff_len": supervised})
 print("wrote", out, batch["pixel_values_shape"], batch["target_sizes"], [len(ids) for ids in batch_ids],
       {c: [len(e["input_ids"]) for e in s] for c, s in supervised.items()})

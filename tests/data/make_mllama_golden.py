@@ -10,13 +10,12 @@ Run with LLaMA-Factory's Python from the repository root:
 
     /work/lfvenv/bin/python tests/data/make_mllama_golden.py tests/data/media/mllama_images.json
 """
-import json
 import sys
 from pathlib import Path
 
 from transformers import AutoTokenizer, MllamaImageProcessor, MllamaProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
+from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, supervised_examples, with_settings, write_golden
 
 out = Path(sys.argv[1])
 SIZES = QWEN_GOLDEN["sizes"]
@@ -26,19 +25,17 @@ TILE, MAX_TILES = 28, 2
 paths = drawn_images(SIZES)
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/llama3")
 tokenizer.add_special_tokens({"additional_special_tokens": ["<|image|>"]})
-processor = MllamaProcessor(image_processor=MllamaImageProcessor(size={"height": TILE, "width": TILE}, max_image_tiles=MAX_TILES),
-                            tokenizer=tokenizer)
-processor.image_max_pixels, processor.image_min_pixels = 768 * 768, 32 * 32
+processor = with_settings(MllamaProcessor(image_processor=MllamaImageProcessor(size={"height": TILE, "width": TILE},
+                                                                             max_image_tiles=MAX_TILES),
+                                          tokenizer=tokenizer), PIXEL_LIMITS)
 template = TEMPLATES["mllama"]
 template.fix_special_tokens(tokenizer)
 rows, batch_ids, batch_images = [], [], []
 for row in ROWS:
     images = [paths[n] for n in row["images"]]
-    expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
-    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
+    expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images)
     ids = [token for a, b in pairs for token in a + b]
-    rows.append({"name": row["name"], "images": row["images"], "messages": row["messages"], "expanded": expanded,
-                 "pairs": [[list(a), list(b)] for a, b in pairs]})
+    rows.append({"name": row["name"], "images": row["images"], "messages": row["messages"], "expanded": expanded, "pairs": pairs})
     batch_ids.append(ids)
     batch_images += images
 mm = template.mm_plugin.get_mm_inputs(batch_images, [], [], [len(r["images"]) for r in ROWS], [0] * len(ROWS), [0] * len(ROWS),
@@ -49,9 +46,8 @@ batch = {"input_ids": batch_ids, "pixel_values_shape": list(mm["pixel_values"].s
          "cross_attention_mask": mm["cross_attention_mask"].tolist()}
 supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, ROWS, paths, cutoff_len)
               for cutoff_len in (2048, 30)}
-json.dump({"llamafactory_version": "0.9.5", "template": "mllama", "tokenizer": "llama3 with <|image|> added",
-           "image_token_id": tokenizer.convert_tokens_to_ids("<|image|>"),
-           "image_processor": {"class": "MllamaImageProcessor", "tile": TILE, "max_image_tiles": MAX_TILES},
-           "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "sizes": SIZES, "rows": rows, "batch": batch,
-           "supervised_by_cutoff_len": supervised}, out.open("w"), indent=None)
+write_golden(out, {"template": "mllama", "tokenizer": "llama3 with <|image|> added",
+                   "image_token_id": tokenizer.convert_tokens_to_ids("<|image|>"),
+                   "image_processor": {"class": "MllamaImageProcessor", "tile": TILE, "max_image_tiles": MAX_TILES},
+                   **PIXEL_LIMITS, "sizes": SIZES, "rows": rows, "batch": batch, "supervised_by_cutoff_len": supervised})
 print("wrote", out, batch["pixel_values_shape"], batch["aspect_ratio_ids"])

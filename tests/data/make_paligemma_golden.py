@@ -11,7 +11,6 @@ Run with LLaMA-Factory's Python from the repository root:
 
     /work/lfvenv/bin/python tests/data/make_paligemma_golden.py tests/data/media/paligemma_images.json
 """
-import json
 import sys
 import types
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PaliGemmaProcessor, SiglipImageProcessor
 from llamafactory.data.processor.pairwise import PairwiseDatasetProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
+from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, supervised_examples, with_settings, write_golden
 
 out = Path(sys.argv[1])
 SIZES = QWEN_GOLDEN["sizes"]
@@ -39,21 +38,20 @@ for name in ("paligemma", "paligemma_chat"):
     tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/llama2")
     if name == "paligemma_chat":
         tokenizer.add_special_tokens({"additional_special_tokens": TURNS})
-    processor = PaliGemmaProcessor(image_processor=SiglipImageProcessor(size={"height": 64, "width": 64},
-                                                                        image_seq_length=SEQ_LEN), tokenizer=tokenizer)
-    processor.image_max_pixels, processor.image_min_pixels = 768 * 768, 32 * 32
+    processor = with_settings(PaliGemmaProcessor(image_processor=SiglipImageProcessor(size={"height": 64, "width": 64},
+                                                                                      image_seq_length=SEQ_LEN),
+                                                 tokenizer=tokenizer), PIXEL_LIMITS)
     template = TEMPLATES[name]
     template.fix_special_tokens(tokenizer)  # as LLaMA-Factory's loader does
     rows = []
     for row in ROWS:
         images = [paths[n] for n in row["images"]]
-        expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
+        expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images)
         prefix, _ = template.mm_plugin.process_token_ids([], None, images, [], [], tokenizer, processor)
-        pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
         ids = prefix + [token for a, b in pairs for token in a + b]
         mm = template.mm_plugin.get_mm_inputs(images, [], [], [len(images)], [0], [0], [ids], processor)
         rows.append({"name": row["name"], "images": row["images"], "messages": row["messages"], "expanded": expanded,
-                     "prefix": prefix, "pairs": [[list(a), list(b)] for a, b in pairs],
+                     "prefix": prefix, "pairs": pairs,
                      "pixel_values_shape": list(mm["pixel_values"].shape),
                      "pixel_values_sum": round(float(mm["pixel_values"].double().sum()), 3),
                      "token_type_ids": mm["token_type_ids"][0]})
@@ -70,9 +68,8 @@ for name in ("paligemma", "paligemma_chat"):
                     "supervised_by_cutoff_len": supervised,
                     "pairwise_cutoff_len_60": [{key: encoded[key][i] for key in keys} for i in range(len(PAIRS))]}
 
-json.dump({"llamafactory_version": "0.9.5", "tokenizer": "llama2 with <image> and PaliGemmaProcessor's location and "
-           "segmentation tokens added (paligemma_chat: and Gemma's turn markers first)", "turn_tokens": TURNS,
-           "image_processor": {"class": "SiglipImageProcessor", "size": 64, "image_seq_length": SEQ_LEN},
-           "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "sizes": SIZES, "pairs": PAIRS, "templates": golden},
-          out.open("w"), indent=None)
+write_golden(out, {"tokenizer": "llama2 with <image> and PaliGemmaProcessor's location and segmentation tokens added "
+                                "(paligemma_chat: and Gemma's turn markers first)", "turn_tokens": TURNS,
+                   "image_processor": {"class": "SiglipImageProcessor", "size": 64, "image_seq_length": SEQ_LEN},
+                   **PIXEL_LIMITS, "sizes": SIZES, "pairs": PAIRS, "templates": golden})
 print("wrote", out, {name: [(r["name"], len(r["prefix"]), r["pixel_values_shape"]) for r in g["rows"]] for name, g in golden.items()})

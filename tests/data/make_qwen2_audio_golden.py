@@ -11,42 +11,21 @@ channel) read with Python's `wave` module. Run with LLaMA-Factory's Python from 
 
     /work/lfvenv/bin/python tests/data/make_qwen2_audio_golden.py tests/data/media/qwen2_audio_sounds.json
 """
-import json
 import sys
-import tempfile
-import types
 from pathlib import Path
 
 import torchaudio
 from transformers import AutoTokenizer, Qwen2AudioProcessor, WhisperFeatureExtractor
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
-from generate_audio_data import tone, write_wave  # noqa: E402
-
-from golden_rows import read_wave  # noqa: E402
-from llamafactory.data.processor.supervised import SupervisedDatasetProcessor  # noqa: E402
-from llamafactory.data.template import TEMPLATES  # noqa: E402
-
+from llamafactory.data.template import TEMPLATES
+from golden_rows import SHARED, expanded_row, media_inputs, read_wave, supervised_examples, write_golden, written_sounds
 
 torchaudio.load = read_wave
 out = Path(sys.argv[1])
-sounds_dir = Path(tempfile.mkdtemp())
 SOUNDS = {  # name: (seconds, left pitch, right pitch or None, rate)
     "short": (1.3, 440.0, None, 16000), "beep": (0.5, 880.0, None, 16000), "blip": (0.05, 660.0, None, 16000),
     "long": (31.0, 330.0, None, 16000), "stereo": (2.2, 440.0, 660.0, 44100)}
 
-
-def make(name, seconds, left, right, rate):
-    path = sounds_dir / f"{name}.wav"
-    if right is None:
-        write_wave(path, tone(seconds, left, rate=rate), rate=rate)
-    else:
-        pairs = zip(tone(seconds, left, rate=rate), tone(seconds, right, rate=rate))
-        write_wave(path, [value for pair in pairs for value in pair], rate=rate, channels=2)
-    return str(path)
-
-
-paths = {name: make(name, *spec) for name, spec in SOUNDS.items()}
+paths = written_sounds(SOUNDS)
 ROWS = [
     {"name": "one sound", "audios": ["short"], "messages": [{"role": "user", "content": "<audio>What is this?"},
                                                             {"role": "assistant", "content": "A tone."}]},
@@ -59,7 +38,7 @@ ROWS = [
     {"name": "longer than 30 seconds", "audios": ["long"], "messages": [{"role": "user", "content": "<audio>Describe."},
                                                                        {"role": "assistant", "content": "A long hum."}]},
 ]
-tokenizer = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[3] / "shared/tokenizers/qwen2.5")
+tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
 tokenizer.add_special_tokens({"additional_special_tokens": ["<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]})
 processor = Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tokenizer)
 processor.audio_sampling_rate = 16000
@@ -68,28 +47,19 @@ template.fix_special_tokens(tokenizer)
 golden = []
 for row in ROWS:
     audios = [paths[n] for n in row["audios"]]
-    expanded = template.mm_plugin.process_messages(row["messages"], [], [], audios, processor)
-    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-    mm = template.mm_plugin._get_mm_inputs([], [], audios, processor)
+    expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], audios=audios)
+    mm = media_inputs(template, processor, audios=audios)
     features = mm["input_features"].double()
     golden.append({"name": row["name"], "audios": row["audios"], "messages": row["messages"],
-                   "audio_tokens": [m["content"].count("<|AUDIO|>") for m in expanded],
-                   "pairs": [[list(a), list(b)] for a, b in pairs],
+                   "audio_tokens": [m["content"].count("<|AUDIO|>") for m in expanded], "pairs": pairs,
                    "input_features_shape": list(mm["input_features"].shape),
                    "feature_frames": mm["feature_attention_mask"].sum(-1).tolist(),
                    "feature_sums": features.sum(dim=(1, 2)).tolist(), "feature_abs_sums": features.abs().sum(dim=(1, 2)).tolist()})
-supervised = {}
-for cutoff_len in (2048, 80):
-    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-    encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-    batch = {"_prompt": [r["messages"][:-1] for r in ROWS], "_response": [r["messages"][-1:] for r in ROWS],
-             "_system": [""] * len(ROWS), "_tools": [""] * len(ROWS), "_images": [None] * len(ROWS),
-             "_videos": [None] * len(ROWS), "_audios": [[paths[n] for n in r["audios"]] for r in ROWS]}
-    encoded = encoder.preprocess_dataset(batch)
-    supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, ROWS, {}, cutoff_len, sounds=paths)
+              for cutoff_len in (2048, 80)}
 
-json.dump({"llamafactory_version": "0.9.5", "template": "qwen2_audio", "tokenizer": "qwen2.5 with Qwen2-Audio's audio tokens added",
-           "feature_extractor": "WhisperFeatureExtractor(feature_size=128)", "audio_sampling_rate": 16000,
-           "sounds": {name: list(spec) for name, spec in SOUNDS.items()}, "rows": golden,
-           "supervised_by_cutoff_len": supervised}, out.open("w"), indent=None)
+write_golden(out, {"template": "qwen2_audio", "tokenizer": "qwen2.5 with Qwen2-Audio's audio tokens added",
+                   "feature_extractor": "WhisperFeatureExtractor(feature_size=128)", "audio_sampling_rate": 16000,
+                   "sounds": {name: list(spec) for name, spec in SOUNDS.items()}, "rows": golden,
+                   "supervised_by_cutoff_len": supervised})
 print("wrote", out, [(g["name"], g["audio_tokens"], g["feature_frames"]) for g in golden])

@@ -12,31 +12,20 @@ Qwen2.5-Omni's media tokens added. Run with LLaMA-Factory's Python from the repo
 
     /work/lfvenv/bin/python tests/data/make_qwen2_omni_golden.py tests/data/media/qwen2_omni_media.json
 """
-import json
 import sys
-import tempfile
 import types
 from pathlib import Path
 
 import torchaudio
 from transformers import AutoTokenizer, Qwen2VLImageProcessor, WhisperFeatureExtractor
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
-from generate_audio_data import tone, write_wave  # noqa: E402
-
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, read_wave  # noqa: E402
-from llamafactory.data.template import TEMPLATES  # noqa: E402
-
+from llamafactory.data.template import TEMPLATES
+from golden_rows import (OMNI_TOKENS, PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs, read_wave,
+                         supervised_examples, write_golden, written_sounds)
 
 torchaudio.load = read_wave
 out = Path(sys.argv[1])
-sounds_dir = Path(tempfile.mkdtemp())
 SOUNDS = {"short": 1.3, "beep": 0.5}  # seconds of a 440 Hz tone at 16 kHz
-TOKENS = ["<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
-sounds = {}
-for name, seconds in SOUNDS.items():
-    write_wave(sounds_dir / f"{name}.wav", tone(seconds, 440.0, rate=16000), rate=16000)
-    sounds[name] = str(sounds_dir / f"{name}.wav")
+sounds = written_sounds({name: (seconds, 440.0, None, 16000) for name, seconds in SOUNDS.items()})
 pictures = drawn_images(QWEN_GOLDEN["sizes"])
 ROWS = [
     {"name": "one picture", "images": ["small"], "audios": [],
@@ -48,44 +37,25 @@ ROWS = [
                   {"role": "user", "content": "And <audio>?"}, {"role": "assistant", "content": "Neither."}]},
 ]
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
-tokenizer.add_special_tokens({"additional_special_tokens": TOKENS})
+tokenizer.add_special_tokens({"additional_special_tokens": OMNI_TOKENS})
 processor = types.SimpleNamespace(image_processor=Qwen2VLImageProcessor(), feature_extractor=WhisperFeatureExtractor(feature_size=128),
-                                  image_max_pixels=768 * 768, image_min_pixels=32 * 32, audio_sampling_rate=16000)
+                                  **PIXEL_LIMITS, audio_sampling_rate=16000)
 template = TEMPLATES["qwen2_omni"]
 template.fix_special_tokens(tokenizer)
 golden = []
 for row in ROWS:
     images, audios = [pictures[n] for n in row["images"]], [sounds[n] for n in row["audios"]]
-    expanded = template.mm_plugin.process_messages(row["messages"], images, [], audios, processor)
-    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-    mm = template.mm_plugin._get_mm_inputs(images, [], audios, processor)
+    expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images, audios=audios)
+    mm = media_inputs(template, processor, images, audios=audios)
     golden.append({"name": row["name"], "images": row["images"], "audios": row["audios"], "messages": row["messages"],
-                   "expanded": expanded, "pairs": [[list(a), list(b)] for a, b in pairs],
+                   "expanded": expanded, "pairs": pairs,
                    "image_grid_thw": mm["image_grid_thw"].tolist() if "image_grid_thw" in mm else [],
                    "feature_frames": mm["feature_attention_mask"].sum(-1).tolist() if "feature_attention_mask" in mm else []})
+supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, ROWS, pictures, cutoff_len, sounds=sounds)
+              for cutoff_len in (2048, 60)}
 
-
-def with_files(rows):
-    return [{**r, "images": [pictures[n] for n in r["images"]], "audios": [sounds[n] for n in r["audios"]]} for r in rows]
-
-
-# golden_rows' helper reads `images` as names into `paths`; these rows also carry sounds, so encode them here
-def supervised(cutoff_len):
-    from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
-
-    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-    encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-    rows = with_files(ROWS)
-    encoded = encoder.preprocess_dataset({
-        "_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
-        "_system": [""] * len(rows), "_tools": [""] * len(rows), "_images": [r["images"] or None for r in rows],
-        "_videos": [None] * len(rows), "_audios": [r["audios"] or None for r in rows]})
-    return [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
-
-
-json.dump({"llamafactory_version": "0.9.5", "template": "qwen2_omni", "tokenizer": "qwen2.5 with Qwen2.5-Omni's media tokens added",
-           "tokens": TOKENS, "image_processor": "Qwen2VLImageProcessor()", "feature_extractor": "WhisperFeatureExtractor(feature_size=128)",
-           "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "audio_sampling_rate": 16000, "sounds": SOUNDS,
-           "sizes": QWEN_GOLDEN["sizes"], "rows": golden,
-           "supervised_by_cutoff_len": {str(cutoff): supervised(cutoff) for cutoff in (2048, 60)}}, out.open("w"), indent=None)
+write_golden(out, {"template": "qwen2_omni", "tokenizer": "qwen2.5 with Qwen2.5-Omni's media tokens added",
+                   "tokens": OMNI_TOKENS, "image_processor": "Qwen2VLImageProcessor()",
+                   "feature_extractor": "WhisperFeatureExtractor(feature_size=128)", **PIXEL_LIMITS, "audio_sampling_rate": 16000,
+                   "sounds": SOUNDS, "sizes": QWEN_GOLDEN["sizes"], "rows": golden, "supervised_by_cutoff_len": supervised})
 print("wrote", out, [(g["name"], g["image_grid_thw"], g["feature_frames"]) for g in golden])

@@ -16,9 +16,7 @@ repository root:
 
     /work/lfvenv_tv/bin/python tests/data/make_qwen2_omni_video_golden.py tests/data/media/qwen2_omni_videos.json
 """
-import json
 import sys
-import types
 from pathlib import Path
 
 import av
@@ -27,12 +25,10 @@ import torch
 import torchaudio
 from transformers import (AutoTokenizer, Qwen2_5OmniProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor,
                           WhisperFeatureExtractor)
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
-from generate_audio_data import tone, write_sounding_clip  # noqa: E402
-
-from golden_rows import QWEN_GOLDEN, SHARED, crossing_frames, drawn_images  # noqa: E402
-from llamafactory.data.template import TEMPLATES  # noqa: E402
+from llamafactory.data.template import TEMPLATES
+from golden_rows import (OMNI_TOKENS, QWEN_GOLDEN, SHARED, crossing_frames, drawn_images, expanded_row, media_inputs,
+                         supervised_examples, with_settings, write_golden)
+from generate_audio_data import tone, write_sounding_clip  # (golden_rows puts data/ on sys.path)
 
 
 def decoded_track(path):
@@ -49,7 +45,6 @@ clips_dir = out.parent / "clips"
 clips_dir.mkdir(exist_ok=True)
 # name: (width, height, frames per second, frames, seconds of tone, pitch)
 CLIPS = {"chirp": (64, 48, 4, 10, 2.5, 440.0), "long_hum": (96, 72, 5, 28, 5.6, 220.0)}
-TOKENS = ["<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
 
 
 def draw_clip(path, width, height, rate, count, seconds, pitch):
@@ -79,11 +74,10 @@ SETTINGS = {"image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "video_m
 NAMED = {"image_token": "<|IMAGE|>", "video_token": "<|VIDEO|>", "audio_token": "<|AUDIO|>", "vision_bos_token": "<|vision_bos|>",
          "vision_eos_token": "<|vision_eos|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"}
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5", extra_special_tokens=NAMED)
-tokenizer.add_special_tokens({"additional_special_tokens": TOKENS})
-processor = Qwen2_5OmniProcessor(image_processor=Qwen2VLImageProcessor(), video_processor=Qwen2VLVideoProcessor(),
-                                 feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tokenizer)
-for key, value in SETTINGS.items():
-    setattr(processor, key, value)
+tokenizer.add_special_tokens({"additional_special_tokens": OMNI_TOKENS})
+processor = with_settings(Qwen2_5OmniProcessor(image_processor=Qwen2VLImageProcessor(), video_processor=Qwen2VLVideoProcessor(),
+                                               feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tokenizer),
+                          SETTINGS)
 template = TEMPLATES["qwen2_omni"]
 template.fix_special_tokens(tokenizer)
 
@@ -96,11 +90,10 @@ def files(row):
 golden = []
 for row in ROWS:
     images, videos, audios = files(row)
-    expanded = template.mm_plugin.process_messages(row["messages"], images, videos, audios, processor)
-    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-    mm = template.mm_plugin._get_mm_inputs(images, videos, audios, processor)
+    expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images, videos, audios)
+    mm = media_inputs(template, processor, images, videos, audios)
     golden.append({"name": row["name"], "images": row["images"], "videos": row["videos"], "messages": row["messages"],
-                   "expanded": expanded, "pairs": [[list(a), list(b)] for a, b in pairs],
+                   "expanded": expanded, "pairs": pairs,
                    "image_grid_thw": mm["image_grid_thw"].tolist() if "image_grid_thw" in mm else [],
                    "video_grid_thw": mm["video_grid_thw"].tolist(),
                    "video_second_per_grid": [round(float(v), 6) for v in mm["video_second_per_grid"]],
@@ -120,33 +113,23 @@ processor.use_audio_in_video = False
 plain = []
 for row in PLAIN_ROWS:
     images, videos, _ = files(row)
-    expanded = template.mm_plugin.process_messages(row["messages"], images, videos, [], processor)
-    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-    mm = template.mm_plugin._get_mm_inputs(images, videos, [], processor)
+    expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images, videos)
+    mm = media_inputs(template, processor, images, videos)
     plain.append({"name": row["name"], "images": row["images"], "videos": row["videos"], "messages": row["messages"],
-                  "expanded": expanded, "pairs": [[list(a), list(b)] for a, b in pairs],
+                  "expanded": expanded, "pairs": pairs,
                   "video_grid_thw": mm["video_grid_thw"].tolist(),
                   "video_second_per_grid": [round(float(v), 6) for v in mm["video_second_per_grid"]],
                   "pixel_values_videos_shape": list(mm["pixel_values_videos"].shape)})
 processor.use_audio_in_video = True
+# each video's sound is read from the same file, as files() hands LLaMA-Factory the row's `audios`
+hearing = [{**row, "audios": row["videos"]} for row in ROWS]
+supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, hearing, pictures, cutoff_len, clips, clips)
+              for cutoff_len in (4096, 1100)}
 
-
-def supervised(cutoff_len):
-    from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
-
-    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-    encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-    media = [files(row) for row in ROWS]
-    encoded = encoder.preprocess_dataset({
-        "_prompt": [r["messages"][:-1] for r in ROWS], "_response": [r["messages"][-1:] for r in ROWS],
-        "_system": [""] * len(ROWS), "_tools": [""] * len(ROWS), "_images": [m[0] or None for m in media],
-        "_videos": [m[1] or None for m in media], "_audios": [m[2] or None for m in media]})
-    return [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
-
-
-json.dump({"llamafactory_version": "0.9.5", "template": "qwen2_omni", "tokenizer": "qwen2.5 with Qwen2.5-Omni's media tokens added",
-           "tokens": sorted(TOKENS, key=tokenizer.convert_tokens_to_ids), "processor": "Qwen2_5OmniProcessor(Qwen2VLImageProcessor(), Qwen2VLVideoProcessor(), "
-                                          "WhisperFeatureExtractor(feature_size=128))",
-           "settings": SETTINGS, "clips": CLIPS, "sizes": QWEN_GOLDEN["sizes"], "rows": golden, "plain_rows": plain,
-           "supervised_by_cutoff_len": {str(cutoff): supervised(cutoff) for cutoff in (4096, 1100)}}, out.open("w"), indent=None)
+write_golden(out, {"template": "qwen2_omni", "tokenizer": "qwen2.5 with Qwen2.5-Omni's media tokens added",
+                   "tokens": sorted(OMNI_TOKENS, key=tokenizer.convert_tokens_to_ids),
+                   "processor": "Qwen2_5OmniProcessor(Qwen2VLImageProcessor(), Qwen2VLVideoProcessor(), "
+                                "WhisperFeatureExtractor(feature_size=128))",
+                   "settings": SETTINGS, "clips": CLIPS, "sizes": QWEN_GOLDEN["sizes"], "rows": golden, "plain_rows": plain,
+                   "supervised_by_cutoff_len": supervised})
 print("wrote", out, [(g["name"], g["video_grid_thw"], g["feature_frames"]) for g in golden])

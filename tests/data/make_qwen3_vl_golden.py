@@ -8,40 +8,33 @@ stands in for it. Run with LLaMA-Factory's Python from the repository root:
 
     /work/lfvenv/bin/python tests/data/make_qwen3_vl_golden.py tests/data/media/qwen3_vl_images.json
 """
-import json
 import sys
 import types
 from pathlib import Path
+
 from transformers import AutoTokenizer, Qwen2VLImageProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import QWEN_GOLDEN, SHARED, drawn_images, supervised_examples
+from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs, supervised_examples, write_golden
 
 out = Path(sys.argv[1])
-QWEN = QWEN_GOLDEN
-
-
-paths = drawn_images(QWEN["sizes"])
+paths = drawn_images(QWEN_GOLDEN["sizes"])
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
 PROCESSOR = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 image_processor = Qwen2VLImageProcessor(**PROCESSOR)
 template = TEMPLATES["qwen3_vl"]
 processor = types.SimpleNamespace(image_processor=image_processor, video_processor=types.SimpleNamespace(merge_size=2),
-                                  image_max_pixels=768 * 768, image_min_pixels=32 * 32,
-                                  model_input_names=["input_ids", "attention_mask", "pixel_values", "image_grid_thw"])
+                                  **PIXEL_LIMITS, model_input_names=["input_ids", "attention_mask", "pixel_values", "image_grid_thw"])
 golden = []
-for row in QWEN["rows"]:
+for row in QWEN_GOLDEN["rows"]:
     images = [paths[n] for n in row["images"]]
-    expanded = template.mm_plugin.process_messages(row["messages"], images, [], [], processor)
-    pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-    mm = template.mm_plugin._get_mm_inputs(images, [], [], processor)
+    expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images)
+    mm = media_inputs(template, processor, images)
     golden.append({"name": row["name"], "images": row["images"], "messages": row["messages"],
-                   "expanded": [m["content"] for m in expanded], "pairs": [[list(a), list(b)] for a, b in pairs],
+                   "expanded": [m["content"] for m in expanded], "pairs": pairs,
                    "image_grid_thw": mm["image_grid_thw"].tolist(), "pixel_values_shape": list(mm["pixel_values"].shape)})
-supervised = {}
-for cutoff_len in (1024, 96):
-    supervised[str(cutoff_len)] = supervised_examples(template, tokenizer, processor, QWEN["rows"], paths, cutoff_len)
+supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, QWEN_GOLDEN["rows"], paths, cutoff_len)
+              for cutoff_len in (1024, 96)}
 
-json.dump({"llamafactory_version": "0.9.5", "template": "qwen3_vl", "tokenizer": "qwen2.5",
-           "image_processor": {"class": "Qwen2VLImageProcessor", **PROCESSOR}, "image_max_pixels": 768 * 768,
-           "image_min_pixels": 32 * 32, "rows": golden, "supervised_by_cutoff_len": supervised}, out.open("w"), indent=None)
+write_golden(out, {"template": "qwen3_vl", "tokenizer": "qwen2.5", "image_processor": {"class": "Qwen2VLImageProcessor", **PROCESSOR},
+                   **PIXEL_LIMITS, "rows": golden, "supervised_by_cutoff_len": supervised})
 print("wrote", out, [g["image_grid_thw"] for g in golden])

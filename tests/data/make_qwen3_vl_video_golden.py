@@ -11,22 +11,20 @@ the LLaMA-Factory venv that has it, from the repository root:
 """
 import json
 import sys
-import tempfile
 from fractions import Fraction
 from pathlib import Path
 
-from PIL import Image
 from transformers import AutoTokenizer, Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import CLIPS_DIR, SHARED, clip, pixel_statistics, supervised_examples
+from golden_rows import (CLIPS_DIR, ONE_VIDEO_ROWS, SHARED, VIDEO_SETTING_GROUPS, VIDEO_SETTINGS, assistant, clip, expanded_row,
+                         media_inputs, pixel_statistics, plain_images, supervised_examples, user, with_settings, write_golden)
 
 out = Path(sys.argv[1])
 NTSC = {"width": 80, "height": 64, "rate": Fraction(30000, 1001), "count": 45}
 clips = {name: str(CLIPS_DIR / f"{name}.mp4") for name in ("short", "long", "tall", "one_second")}
 clips["ntsc"] = clip("ntsc", **NTSC)
 IMAGES = {"square": (64, 64)}
-image_path = str(Path(tempfile.mkdtemp()) / "square.png")  # drawn again by the test
-Image.new("RGB", IMAGES["square"], (30, 90, 220)).save(image_path)
+image_path = plain_images(IMAGES)["square"]  # drawn again by the test
 
 IMAGE_PROCESSOR = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5],
                    "image_std": [0.5, 0.5, 0.5]}
@@ -35,21 +33,6 @@ video_processor = Qwen3VLVideoProcessor()
 processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(**IMAGE_PROCESSOR), tokenizer=tokenizer,
                              video_processor=video_processor)
 template = TEMPLATES["qwen3_vl"]
-SETTINGS = {"video_max_pixels": 256 * 256, "video_min_pixels": 16 * 16, "video_fps": 2.0, "video_maxlen": 128,
-            "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32}
-SETTING_GROUPS = {"defaults": {}, "video_fps 1, video_maxlen 2": {"video_fps": 1.0, "video_maxlen": 2},
-                  "video_fps 4, video_maxlen 12": {"video_fps": 4.0, "video_maxlen": 12}}
-ONE_VIDEO = ("one short video", "a long video", "an NTSC clip")  # the rows the third group writes
-
-
-def user(content):
-    return {"role": "user", "content": content}
-
-
-def assistant(content):
-    return {"role": "assistant", "content": content}
-
-
 rows = [
     {"name": "one short video", "videos": ["short"], "images": [], "messages": [user("<video>Where does the square go?"), assistant("Right.")]},
     {"name": "a long video", "videos": ["long"], "images": [], "messages": [user("What moves in <video>?"), assistant("A red square.")]},
@@ -61,30 +44,26 @@ rows = [
     {"name": "an NTSC clip", "videos": ["ntsc"], "images": [], "messages": [user("<video>Which way?"), assistant("Right.")]},
 ]
 golden = []
-for group, changes in SETTING_GROUPS.items():
-    settings = {**SETTINGS, **changes}
-    for key, value in settings.items():  # as LLaMA-Factory's patch_processor sets them
-        setattr(processor, key, value)
+for group, changes in VIDEO_SETTING_GROUPS.items():
+    settings = {**VIDEO_SETTINGS, **changes}
+    with_settings(processor, settings)
     for row in rows:
-        if group.startswith("video_fps 4") and row["name"] not in ONE_VIDEO:
+        if group.startswith("video_fps 4") and row["name"] not in ONE_VIDEO_ROWS:
             continue
         videos, images = [clips[n] for n in row["videos"]], [image_path for _ in row["images"]]
-        expanded = template.mm_plugin.process_messages(row["messages"], images, videos, [], processor)
-        pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
-        inputs = template.mm_plugin._get_mm_inputs(images, videos, [], processor)
+        expanded, pairs = expanded_row(template, tokenizer, processor, row["messages"], images, videos)
+        inputs = media_inputs(template, processor, images, videos)
         golden.append({"name": f"{row['name']} ({group})", "settings": settings, "videos": row["videos"], "images": row["images"],
                        "messages": row["messages"], "expanded": [m["content"] for m in expanded],
-                       "pairs": [[list(a), list(b)] for a, b in pairs], "video_grid_thw": inputs["video_grid_thw"].tolist(),
+                       "pairs": pairs, "video_grid_thw": inputs["video_grid_thw"].tolist(),
                        "pixel_values_videos": pixel_statistics(inputs["pixel_values_videos"])})
 
-for key, value in SETTINGS.items():
-    setattr(processor, key, value)
+with_settings(processor, VIDEO_SETTINGS)
 supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, rows, {"square": image_path}, cutoff_len, clips)
               for cutoff_len in (2048, 200)}
 
-json.dump({"llamafactory_version": "0.9.5", "transformers_version": "5.6.0", "template": "qwen3_vl", "tokenizer": "qwen2.5",
-           "image_processor": {"class": "Qwen2VLImageProcessor", **IMAGE_PROCESSOR},
-           "video_processor": json.loads(video_processor.to_json_string()), "images": IMAGES,
-           "clips": {"ntsc": {**NTSC, "rate": str(NTSC["rate"])}}, "rows": golden, "supervised_by_cutoff_len": supervised},
-          out.open("w"), indent=None)
+write_golden(out, {"transformers_version": "5.6.0", "template": "qwen3_vl", "tokenizer": "qwen2.5",
+                   "image_processor": {"class": "Qwen2VLImageProcessor", **IMAGE_PROCESSOR},
+                   "video_processor": json.loads(video_processor.to_json_string()), "images": IMAGES,
+                   "clips": {"ntsc": {**NTSC, "rate": str(NTSC["rate"])}}, "rows": golden, "supervised_by_cutoff_len": supervised})
 print("wrote", out, [(g["name"], g["video_grid_thw"]) for g in golden], [len(s["input_ids"]) for s in supervised["2048"]])

@@ -9,55 +9,31 @@ image processor's module, is given to it from the Pillow image processor's (the 
 
     /work/lfvenv/bin/python tests/data/make_video_golden.py tests/data/media/qwen2_vl_videos.json
 """
-import json
 import sys
-import tempfile
 import types
 from pathlib import Path
 
 import av
-from PIL import Image, ImageDraw
 from transformers import AutoTokenizer, Qwen2VLImageProcessor
 from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl
 
 sys.modules["transformers.models.qwen2_vl.image_processing_qwen2_vl"] = types.SimpleNamespace(
     smart_resize=image_processing_pil_qwen2_vl.smart_resize)
-from llamafactory.data.template import TEMPLATES
-from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+from llamafactory.data.template import TEMPLATES  # noqa: E402  (after the module it imports smart_resize from is given)
+from golden_rows import SHARED, VIDEO_SETTINGS, clip, expanded_row, plain_images, supervised_examples, write_golden  # noqa: E402
 
 out = Path(sys.argv[1])
-clips_dir = out.parent / "clips"
-clips_dir.mkdir(exist_ok=True)
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
-from generate_video_data import write_clip  # noqa: E402  (the project's clip writer: MPEG-4 in MP4)
 # name: (width, height, frames per second, frames)
 CLIPS = {"short": (64, 48, 10, 15), "long": (320, 240, 25, 100), "tall": (96, 304, 5, 7), "one_second": (112, 112, 8, 8)}
 
-
-def draw_clip(path, width, height, rate, count):
-    frames = []
-    for index in range(count):
-        image = Image.new("RGB", (width, height), (235, 235, 235))
-        side = min(width, height) // 3
-        left = (width - side) * index // max(1, count - 1)
-        ImageDraw.Draw(image).rectangle([left, (height - side) // 2, left + side, (height + side) // 2], fill=(200, 40, 40))
-        frames.append(image)
-    write_clip(path, frames, rate=rate)
-
-
-paths = {}
-for name, (width, height, rate, count) in CLIPS.items():
-    paths[name] = str(clips_dir / f"{name}.mp4")
-    draw_clip(paths[name], width, height, rate, count)
+paths = {name: clip(name, width=width, height=height, rate=rate, count=count, folder=out.parent / "clips")
+         for name, (width, height, rate, count) in CLIPS.items()}
 IMAGES = {"square": (64, 64)}
-image_path = str(Path(tempfile.mkdtemp()) / "square.png")  # drawn again by the test
-Image.new("RGB", IMAGES["square"], (30, 90, 220)).save(image_path)
+image_path = plain_images(IMAGES)["square"]  # drawn again by the test
 
 tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers/qwen2.5")
 template = TEMPLATES["qwen2_vl"]
-SETTINGS = {"video_max_pixels": 256 * 256, "video_min_pixels": 16 * 16, "video_fps": 2.0, "video_maxlen": 128,
-            "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32}
+SETTINGS = VIDEO_SETTINGS
 processor = types.SimpleNamespace(image_processor=Qwen2VLImageProcessor(), **SETTINGS,
                                   model_input_names=["input_ids", "attention_mask", "pixel_values", "image_grid_thw"])
 few = types.SimpleNamespace(**{**vars(processor), "video_fps": 1.0, "video_maxlen": 2})
@@ -72,9 +48,8 @@ for settings_name, proc in (("defaults", processor), ("video_fps 1, video_maxlen
     for row in rows:
         videos = [paths[n] for n in row["videos"]]
         images = [image_path for _ in row["images"]]
-        expanded = template.mm_plugin.process_messages(row["messages"], images, videos, [], proc)
+        expanded, pairs = expanded_row(template, tokenizer, proc, row["messages"], images, videos)
         metadata = template.mm_plugin._get_qwen_video_grid_metadata(videos, proc)
-        pairs = template.encode_multiturn(tokenizer, expanded, system=None, tools=None)
         # what Qwen2.5-VL spaces its temporal positions by: the sampled frames over the video's seconds
         fps_per_video = []
         for video in videos:
@@ -84,23 +59,14 @@ for settings_name, proc in (("defaults", processor), ("video_fps 1, video_maxlen
                 fps_per_video.append(len(indices) / float(stream.duration * stream.time_base))
         golden.append({"name": f"{row['name']} ({settings_name})", "settings": {k: getattr(proc, k) for k in SETTINGS},
                        "videos": row["videos"], "images": row["images"], "messages": row["messages"],
-                       "expanded": [m["content"] for m in expanded], "pairs": [[list(a), list(b)] for a, b in pairs],
+                       "expanded": [m["content"] for m in expanded], "pairs": pairs,
                        "video_grid_thw": metadata["video_grid_thw"].tolist(),
                        "second_per_grid_ts": [2 / fps for fps in fps_per_video]})
+supervised = {str(cutoff_len): supervised_examples(template, tokenizer, processor, rows, {"square": image_path}, cutoff_len, paths)
+              for cutoff_len in (1024, 60)}
 
-supervised = {}
-for cutoff_len in (1024, 60):
-    data_args = types.SimpleNamespace(cutoff_len=cutoff_len, train_on_prompt=False, mask_history=False)
-    processor_lf = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
-    batch = {"_prompt": [r["messages"][:-1] for r in rows], "_response": [r["messages"][-1:] for r in rows],
-             "_system": [""] * len(rows), "_tools": [""] * len(rows),
-             "_images": [[image_path for _ in r["images"]] for r in rows], "_videos": [[paths[n] for n in r["videos"]] for r in rows],
-             "_audios": [None] * len(rows)}
-    encoded = processor_lf.preprocess_dataset(batch)
-    supervised[str(cutoff_len)] = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
-
-json.dump({"llamafactory_version": "0.9.5", "template": "qwen2_vl", "tokenizer": "qwen2.5",
-           "image_processor": "Qwen2VLImageProcessor() defaults, no video processor", "clips": CLIPS, "images": IMAGES,
-           "clip": "MPEG-4 in MP4, yuv420p: a red square crossing a (235, 235, 235) background left to right",
-           "image": "RGB (30, 90, 220), PNG", "rows": golden, "supervised_by_cutoff_len": supervised}, out.open("w"), indent=1)
+write_golden(out, {"template": "qwen2_vl", "tokenizer": "qwen2.5",
+                   "image_processor": "Qwen2VLImageProcessor() defaults, no video processor", "clips": CLIPS, "images": IMAGES,
+                   "clip": "MPEG-4 in MP4, yuv420p: a red square crossing a (235, 235, 235) background left to right",
+                   "image": "RGB (30, 90, 220), PNG", "rows": golden, "supervised_by_cutoff_len": supervised}, indent=1)
 print("wrote", out, [(g["name"], g["video_grid_thw"]) for g in golden])
