@@ -51,7 +51,8 @@ def demo_rows(dataset: str, indices: list[int]) -> tuple[list, dict]:
 
 
 def llamafactory_encoding(tokenizer_name: str, arguments: dict, rows: list, entry: dict):
-    """LLaMA-Factory's encoded rows of `rows` (read through `entry`) under `arguments`, and its fixed tokenizer.
+    """LLaMA-Factory's encoded rows of `rows` (read through `entry`) under `arguments`, its fixed tokenizer and
+    its model arguments (make_token_golden.py records the special tokens they add).
 
     get_template_and_fix_tokenizer writes default_system, tool_format and the thinking keys into the
     registry's own template, so a key of one case would leak into the next case of this process with that
@@ -77,13 +78,13 @@ def _encoding(tokenizer_name: str, arguments: dict, rows: list, entry: dict):
         dataset = get_dataset(template, model_args, data_args, training_args, stage=arguments["stage"],
                               tokenizer=tokenizer)["train_dataset"]
         examples = [{column: row[column] for column in EXAMPLE_COLUMNS if column in row} for row in dataset]
-    return examples, tokenizer
+    return examples, tokenizer, model_args
 
 
 def write_golden(out: Path, *, script: str, tokenizer_name: str, kind: str, arguments: dict, dataset: str,
                  row_indices: list[int], entry: dict, rows: list, rows_note: str | None = None) -> None:
     """One golden file, `{tokenizer}__{template}__{kind}.json`, naming `script` as the command that wrote it."""
-    examples, tokenizer = llamafactory_encoding(tokenizer_name, arguments, rows, entry)
+    examples, tokenizer, _ = llamafactory_encoding(tokenizer_name, arguments, rows, entry)
     record = {
         "llamafactory_version": "0.9.5",
         "command": f"/work/lfvenv/bin/python tests/data/{script} tests/data/golden (LLaMA-Factory's get_train_args, "

@@ -9,14 +9,10 @@ A `{shared}` in an argument stands for the shared assets folder (`../shared`).
 """
 import json
 import sys
-import tempfile
 from pathlib import Path
 
-from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
-from llamafactory.hparams import get_train_args
-from llamafactory.model import load_tokenizer
+from make_template_golden import SHARED, llamafactory_encoding
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
 TOKENS_CFG = "{shared}/llamafactory/examples/extras/multi_tokens/tokens_cfg.yaml"
 
 SPECIAL_TEXT_ROWS = [
@@ -40,22 +36,10 @@ CASES = [  # (file stem, tokenizer, template, rows, extra arguments)
 
 
 def write_case(out: Path, stem: str, tokenizer_name: str, template: str, rows: list, extra: dict) -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        data = Path(folder)
-        (data / "rows.json").write_text(json.dumps(rows), encoding="utf-8")
-        (data / "dataset_info.json").write_text(json.dumps({"golden": {"file_name": "rows.json"}}), encoding="utf-8")
-        arguments = {"stage": "sft", "do_train": True, "finetuning_type": "lora", "template": template, "dataset": "golden",
-                     "cutoff_len": 1024, **extra}
-        resolved = {key: value.replace("{shared}", str(SHARED)) if isinstance(value, str) else value
-                    for key, value in arguments.items()}
-        model_args, data_args, training_args, _, _ = get_train_args({
-            **resolved, "model_name_or_path": str(SHARED / "tokenizers" / tokenizer_name), "dataset_dir": str(data),
-            "output_dir": str(data / "out"), "report_to": "none", "overwrite_cache": True,
-            "preprocessing_num_workers": None})
-        tokenizer = load_tokenizer(model_args)["tokenizer"]
-        fixed = get_template_and_fix_tokenizer(tokenizer, data_args)
-        dataset = get_dataset(fixed, model_args, data_args, training_args, stage="sft", tokenizer=tokenizer)["train_dataset"]
-        examples = [{"input_ids": row["input_ids"], "labels": row["labels"]} for row in dataset]
+    arguments = {"stage": "sft", "do_train": True, "finetuning_type": "lora", "template": template, "dataset": "golden",
+                 "cutoff_len": 1024, **extra}
+    resolved = {key: value.replace("{shared}", str(SHARED)) if isinstance(value, str) else value for key, value in arguments.items()}
+    examples, tokenizer, model_args = llamafactory_encoding(tokenizer_name, resolved, rows, {})
     record = {
         "llamafactory_version": "0.9.5",
         "command": "/work/lfvenv/bin/python tests/data/make_token_golden.py tests/data/golden (LLaMA-Factory's "
