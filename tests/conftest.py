@@ -302,9 +302,10 @@ def train_steps(model, batch: dict, *, steps: int = 5, learning_rate: float = 1e
 # --- the command line as a user runs it ------------------------------------------------------
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "TUNELINE_CACHE": str(cwd / "cache")})
+def run_cli(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`tuneline ARGS` in a process of its own, as a user runs it, `stdin` piped in (its cache under `cwd`)."""
+    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, input=stdin, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "TUNELINE_CACHE": str(cwd / "cache")})
 
 
 def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:

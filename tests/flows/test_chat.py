@@ -9,22 +9,14 @@ runs as a command of its own, as a user runs it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREDICT_KEYS = {"predict_bleu-4", "predict_rouge-1", "predict_rouge-2", "predict_rouge-l"}
-
-
-def run_cli(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TUNELINE_CACHE": str(cwd / "cache")}
-    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, input=stdin, capture_output=True,
-                          text=True, timeout=600, env=env)
 
 
 @pytest.fixture(scope="module")

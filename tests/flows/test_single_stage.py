@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_output_layout, run_cli_here
+from conftest import assert_output_layout, run_cli, run_cli_here
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`tuneline ARGS` in a process of its own, as a user runs it (the other cases use `run_cli_here`)."""
-    env_cache = {"TUNELINE_CACHE": str(cwd / "cache")}
-    import os
-
-    return subprocess.run([sys.executable, "-m", "tuneline.flows.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **env_cache})
 
 
 @pytest.fixture(scope="module")
