@@ -1,7 +1,9 @@
 """The documentation's reference tables and counts, written from the code's own tables.
 
 Hand-written tables of keys (a table whose first column is headed `key`) are checked instead: every
-key their first column names must be one a stage config or a pipeline section reads.
+key their first column names must be one a stage config or a pipeline section reads. So are the
+repository's files that a page names in backticks (`core/data/media/rows.py`, `tests/...`): each
+must exist, at the repository's root or under `core/` (docs/ARCHITECTURE.md names them from there).
 
     python docs/hooks/reference_tables.py            # exit 1, naming each block that differs from the code
     python docs/hooks/reference_tables.py --write    # rewrite those blocks in docs/*.md
@@ -224,6 +226,17 @@ def unknown_keys(markdown: str, *, known: set[str]) -> list[str]:
     return unknown
 
 
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+REPOSITORY_PATH = re.compile(r"((?:core|tests|flows|tasks|data|benchmarks|deployments|docs)/[\w./-]*\w)(?::\s*\w+)?")
+
+
+def missing_paths(markdown: str) -> list[str]:
+    """The repository files or folders named in `markdown`'s code spans that do not exist."""
+    root = DOCS.parent
+    named = [m.group(1) for span in CODE_SPAN.findall(markdown) if (m := REPOSITORY_PATH.fullmatch(span))]
+    return [path for path in dict.fromkeys(named) if not (root / path).exists() and not (root / "core" / path).exists()]
+
+
 def pages() -> Iterator[Path]:
     yield from sorted(DOCS.glob("**/*.md"))
 
@@ -239,6 +252,9 @@ def on_page_markdown(markdown: str, *, page: Any, config: Any, files: Any) -> st
     unknown = unknown_keys(markdown, known=_known_keys_once())
     if unknown:
         log.warning("docs/%s: its key tables name keys that no config reads: %s", source, ", ".join(unknown))
+    missing = missing_paths(markdown)
+    if missing:
+        log.warning("docs/%s: names files the repository does not hold: %s", source, ", ".join(missing))
     return generate(markdown, source=source)
 
 

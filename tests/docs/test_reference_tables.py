@@ -83,3 +83,10 @@ def test_hand_written_key_tables_name_only_keys_a_config_reads(generator):
     assert not any(unknown.values()), {page: keys for page, keys in unknown.items() if keys}
     table = "| key | meaning |\n| --- | --- |\n| `lora_rank` | r |\n| `finetuning_type: oft`, `lora_rnak` | x |\n\n| `nope` | y |\n"
     assert generator.unknown_keys(table, known=known) == ["lora_rnak"]
+
+
+def test_pages_name_only_files_the_repository_holds(generator):
+    missing = {page.name: generator.missing_paths(page.read_text(encoding="utf-8")) for page in generator.pages()}
+    assert not any(missing.values()), {page: paths for page, paths in missing.items() if paths}
+    text = "`core/data/media/rows.py`, `core/data/media_rows.py`, `data/readers.py: read_rows`, `row 3 of data/x.jsonl`"
+    assert generator.missing_paths(text) == ["core/data/media_rows.py"]
