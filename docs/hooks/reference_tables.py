@@ -79,21 +79,23 @@ def stage_kinds_table() -> str:
 def refused_stages_table() -> str:
     from tuneline.core.stages.registry import NOT_OFFERED
 
-    return _table(("`stage`", "why, and what to use instead"), [(_code(name), why) for name, why in NOT_OFFERED.items()])
+    rows = [(_code(name), why) for name, why in NOT_OFFERED.items()]
+    return _table(("`stage`", "why, and what to use instead"), rows)
 
 
 def templates_table() -> str:
     from tuneline.core.templates.catalog import TEMPLATES
 
-    rows = [(_code(t.name), _code(t.media.plugin) if t.media else "—", "yes" if t.reasoning else "—", _code(t.tool_format))
-            for t in TEMPLATES.values()]
+    rows = [(_code(t.name), _code(t.media.plugin) if t.media else "—", "yes" if t.reasoning else "—",
+             _code(t.tool_format)) for t in TEMPLATES.values()]
     return _table(("`template`", "media it expands", "reasoning", "`tool_format`"), rows)
 
 
 def unwritten_templates_table() -> str:
     from tuneline.core.templates.unwritten import MEDIA_FORMATS, TEXT_FORMATS
 
-    rows = [(_code(name), "a text format not written yet: `template: auto` is the way round") for name in sorted(TEXT_FORMATS)]
+    text = "a text format not written yet: `template: auto` is the way round"
+    rows = [(_code(name), text) for name in sorted(TEXT_FORMATS)]
     rows += [(_code(name), f"the format of {family}, whose media tuneline does not expand yet")
              for name, family in sorted(MEDIA_FORMATS.items())]
     return _table(("LLaMA-Factory's `template`", "refused, because"), rows)
@@ -196,7 +198,7 @@ def stale_blocks(markdown: str, *, source: str) -> list[str]:
     fresh = generate(markdown, source=source)
     written = [(m["name"], m["body"]) for pattern in (BLOCK, COUNT) for m in pattern.finditer(markdown)]
     generated = [(m["name"], m["body"]) for pattern in (BLOCK, COUNT) for m in pattern.finditer(fresh)]
-    return [name for (name, old), (_, new) in zip(written, generated) if old != new]
+    return [name for (name, old), (_, new) in zip(written, generated, strict=True) if old != new]
 
 
 KEY_CELL = re.compile(r"`([a-z][a-z0-9_]*)(?::[^`]*)?`")
