@@ -278,7 +278,8 @@ def main(argv: list[str]) -> int:
             path.write_text(generate(text, source=str(path)), encoding="utf-8")
         if stale:
             stale_pages.append(f"{path.relative_to(DOCS.parent)}: {', '.join(stale)}")
-    print("\n".join(("rewritten: " if write else "differs from the code: ") + line for line in stale_pages))
+    for line in stale_pages:
+        print(("rewritten: " if write else "differs from the code: ") + line)
     return 0 if write or not stale_pages else 1
 
 
