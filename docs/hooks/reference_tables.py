@@ -1,10 +1,5 @@
 """The documentation's reference tables and counts, written from the code's own tables.
 
-Hand-written tables of keys (a table whose first column is headed `key`) are checked instead: every
-key their first column names must be one a stage config or a pipeline section reads. So are the
-repository's files that a page names in backticks (`core/data/media/rows.py`, `tests/...`): each
-must exist, at the repository's root or under `core/` (docs/ARCHITECTURE.md names them from there).
-
     python docs/hooks/reference_tables.py            # exit 1, naming each block that differs from the code
     python docs/hooks/reference_tables.py --write    # rewrite those blocks in docs/*.md
 
@@ -13,6 +8,11 @@ generated number with `<!-- count: NAME -->87<!-- end count -->`. The pages keep
 (so they read whole on GitHub too), `mkdocs build` (this module is its hook, `hooks:` in mkdocs.yml)
 fills every block from the code again and warns where the page's copy differs, which `--strict`
 turns into a failure, and tests/docs/test_reference_tables.py compares the two without writing.
+
+Hand-written tables of keys (a table whose first column is headed `key`) are checked instead: every
+key their first column names must be one a stage config or a pipeline section reads. So are the
+repository's files that a page names in backticks (`core/data/media/rows.py`, `tests/...`): each
+must exist, at the repository's root or under `core/` (docs/ARCHITECTURE.md names them from there).
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def _known_keys_once() -> frozenset[str]:
 def main(argv: list[str]) -> int:
     write = argv == ["--write"]
     if argv and not write:
-        print(__doc__.split("\n\n")[0], file=sys.stderr)
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     stale_pages = []
     for path in pages():
