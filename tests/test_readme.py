@@ -124,3 +124,8 @@ def test_run_elsewhere_names_files_that_exist():
     named = {path for reason in RUN_ELSEWHERE.values() for path in re.findall(r"tests/[\w/]+\.py", reason)}
     assert named and all((REPO_ROOT / path).is_file() for path in named), named
     assert Path(REPO_ROOT / ".ci/run").is_file()
+
+
+def test_getting_started_shows_the_same_yaml_files():
+    page = (REPO_ROOT / "docs/getting-started.md").read_text(encoding="utf-8")
+    assert all(f"```yaml\n{block}```" in page for block in fenced("yaml"))
