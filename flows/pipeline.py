@@ -33,8 +33,8 @@ from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.shipped_datasets import on_a_pool, ship_datasets
 from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
 from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND
-from tuneline.core.pipeline.stage_unit import RunContext, StageUnit, serve_stored_unit
-from tuneline.core.pipeline.train_unit import TrainUnit
+from tuneline.core.pipeline.stage_unit import RunContext, StageUnit, serve_stored_unit, unit_key
+from tuneline.core.pipeline.train_unit import TrainUnit, warm_up_training
 from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit
 from tuneline.core.pipeline.units import BaseUnit, EvaluateUnit, ExportUnit, MergeUnit
 from tuneline.core.pipeline.keys import PipelineFingerprints
@@ -298,15 +298,28 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
             unit, address, inputs, pipeline=state.pipeline, fingerprints=state.fingerprints,
             datasets=state.dispatch.datasets, context=state.context)
     elif unit.kind == TrainUnit.kind:
+        warm_up_unless_stored(state, address, unit, inputs)
         with state.training_slots:
             result = run_in_task(state, unit, inputs)
     else:
+        if unit.kind == TOKENIZED_KIND:
+            warm_up_unless_stored(state, address, unit, inputs)
         result = run_in_task(state, unit, inputs)
     seconds = round(time.monotonic() - started, 1)
     state.report.append({"name": result.name, "key": result.key, "kind": result.kind, "cache_hit": result.cache_hit,
                          "seconds": seconds, "path": state.store.place(result)})
     print(f"{result.name}: {'served from cache' if result.cache_hit else f'computed in {seconds} s'}", flush=True)
     return result
+
+
+def warm_up_unless_stored(state: ChainState, address: UnitAddress, unit: StageUnit, inputs: dict[str, ModelInput]) -> None:
+    """A training stage's tokenize or train unit about to be computed in this process: its training will
+    be forked from this process's warm worker, so that worker starts importing now, while the stage
+    tokenizes. A stored unit starts nothing (a rerun served from cache imports no trainer); nor does a
+    URL workspace's, where asking the store would cost a second manifest read per hit."""
+    stage = state.pipeline.stage(address.stage)
+    if isinstance(stage, TrainingStage) and not state.store.is_cache and state.store.find(unit.kind, unit_key(unit, inputs)) is None:
+        warm_up_training(stage)
 
 
 def run_in_task(state: ChainState, unit: StageUnit, inputs: dict[str, ModelInput]) -> ArtifactRef:

@@ -25,6 +25,7 @@ from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.references import ArtifactRef, ModelInput, StageStore
 from tuneline.core.pipeline.spec import Placement, build_pipeline
 from tuneline.core.pipeline.stage_unit import Announcer, RunContext, StageUnit, run_stage_unit, unit_key
+from tuneline.core.pipeline.train_unit import TrainUnit, warm_up_training
 from tuneline.core.pipeline.unit_plan import UnitAddress, decode_inputs, encode_inputs, rebuild_sent_unit
 from tuneline.core.store.cache import Damage
 from tuneline.core.training.job import TRACKING_URI_ENV, TRACKING_URI_FROM_ENV
@@ -46,6 +47,8 @@ def stage_flow(pipeline_yaml: str, overrides: list[str], workspace: str, unit: d
     # `register` is the parent's own step; its promote_function module is looked for beside the parent's YAML
     raw = {k: v for k, v in (yaml.safe_load(pipeline_yaml) or {}).items() if k != "register"}
     pipeline = build_pipeline(raw, overrides=parse_overrides(overrides), workspace=workspace)
+    if unit["kind"] == TrainUnit.kind:  # the trainer's imports run while the stage's inputs are fetched
+        warm_up_training(pipeline.stage(unit["stage"]))
     references = decode_inputs(inputs)
     built = rebuild_sent_unit(pipeline, PipelineFingerprints(**fingerprints), UnitAddress(**unit), references, key=key,
                               datasets=datasets or {}, workspace=workspace, machine="this worker")

@@ -20,6 +20,7 @@ from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.references import ArtifactRef, ModelInput
 from tuneline.core.pipeline.spec import Pipeline
 from tuneline.core.pipeline.stage_unit import WORKER_ENV, Announcer, RunContext, run_stage_unit
+from tuneline.core.pipeline.train_unit import TrainUnit, warm_up_training
 from tuneline.core.pipeline.unit_plan import UnitAddress, rebuild_sent_unit
 from tuneline.core.worker.ray_launch import FORWARDED_ENV_PREFIXES, RAY_EXTRA, unanswered_address
 
@@ -104,6 +105,8 @@ def run_ray_unit(sent: RayUnit, inputs: Mapping[str, ModelInput], *, context: Ru
 
     os.environ.update(sent.env)
     os.environ[WORKER_ENV] = ray.get_runtime_context().get_node_id()
+    if sent.address.kind == TrainUnit.kind:  # the trainer's imports run while the stage's inputs are fetched
+        warm_up_training(sent.pipeline.stage(sent.address.stage))
     unit = rebuild_sent_unit(sent.pipeline, sent.fingerprints, sent.address, inputs, key=sent.key, datasets=sent.datasets,
                              workspace=context.workspace, machine=f"the Ray node {os.environ[WORKER_ENV]}")
     return run_stage_unit(unit, inputs, context=context, announcer=announcer)

@@ -6,7 +6,9 @@ Inputs: `data` (its tokenized datasets), `model` (the full-weight model it start
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -24,7 +26,9 @@ from tuneline.core.tracking import runs as tracking
 from tuneline.core.training.checkpoint_sync import uploading_checkpoints
 from tuneline.core.training.checkpoints import checkpoint_step, checkpoints, resume_point
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
-from tuneline.core.worker.launch import JOB_FILE, launch_training
+from tuneline.core.config.ray import trains_on_ray
+from tuneline.core.worker.launch import JOB_FILE, launch_training, warm_up
+from tuneline.core.worker.preload import needs_bitsandbytes
 
 
 @dataclass(frozen=True)
@@ -101,3 +105,19 @@ def resumed_step(draft: Path, training: Mapping[str, Any]) -> int:
     """The step the worker will resume from (0: none), chosen as it chooses, without tidying."""
     chosen = resume_point(draft, requested=training.get("resume_from_checkpoint"), fresh=False, tidy=False, log_file=LOG_FILE)
     return (checkpoint_step(Path(chosen)) or 0) if chosen else 0
+
+
+def warm_up_training(stage: TrainingStage) -> bool:
+    """Start this process's warm worker for `stage`'s training now (`launch.warm_up`), so that its
+    imports, seconds long, run while the stage's inputs are tokenized or fetched; False, starting
+    nothing, where the job will not be forked from it (Ray, torchrun, bitsandbytes). Its reference
+    models are not looked at: they are the pipeline's own unquantized artifacts, or the job starts a
+    process of its own and the warm worker merely waits."""
+    config = stage.config
+    if trains_on_ray(dataclasses.asdict(config.ray), os.environ):
+        return False
+    if needs_bitsandbytes(model=dataclasses.asdict(config.model), training=config.training,
+                          finetuning=dataclasses.asdict(config.finetuning), optimizer=dataclasses.asdict(config.optimizer),
+                          model_paths=[]):
+        return False
+    return warm_up()
