@@ -259,10 +259,11 @@ def start_mlflow_server(folder: Path, *, store: ObjectStoreServer, bucket: str, 
 
 # -- fixtures (registered for every test in tests/conftest.py) ------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mlflow_server(s3_store: ObjectStoreServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """One tracking server for the test module, its artifacts in a new bucket of the session's store.
-    Nothing global is set: a test hands `mlflow_server.uri` as MLFLOW_TRACKING_URI to what it runs."""
+    """One tracking server for the session (it takes seconds to start), its artifacts in a bucket of the
+    session's store; each module's runs go to an experiment of its own name. Nothing global is set: a
+    test hands `mlflow_server.uri` as MLFLOW_TRACKING_URI to what it runs."""
     server = start_mlflow_server(tmp_path_factory.mktemp("mlflow_server"), store=s3_store, bucket=s3_store.make_bucket("mlflow"))
     try:
         yield server
