@@ -90,6 +90,23 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=rank)  # stable: collection order within each rank
 
 
+TIMELINE_ENV = "TUNELINE_TEST_TIMELINE"  # a file: each test's worker, start and end appended, to see how the workers share the suite
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not (timeline := os.environ.get(TIMELINE_ENV)):
+        return (yield)
+    import time
+
+    started = time.time()
+    try:
+        return (yield)
+    finally:
+        with open(timeline, "a", encoding="utf-8") as handle:
+            handle.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{item.nodeid}\t{started:.2f}\t{time.time():.2f}\n")
+
+
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory) -> Path:
     """A very small LLaMA-shaped model with a tokenizer trained on the demo corpus."""
