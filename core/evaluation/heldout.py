@@ -63,12 +63,14 @@ def _split_loss(model: PreTrainedModel, rows, *, tokenizer, batch_size: int, med
     from transformers import DataCollatorForSeq2Seq
 
     collate = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    # pairs (rm, dpo data): the loss of the chosen answers, which a preference-tuned policy should keep low
+    columns = {key: key if "input_ids" in rows.column_names else f"chosen_{key}" for key in TEXT_COLUMNS}
     files = media.files_of(rows) if media is not None else None
     total_loss, total_tokens = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
             indices = range(start, min(start + batch_size, len(rows)))
-            batch = collate([{key: rows[i][key] for key in TEXT_COLUMNS} for i in indices])
+            batch = collate([{key: rows[i][column] for key, column in columns.items()} for i in indices])
             pixels = media.inputs(batch["input_ids"], [files[i] for i in indices], attention_mask=batch["attention_mask"]) \
                 if media is not None else {}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **pixels).logits
