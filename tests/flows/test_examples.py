@@ -20,15 +20,15 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
 from benchmark_files import write_mmlu
 from conftest import in_process_launch, run_cli_here, train_in_this_process
-
 from tuneline.core.training.method_record import LINE_PREFIX, MethodRecord
 
 pytestmark = pytest.mark.slow
