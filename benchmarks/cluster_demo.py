@@ -42,8 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # import path, and the tests' folder (the service starters) joins it.
 sys.path[:] = [str(REPO_ROOT / "tests")] + [p for p in sys.path if os.path.abspath(p or ".") != str(REPO_ROOT / "benchmarks")]
 
-from cluster_services import start_mlflow_server, start_prefect_server, start_prefect_worker, start_process, stop_process  # noqa: E402
-from object_store_server import free_port, start_object_store  # noqa: E402
+from cluster_services import start_mlflow_server, start_prefect_server, start_prefect_worker, start_process, stop_process
+from object_store_server import free_port, start_object_store
 
 POOL = "demo"
 MODEL = "tuneline-demo"
@@ -105,7 +105,8 @@ def run_checks(root: Path, cluster: dict, *, skip_one_machine: bool, skip_twice:
     workers = {name: run.data.tags.get("tuneline.worker") for name, run in runs.items()}
     print(f"   stage -> worker: {json.dumps(workers)}")
     print(f"   workers seen: {sorted(set(workers.values()))}")
-    overlap = (min(runs["rm"].info.end_time, runs["dpo"].info.end_time) - max(runs["rm"].info.start_time, runs["dpo"].info.start_time)) / 1000
+    rm, dpo = runs["rm"].info, runs["dpo"].info
+    overlap = (min(rm.end_time, dpo.end_time) - max(rm.start_time, dpo.start_time)) / 1000
     print(f"   rm on {workers['rm']} and dpo on {workers['dpo']} trained side by side for {overlap:.1f} s")
     filesystem = store.filesystem()
     kinds = sorted({Path(path).parent.parent.name for path in filesystem.find(workspace) if path.endswith("/manifest.json")})

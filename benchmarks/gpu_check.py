@@ -81,8 +81,7 @@ def stage_values(folder: Path, model: Path, args, *, quantization_bit: int | Non
 
 
 def tokenize(values: dict, folder: Path, name: str) -> Path:
-    from tuneline.core.stages.registry import build_stage_config
-    from tuneline.core.stages.registry import tokenize_stage_data
+    from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
 
     output = folder / name
     tokenize_stage_data(build_stage_config(values), tokenizer_path=values["model_name_or_path"], output_dir=output)

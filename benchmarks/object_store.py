@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # import path, and the tests' folder (the SeaweedFS starter they use) joins it.
 sys.path[:] = [str(REPO_ROOT / "tests")] + [p for p in sys.path if os.path.abspath(p or ".") != str(REPO_ROOT / "benchmarks")]
 
-from object_store_server import RequestCounter, start_object_store  # noqa: E402
+from object_store_server import RequestCounter, start_object_store
 
 KIND = "sft"
 KEY = "sft-0123456789abcdef0123"

@@ -24,8 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # import path, and the tests' folder (the Ray node commands) joins it.
 sys.path[:] = [str(REPO_ROOT / "tests")] + [p for p in sys.path if os.path.abspath(p or ".") != str(REPO_ROOT / "benchmarks")]
 
-from cluster_services import free_port  # noqa: E402
-from ray_cluster import node_command, stop_nodes, wait_for_nodes  # noqa: E402
+from cluster_services import free_port
+from ray_cluster import node_command, stop_nodes, wait_for_nodes
+
 
 def main() -> None:
     # a token a local Ray left in ~/.ray would otherwise turn on authentication for these nodes
@@ -63,7 +64,8 @@ def main() -> None:
         client = MlflowClient(uri)
         experiment = client.get_experiment_by_name("tuneline-demo")
         runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id], "tags.`tuneline.stage` LIKE '%'")}
-        probe = "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); print(' '.join(n['NodeID'] for n in ray.nodes() if n['Alive']))"
+        probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+                 "print(' '.join(n['NodeID'] for n in ray.nodes() if n['Alive']))")
         ids = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True).stdout.split()
         by_stage = {name: run.data.tags.get("tuneline.worker", "")[:8] for name, run in runs.items()}
         print(f"  cluster node ids: {[i[:8] for i in ids]}")
@@ -73,7 +75,9 @@ def main() -> None:
         print(f"  rm and dpo overlap: {(min(rm.end_time, dpo.end_time) - max(rm.start_time, dpo.start_time)) / 1000:.1f} s")
         answer = subprocess.run([sys.executable, "-c", "import mlflow, sys; mlflow.set_tracking_uri(sys.argv[1]); "
                                  "m = mlflow.pyfunc.load_model('models:/tuneline-demo@champion'); "
-                                 "print(m.predict({'messages': [{'role': 'user', 'content': 'What is the capital of France?'}], 'max_tokens': 16})[0]['choices'][0]['message']['content'])", uri],
+                                 "messages = [{'role': 'user', 'content': 'What is the capital of France?'}]; "
+                                 "print(m.predict({'messages': messages, 'max_tokens': 16})[0]['choices'][0]['message']['content'])",
+                                 uri],
                                 cwd=launch, capture_output=True, text=True, env={**os.environ, "HOME": str(root)})
         said = answer.stdout.strip().splitlines()[-1] if answer.stdout.strip() else answer.stderr[-500:]
         print(f"  champion (mlflow.pyfunc): 'What is the capital of France?' -> {said!r}")

@@ -297,7 +297,7 @@ def report(measured: Measured, reference: Reference, *, min_speedup: float) -> l
     print(f"  latency of full answers: p50 {percentile(latencies, 0.5):.2f} s, p99 {percentile(latencies, 0.99):.2f} s")
     print(f"  answers equal to the greedy reference: {equal}/{len(answered)}")
     print(f"  /v1/models: {len(m.probe_latencies)} probes, max {probe_max:.3f} s (goal < {PROBE_LIMIT:.0f} s)")
-    print(f"  CPU seconds in it: " + ", ".join(f"{role} {seconds:.2f}" for role, seconds in m.cpu.items())
+    print("  CPU seconds in it: " + ", ".join(f"{role} {seconds:.2f}" for role, seconds in m.cpu.items())
           + f" (of {m.wall * (os.cpu_count() or 1):.2f} on {os.cpu_count()} cores)")
     print(f"  server CPU in the second after the run: {m.busy_after:.0%} (goal < {IDLE_LIMIT:.0%}: dropped streams "
           "generate no more)")

@@ -35,8 +35,8 @@ TRAINING = {"per_device_train_batch_size": 8, "learning_rate": 1.0e-3, "num_trai
 
 
 def build_model(folder: Path) -> Path:
-    from tuneline.core.models.tiny.text import BaseModelConfig, build_base_model
     from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
+    from tuneline.core.models.tiny.text import BaseModelConfig, build_base_model
 
     data = REPO_ROOT / "data"
     texts = [m["content"] for attr in get_dataset_attrs(["demo_pretrain", "demo_alpaca"], data)
@@ -54,8 +54,8 @@ def stage_config(model: Path, *, rows: int, cutoff_len: int, packing: bool = Fal
 
 def tokenized(config: dict) -> tuple[Path, dict]:
     """The tokenized dataset `tuneline train` uses for `config` (content-keyed cache) and its counters."""
-    from tuneline.core.store.artifacts import read_manifest
     from tuneline.core.stages.registry import build_stage_config
+    from tuneline.core.store.artifacts import read_manifest
     from tuneline.flows.single import tokenized_dataset
 
     path = tokenized_dataset(build_stage_config(config))
