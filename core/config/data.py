@@ -46,7 +46,8 @@ class DataConfig:
     interleave_probs: str | None = _doc("Sampling probabilities of the datasets when interleaving, comma-separated.", default=None)
     streaming: bool = _doc("Stream datasets instead of loading them whole.", default=False)
     buffer_size: int = _doc("Streaming: rows in the seeded shuffle buffer the streamed rows pass through.", default=16384)
-    on_bad_row: Literal["error", "skip"] = _doc("A malformed row stops with an error naming it, or is dropped and counted.", default="error")
+    on_bad_row: Literal["error", "skip"] = _doc("A malformed row stops with an error naming it, or is dropped and counted.",
+                                                default="error")
     allow_template_mismatch: bool = _doc("Accepted for compatibility: a template that renders differently from the tokenizer's "
                                          "own chat template is a warning unless 'strict_template' is set.", default=False)
     strict_template: bool = _doc("Refuse a named template that renders differently from the tokenizer's own chat template "

@@ -54,7 +54,8 @@ class ModelConfig:
     quantization_method: Literal["bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq"] = _doc("Quantization backend.", default="bnb")
     quantization_type: Literal["fp4", "nf4"] = _doc("4-bit data type of bitsandbytes.", default="nf4")
     double_quantization: bool = _doc("Quantize the quantization constants too (bitsandbytes).", default=True)
-    quantization_device_map: Literal["auto"] | None = _doc("Device map of a quantized model for inference; refused, since every stage trains.", default=None)
+    quantization_device_map: Literal["auto"] | None = _doc("Device map of a quantized model for inference; refused, since every "
+                                                           "stage trains.", default=None)
     offload_folder: str = _doc("Where weights that fit on no device are offloaded (handed to peft's adapter loading).",
                                 default="offload")
     allow_pickle_weights: bool = _doc("Load pickle (.bin) weights of the model or adapter when they have no safetensors; "

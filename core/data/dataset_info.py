@@ -26,20 +26,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuneline.core.data.dataset_attr import DEFAULT_TAGS, DatasetAttr
 from tuneline.core.data.loading import (
     LoadReport,
     iter_rows,
     load_rows,
     load_rows_with_report,
 )
+from tuneline.core.data.media.columns import MEDIA_COLUMNS
 from tuneline.core.data.sources import (
     DATA_CONFIG,
     dataset_file_paths,
     dataset_folder,
     file_name_problem,
 )
-from tuneline.core.data.dataset_attr import DEFAULT_TAGS, DatasetAttr
-from tuneline.core.data.media.columns import MEDIA_COLUMNS
 from tuneline.core.errors import DataError, unknown_name_message
 
 __all__ = ["DATA_CONFIG", "DEFAULT_TAGS", "DatasetAttr", "LoadReport", "dataset_file_paths",

@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Any
 
-from tuneline.core.data.encoding import (Batch, Encoded, EncodingSpec, PreparedBatch, encode_batch, encode_texts, finish_batch,
-                                         prepare_batch)
+from tuneline.core.data.encoding import Batch, Encoded, EncodingSpec, PreparedBatch, encode_batch, encode_texts, finish_batch, prepare_batch
 from tuneline.core.data.provenance import RowRefused
 from tuneline.core.errors import DataError
 

@@ -24,21 +24,26 @@ from typing import Any, NamedTuple
 from tuneline.core.config import StageConfig, trains
 from tuneline.core.config.added_tokens import AddedTokens, added_tokens
 from tuneline.core.data.arrow_writer import SplitWriter, write_dataset_dict
-from tuneline.core.data.encoding import EncodingSpec, predicts_only
-from tuneline.core.data.encoding_pool import pool_map
-from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_COLUMNS, VIDEOS
-from tuneline.core.data.media.rows import MediaRows
-from tuneline.core.data.media.video.frame_tiles import FRAME_TILED_PLUGINS
-from tuneline.core.data.eval_splits import VALIDATION, split_name
-from tuneline.core.data.provenance import RowRefused
-from tuneline.core.data.row_shapes import check_shapes
-from tuneline.core.data.row_streams import dataset_names, origin_at, routed_rows
-from tuneline.core.data.row_streams import iter_rows, read_rows  # noqa: F401  (read through this module by callers)
 from tuneline.core.data.dataset_info import (
     LoadReport,
     dataset_file_paths,
     get_dataset_attrs,
     load_rows_with_report,
+)
+from tuneline.core.data.encoding import EncodingSpec, predicts_only
+from tuneline.core.data.encoding_pool import pool_map
+from tuneline.core.data.eval_splits import VALIDATION, split_name
+from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_COLUMNS, VIDEOS
+from tuneline.core.data.media.rows import MediaRows
+from tuneline.core.data.media.video.frame_tiles import FRAME_TILED_PLUGINS
+from tuneline.core.data.provenance import RowRefused
+from tuneline.core.data.row_shapes import check_shapes
+from tuneline.core.data.row_streams import (  # noqa: F401  (iter_rows and read_rows: read through this module by callers)
+    dataset_names,
+    iter_rows,
+    origin_at,
+    read_rows,
+    routed_rows,
 )
 from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.models.vocabulary import NewTokens, describe_new_tokens
@@ -333,7 +338,7 @@ def render_preview(example: dict, tokenizer) -> str:
     ids = example.get("input_ids") or example.get("chosen_input_ids") or []
     labels = example.get("labels") or example.get("chosen_labels") or [-100] * len(ids)
     pieces: list[tuple[bool, list[int]]] = []
-    for token, label in zip(ids, labels):
+    for token, label in zip(ids, labels, strict=True):
         trained = label != -100
         if pieces and pieces[-1][0] == trained:
             pieces[-1][1].append(token)

@@ -2,15 +2,16 @@
 
 An example of tokenized media rows holds its image, video and audio files (`images`, `videos`, `audios`,
 each in the order of its tokens) beside its ids. The collator pads the ids with the text collator, opens and
-sizes the batch's images and decodes its videos' sampled frames, and runs the processor the tokenized
-data was counted with (`MediaRows.read`), so the model gets `pixel_values` and `image_grid_thw` (and
-`pixel_values_videos`, `video_grid_thw`; for audio `input_features`, `feature_attention_mask`) that fill exactly the media tokens the batch holds, in order
-(and Qwen2-VL's `mm_token_type_ids`). A pack of media rows (`packing`) keeps its position_ids, restarting at each
-example, except for the Qwen-VL families, whose 3D rotary positions the model computes over the whole pack
-from its media tokens, as LLaMA-Factory's collator does for plain packing; `PairedMediaCollator` does the same for DPO's pairs, and
+sizes the batch's images and decodes its videos' sampled frames, and runs the processor the tokenized data
+was counted with (`MediaRows.read`), so the model gets `pixel_values` and `image_grid_thw` (and
+`pixel_values_videos`, `video_grid_thw`; for audio `input_features`, `feature_attention_mask`) that fill
+exactly the media tokens the batch holds, in order (and Qwen2-VL's `mm_token_type_ids`). A pack of media
+rows (`packing`) keeps its position_ids, restarting at each example, except for the Qwen-VL families, whose
+3D rotary positions the model computes over the whole pack from its media tokens, as LLaMA-Factory's
+collator does for plain packing; `PairedMediaCollator` does the same for DPO's pairs, and
 `FeedbackMediaCollator` for KTO's examples and their KL sequences; `ConcatenatedPairMedia` feeds ORPO's and
-SimPO's pairs, whose trainers concatenate them inside their forward pass. `RowMedia` cuts the same
-inputs for the evaluation and prediction code that runs a model on rows outside the training loop.
+SimPO's pairs, whose trainers concatenate them inside their forward pass. `RowMedia` cuts the same inputs
+for the evaluation and prediction code that runs a model on rows outside the training loop.
 """
 
 from __future__ import annotations

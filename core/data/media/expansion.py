@@ -134,12 +134,11 @@ def cross_attention_inputs(input_ids: Any, images: Sequence[Image], image_proces
     token, image, tile], which lets each text token see the tiles of the images before it (MllamaProcessor's
     own functions, on each example's ids without its padding, as LLaMA-Factory passes them)."""
     import torch
-    from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
-                                                              get_cross_attention_token_mask)
+    from transformers.models.mllama.processing_mllama import convert_sparse_cross_attention_mask_to_dense, get_cross_attention_token_mask
 
     rows = input_ids.tolist()
     if attention_mask is not None:
-        rows = [row[:int(length)] for row, length in zip(rows, attention_mask.sum(dim=1).tolist())]
+        rows = [row[:int(length)] for row, length in zip(rows, attention_mask.sum(dim=1).tolist(), strict=True)]
     batched, start = [], 0
     for row in rows:
         count = row.count(image_token_id)

@@ -11,7 +11,7 @@ an audio clip with PyAV, with an audio stream that decodes to at least one sampl
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 

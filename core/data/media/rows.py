@@ -17,11 +17,12 @@ torch does not import: where it is missing the frames are cut by the image proce
 time by `video_features`, and where it imports (a CUDA machine) transformers' own video processor cuts
 them.
 
-The folder's processors load through `model_processors`. The tokenized folder keeps the image processor and the sizing settings beside its tokenizer
-(`save`), and the training collator reads them back (`read`): the pixels a model sees are cut by the
-very processor and sizes that counted its image tokens, whatever the model folder holds meanwhile.
-Pixels are made per batch in the data loader rather than stored, since they outweigh the tokens many
-times over (one 448x448 image is 256 tokens and 1.2 MB of float32 patches; a video, that per frame).
+The folder's processors load through `model_processors`. The tokenized folder keeps the image processor and
+the sizing settings beside its tokenizer (`save`), and the training collator reads them back (`read`): the
+pixels a model sees are cut by the very processor and sizes that counted its image tokens, whatever the
+model folder holds meanwhile. Pixels are made per batch in the data loader rather than stored, since they
+outweigh the tokens many times over (one 448x448 image is 256 tokens and 1.2 MB of float32 patches; a video,
+that per frame).
 """
 
 from __future__ import annotations
@@ -38,22 +39,56 @@ from tuneline.core.config import MediaConfig
 from tuneline.core.data.media.audio.clips import samples
 from tuneline.core.data.media.audio.in_video import block_text, heard_video_blocks, interleaved_counts, row_label
 from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_TOKENS, VIDEOS
-from tuneline.core.data.media.expansion import (CROP_TO_PATCHES, PAN_AND_SCAN, SlicedImage, audio_token_count,
-                                                cross_attention_inputs, expand_audios, expand_images, expand_videos,
-                                                image_features, image_prefix, pan_and_scan_crops, patch_token_counts,
-                                                placeholder_counts, sliced_images)
-from tuneline.core.data.media.processor_loading import (PROCESSOR_CLASSES, PROCESSOR_FILE, folder_model_type,
-                                                        load_audio_processor, load_image_processor,
-                                                        load_multimodal_processor, load_processor_settings,
-                                                        load_video_processor)
+from tuneline.core.data.media.expansion import (
+    CROP_TO_PATCHES,
+    PAN_AND_SCAN,
+    SlicedImage,
+    audio_token_count,
+    cross_attention_inputs,
+    expand_audios,
+    expand_images,
+    expand_videos,
+    image_features,
+    image_prefix,
+    pan_and_scan_crops,
+    patch_token_counts,
+    placeholder_counts,
+    sliced_images,
+)
+from tuneline.core.data.media.processor_loading import (
+    PROCESSOR_CLASSES,
+    PROCESSOR_FILE,
+    folder_model_type,
+    load_audio_processor,
+    load_image_processor,
+    load_multimodal_processor,
+    load_processor_settings,
+    load_video_processor,
+)
 from tuneline.core.data.media.sizing import MINICPM_V_4_6, sized_dimensions, sized_image
-from tuneline.core.data.media.video.frame_tiles import (FRAME_TILED_PLUGINS, check_images_first, check_one_sequence,
-                                                        frame_tile_features, frame_tiles_text)
+from tuneline.core.data.media.video.frame_tiles import (
+    FRAME_TILED_PLUGINS,
+    check_images_first,
+    check_one_sequence,
+    frame_tile_features,
+    frame_tiles_text,
+)
 from tuneline.core.data.media.video.frames import VideoSampling, frames, paired, probe
-from tuneline.core.data.media.video.layout import (TIMED_PLUGINS, VIDEO_PROCESSOR_FILE, TimedVideo, VideoPatching,
-                                                   folder_video_patching, glm_kept_frames, glm_token_types,
-                                                   timed_video, timed_video_texts, video_features, video_placements,
-                                                   video_processor_config, video_run_text)
+from tuneline.core.data.media.video.layout import (
+    TIMED_PLUGINS,
+    VIDEO_PROCESSOR_FILE,
+    TimedVideo,
+    VideoPatching,
+    folder_video_patching,
+    glm_kept_frames,
+    glm_token_types,
+    timed_video,
+    timed_video_texts,
+    video_features,
+    video_placements,
+    video_processor_config,
+    video_run_text,
+)
 from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.models.composite import FAMILY_TEMPLATES, MODEL_TEMPLATES
 from tuneline.core.templates.spec import QWEN_PLUGINS, MediaTokens, Template
@@ -268,7 +303,7 @@ class MediaRows:
                 continue
             with_videos = expand_videos(with_images, video_texts[start[VIDEOS]:end[VIDEOS]])
             expanded[part] = expand_audios(with_videos, audio_counts[start[AUDIOS]:end[AUDIOS]], self.media)
-        image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
+        image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images), strict=True))
         return {**row, **expanded, IMAGES: images, VIDEOS: videos, AUDIOS: audios,
                 MEDIA_TOKENS: image_tokens + sum(video_counts) + sum(audio_counts),
                 "image_prefix": image_prefix(image_counts, self.media)}
@@ -347,7 +382,7 @@ class MediaRows:
             raise DataError(f"{where}: with 'use_audio_in_video: true' each video names its sound track in `audios`, and "
                             f"the row has {len(videos)} videos and {len(audios)} sounds; give each video's file in `audios` too.")
         media, texts, counts = self.media, [], []
-        for video, sound in zip(videos, audios):
+        for video, sound in zip(videos, audios, strict=True):
             found = probe(video, self.sampling)
             width, height = sized_dimensions(found.width, found.height, max_pixels=self.settings.video_max_pixels,
                                              min_pixels=self.settings.video_min_pixels, plugin=media.plugin)
