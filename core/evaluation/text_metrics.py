@@ -61,5 +61,5 @@ def mean_similarity(predictions: Sequence[str], labels: Sequence[str]) -> dict[s
     LLaMA-Factory takes it (its pairwise sums can differ from a plain sum in the last digit)."""
     import numpy as np
 
-    per_example = [similarity(p, l) for p, l in zip(predictions, labels, strict=True)]
+    per_example = [similarity(prediction, label) for prediction, label in zip(predictions, labels, strict=True)]
     return {key: float(np.mean([s[key] for s in per_example])) if per_example else 0.0 for key in METRIC_KEYS}

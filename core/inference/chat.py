@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TextStreamer
 
+from tuneline.core.config import DataConfig, GeneratingConfig, ModelConfig
 from tuneline.core.data.media.columns import AUDIOS, IMAGES, MEDIA_COLUMNS, VIDEOS
 from tuneline.core.data.media.expansion import PLACEHOLDERS, placeholder_counts
 from tuneline.core.data.media.rows import SECONDS_SPACED, MediaRows, media_rows_for_model
-from tuneline.core.store.artifacts import read_manifest
-from tuneline.core.config import DataConfig, GeneratingConfig, ModelConfig
 from tuneline.core.errors import ConfigError, unknown_name_message
+from tuneline.core.store.artifacts import read_manifest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -265,8 +265,10 @@ def chat_media(source: ModelSource, *, images: list[str] = (), videos: list[str]
     if not (images or videos or audios):
         return None
     from tuneline.core.config import MediaConfig
-    from tuneline.core.data.media.audio.clips import AudioError, check as check_audio
-    from tuneline.core.data.media.video.frames import VideoError, check as check_video
+    from tuneline.core.data.media.audio.clips import AudioError
+    from tuneline.core.data.media.audio.clips import check as check_audio
+    from tuneline.core.data.media.video.frames import VideoError
+    from tuneline.core.data.media.video.frames import check as check_video
     from tuneline.core.models.composite import MODEL_TEMPLATES
     from tuneline.core.templates.catalog import TEMPLATES
     from tuneline.core.templates.unwritten import unwritten_template_message

@@ -1,12 +1,13 @@
 """LoRA and OFT adapters with LLaMA-Factory's keys, and the LoRA+ optimizer.
 
-A new adapter is LoRA, rsLoRA (`use_rslora`), DoRA (`use_dora`), PiSSA-initialised
-(`pissa_init`), or OFT (`finetuning_type: oft`: orthogonal block rotations of each targeted layer's
-input, peft's OFT). Both are saved, loaded and merged the same way. With `use_llama_pro` the
-adapter goes only on the layers that block expansion added (see `core/models/expansion.py`). `adapter_name_or_path` continues the last adapter it lists and merges the ones
-before it into the base; with `create_new_adapter` all of them are merged and a fresh adapter
-starts on top, as LLaMA-Factory does. On a multimodal model an adapter goes only on the parts that
-train (`core.models.composite`): not the vision tower unless `freeze_vision_tower: false`.
+A new adapter is LoRA, rsLoRA (`use_rslora`), DoRA (`use_dora`), PiSSA-initialised (`pissa_init`), or
+OFT (`finetuning_type: oft`: orthogonal block rotations of each targeted layer's input, peft's OFT).
+Both are saved, loaded and merged the same way. With `use_llama_pro` the adapter goes only on the layers
+that block expansion added (see `core/models/expansion.py`). `adapter_name_or_path` continues the last
+adapter it lists and merges the ones before it into the base; with `create_new_adapter` all of them are
+merged and a fresh adapter starts on top, as LLaMA-Factory does. On a multimodal model an adapter goes
+only on the parts that train (`core.models.composite`): not the vision tower unless
+`freeze_vision_tower: false`.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneline.core.config import FinetuningConfig
-from tuneline.core.models.composite import freeze_parts, in_part, trainable_projector, vision_keys
 from tuneline.core.errors import ConfigError, nearest
+from tuneline.core.models.composite import freeze_parts, in_part, trainable_projector, vision_keys
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

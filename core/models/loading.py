@@ -12,19 +12,31 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from tuneline.core.models.adapters import (ADAPTER_CONFIG, adapter_paths, apply_adapter, linear_module_names, load_adapter,
-                                           loraplus_optimizer)
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
-from tuneline.core.models.folders import model_folder_problem, tokenizer_folder_problem
+from tuneline.core.models.adapters import (
+    ADAPTER_CONFIG,
+    adapter_paths,
+    apply_adapter,
+    linear_module_names,
+    load_adapter,
+    loraplus_optimizer,
+)
 from tuneline.core.models.config_patches import patch_config
+from tuneline.core.models.folders import model_folder_problem, tokenizer_folder_problem
 from tuneline.core.models.freeze import apply_freeze, apply_full
 from tuneline.core.models.preparation import prepare_for_training, print_parameter_status
+from tuneline.core.models.pretrained import (
+    KEY,
+    check_weights_format,
+    first_line,
+    from_pretrained_checked,
+    load_config,
+    unreachable_model_message,
+)
+from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config
 from tuneline.core.models.scoring_class import scoring_class
 from tuneline.core.models.shifted_attention import use_shifted_sparse_attention
-from tuneline.core.models.quantization import keep_4bit_layout_for_training, quantization_config
-from tuneline.core.models.pretrained import (KEY, check_weights_format, first_line, from_pretrained_checked, load_config,
-                                             unreachable_model_message)
 from tuneline.core.models.vocabulary import grow_vocabulary
 
 if TYPE_CHECKING:

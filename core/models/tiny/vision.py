@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuneline.core.models.tiny.audio import AUDIO_TOKENS, qwen2_audio_model, save_qwen2_audio_processor
 from tuneline.core.models.composite import MODEL_TEMPLATES
+from tuneline.core.models.tiny.audio import AUDIO_TOKENS, qwen2_audio_model, save_qwen2_audio_processor
 from tuneline.core.models.tiny.minicpm import MINICPM_V_TOKENS, minicpm_v_model, save_minicpm_v_processor
 from tuneline.core.models.tiny.omni import OMNI_TOKENS, qwen2_omni_thinker, save_qwen2_omni_processors
 from tuneline.core.templates.catalog import TEMPLATES
@@ -213,8 +213,7 @@ def _glm4v_model(config: VisionModelConfig, *, vocab_size: int, ids: dict[str, i
 
 
 def _qwen_model_class(family: str) -> type:
-    from transformers import (Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration,
-                              Qwen3VLForConditionalGeneration)
+    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration, Qwen3VLForConditionalGeneration
 
     return {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
             "qwen3_vl": Qwen3VLForConditionalGeneration}[family]
@@ -262,8 +261,14 @@ def _tile_grids(config: VisionModelConfig) -> list[list[int]]:
 
 
 def _llava_model(config: VisionModelConfig, *, vocab_size: int, image_token_id: int, tokenizer):
-    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
-                              LlavaNextForConditionalGeneration)
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+    )
 
     vision = CLIPVisionConfig(hidden_size=config.vision_width, intermediate_size=2 * config.vision_width,
                               num_hidden_layers=config.vision_depth, num_attention_heads=2, image_size=config.image_size,
