@@ -12,16 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.models.tiny.text import build_base_model
 from tuneline.core.config import InferenceConfig, StageConfig, trains
 from tuneline.core.config.added_tokens import added_tokens
-from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, media_datasets, read_rows
 from tuneline.core.data.dataset_info import get_dataset_attrs, load_rows
 from tuneline.core.data.sources import dataset_file_paths
+from tuneline.core.data.tokenization import dataset_fingerprints, dataset_names, entry_fingerprint, media_datasets, read_rows
 from tuneline.core.evaluation.benchmark_plan import benchmark_folders, check_plan
+from tuneline.core.models.tiny.text import build_base_model
+from tuneline.core.pipeline.spec import BaseStage, EvaluateSettings, ExportSettings, Pipeline, TrainingStage
 from tuneline.core.store.fingerprints import stage_key, tree_fingerprint
 from tuneline.core.training.optimizers.rules import chosen_optimizers
-from tuneline.core.pipeline.spec import BaseStage, EvaluateSettings, ExportSettings, Pipeline, TrainingStage
 
 # Keys that change how a stage runs or reports, never what it produces.
 _NOT_OUTPUT = frozenset({
@@ -193,7 +193,8 @@ def train_key(stage: TrainingStage, *, tokenized_key: str, parent_key: str, refe
 
 # -- evaluate ----------------------------------------------------------------------------------
 
-def evaluate_key(settings: EvaluateSettings, *, stage_key_: str, baseline_key: str | None, tokenized_key: str, inputs: Mapping[str, str]) -> str:
+def evaluate_key(settings: EvaluateSettings, *, stage_key_: str, baseline_key: str | None, tokenized_key: str,
+                 inputs: Mapping[str, str]) -> str:
     upstream = {"stage": stage_key_, "data": tokenized_key, **({"baseline": baseline_key} if baseline_key else {})}
     return stage_key("evaluate", config=dataclasses.asdict(settings), upstream=upstream, inputs=inputs)
 

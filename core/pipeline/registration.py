@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from tuneline.core.pipeline.references import ArtifactRef
-from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.spec import RegisterSettings
 from tuneline.core.pipeline.stage_unit import CACHE_HIT_TAG, STAGE_TAG, WORKER_TAG, Announcer, RunContext, worker_name
+from tuneline.core.pipeline.stores import open_store
 from tuneline.core.tracking import model_registry as registry
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.tracking.promotion import check_metric, decide, metric_tags, rule_from_settings

@@ -24,11 +24,11 @@ from tuneline.core.errors import ObjectStoreError
 from tuneline.core.pipeline.references import ArtifactRef, StageStore
 from tuneline.core.store.artifacts import DAMAGE_NOTE, MANIFEST, Artifact, artifact_lock, artifact_path
 from tuneline.core.store.cache import Damage, set_aside_if_damaged, sound_artifact
-from tuneline.core.training.checkpoint_sync import CheckpointSync
 from tuneline.core.store.leases import LEASE_TTL_S, remote_lease
 from tuneline.core.store.location import WorkspaceLocation
 from tuneline.core.store.remote import RemoteWorkspace
 from tuneline.core.store.remote_artifacts import fetch_artifact, publish_artifact
+from tuneline.core.training.checkpoint_sync import CheckpointSync
 
 T = TypeVar("T")
 LEASE_TTL_ENV = "TUNELINE_LEASE_TTL_S"  # how long a killed holder's lease blocks the key (default LEASE_TTL_S)

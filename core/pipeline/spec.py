@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.models.tiny.text import BaseModelConfig
 from tuneline.core.config import (
     StageConfig,
     coerce_fields,
@@ -47,6 +46,8 @@ from tuneline.core.config import (
     read_yaml,
 )
 from tuneline.core.errors import ConfigError, listed, nearest
+from tuneline.core.evaluation.benchmark_plan import BenchmarkPlan
+from tuneline.core.models.tiny.text import BaseModelConfig
 from tuneline.core.pipeline.placement import (
     PLACEMENT_KEYS,
     RAY_RUNNER,
@@ -56,9 +57,8 @@ from tuneline.core.pipeline.placement import (
     task_runner_value,
     top_pool,
 )
-from tuneline.core.store.location import parse_workspace
 from tuneline.core.stages.registry import DEFAULT_STAGE, STAGE_NAMES, build_stage_config, kinds_with, stage_kind
-from tuneline.core.evaluation.benchmark_plan import BenchmarkPlan
+from tuneline.core.store.location import parse_workspace
 from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, load_promote_function, settings_problems
 
 BASE_KIND = "build_base"  # the pipeline's own stage: the project's tiny base model, built from a corpus
@@ -218,7 +218,8 @@ def build_pipeline(
     for key in raw:
         if key not in _TOP_KEYS:
             guess = nearest(key, _TOP_KEYS)
-            problems.append(f"unknown top-level key '{key}'" + (f"; did you mean '{guess}'?" if guess else f"; valid: {', '.join(_TOP_KEYS)}."))
+            hint = f"; did you mean '{guess}'?" if guess else f"; valid: {', '.join(_TOP_KEYS)}."
+            problems.append(f"unknown top-level key '{key}'{hint}")
     defaults = dict(raw.get("defaults") or {})
     everywhere: dict[str, Any] = {}
     per_stage: dict[str, dict[str, Any]] = {}
@@ -297,7 +298,8 @@ def _build_stage(
     if kind not in STAGE_NAMES:
         problems.append(f"stage '{name}': 'stage: {kind}' is not supported; choose one of {', '.join((BASE_KIND, *STAGE_NAMES))}.")
         return None
-    flat = {**{k: v for k, v in defaults.items() if k not in BASE_ONLY_KEYS}, **{k: v for k, v in values.items() if k not in ("name", "from")}}
+    flat = {**{k: v for k, v in defaults.items() if k not in BASE_ONLY_KEYS},
+            **{k: v for k, v in values.items() if k not in ("name", "from")}}
     try:
         config = build_stage_config(flat)
     except ConfigError as e:
@@ -352,7 +354,8 @@ def _settings(cls: type, values: Any, section: str, problems: list[str]) -> Any:
     bad = [k for k in values if k not in allowed]
     for key in bad:
         guess = nearest(key, allowed)
-        problems.append(f"'{section}': unknown key '{key}'" + (f"; did you mean '{guess}'?" if guess else f"; valid: {', '.join(allowed)}."))
+        hint = f"; did you mean '{guess}'?" if guess else f"; valid: {', '.join(allowed)}."
+        problems.append(f"'{section}': unknown key '{key}'{hint}")
     required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
     missing = [k for k in required if k not in values]
     if missing:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,8 @@ from tuneline.core.models.export import merge_adapter, write_hf_folder
 from tuneline.core.models.hub_push import push_export
 from tuneline.core.pipeline.keys import tokenize_key
 from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.store.artifacts import Artifact, ArtifactDraft, find_artifact, write_artifact
 from tuneline.core.stages.registry import tokenize_stage_data
+from tuneline.core.store.artifacts import Artifact, ArtifactDraft, find_artifact, write_artifact
 from tuneline.core.store.cache import Damage, serve_or_compute
 from tuneline.core.store.recency import note_use
 from tuneline.core.store.user_folders import WRITTEN_RECORD, check_user_folder, write_user_folder, written_entries

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tuneline.core.config.ray import trains_on_ray
 from tuneline.core.pipeline.keys import train_key
 from tuneline.core.pipeline.references import ModelInput
 from tuneline.core.pipeline.spec import TrainingStage
@@ -26,7 +27,6 @@ from tuneline.core.tracking import runs as tracking
 from tuneline.core.training.checkpoint_sync import uploading_checkpoints
 from tuneline.core.training.checkpoints import checkpoint_step, checkpoints, resume_point
 from tuneline.core.training.job import LOG_FILE, LOSS_PLOT
-from tuneline.core.config.ray import trains_on_ray
 from tuneline.core.worker.launch import JOB_FILE, launch_training, warm_up
 from tuneline.core.worker.preload import needs_bitsandbytes
 

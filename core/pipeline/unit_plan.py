@@ -15,14 +15,14 @@ from tuneline.core.config import InferenceConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.references import ArtifactRef, ExternalModel, ModelInput
-from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage
 from tuneline.core.pipeline.shipped_datasets import with_dataset_dirs
+from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage
 from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND, export_template
 from tuneline.core.pipeline.stage_unit import StageUnit, unit_key
 from tuneline.core.pipeline.stores import open_store
-from tuneline.core.store.fingerprints import code_digest, package_version
 from tuneline.core.pipeline.train_unit import TrainUnit
 from tuneline.core.pipeline.units import BaseUnit, EvaluateUnit, ExportUnit, MergeUnit, TokenizeUnit
+from tuneline.core.store.fingerprints import code_digest, package_version
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,15 @@ from tuneline.core.evaluation.heldout import score_model
 from tuneline.core.pipeline.keys import base_key, evaluate_key, export_key, heldout_rows, merge_key, run_build_base, tokenize_key
 from tuneline.core.pipeline.references import ArtifactRef, ModelInput
 from tuneline.core.pipeline.spec import BaseStage, EvaluateSettings, ExportSettings, TrainingStage
-from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, TOKENIZED_KIND, ParitySource, merge_into, tokenize_into, \
-    tokenize_params, write_export
+from tuneline.core.pipeline.stage_runs import (
+    TEMPLATE_WARNING,
+    TOKENIZED_KIND,
+    ParitySource,
+    merge_into,
+    tokenize_into,
+    tokenize_params,
+    write_export,
+)
 from tuneline.core.pipeline.stage_unit import StageInputs, StageKey, UnitRun
 from tuneline.core.store.artifacts import Artifact, ArtifactDraft
 from tuneline.core.tracking import runs as tracking

@@ -31,8 +31,16 @@ from starlette.exceptions import HTTPException
 from tuneline.core.errors import TunelineError
 from tuneline.core.serving.backends import QueueFull
 from tuneline.core.serving.guards import RequestGuard, error_response
-from tuneline.core.serving.protocol import (ChatRequest, RequestError, RequestLimits, chunk_body, completion_body,
-                                            error_body, parse_chat_request, usage_body)
+from tuneline.core.serving.protocol import (
+    ChatRequest,
+    RequestError,
+    RequestLimits,
+    chunk_body,
+    completion_body,
+    error_body,
+    parse_chat_request,
+    usage_body,
+)
 from tuneline.core.serving.relay import Relay, busy_response, wait_for_answers
 from tuneline.core.serving.scoring import parse_score_request
 from tuneline.core.serving.tool_calls import read_tool_calls

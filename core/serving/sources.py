@@ -15,8 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneline.core.config import (DataConfig, GeneratingConfig, InferenceConfig, ModelConfig, cache_root, parse_overrides,
-                                  read_stage_config, read_yaml)
+from tuneline.core.config import (
+    DataConfig,
+    GeneratingConfig,
+    InferenceConfig,
+    ModelConfig,
+    cache_root,
+    parse_overrides,
+    read_stage_config,
+    read_yaml,
+)
 from tuneline.core.config.llamafactory import refused_value
 from tuneline.core.errors import ConfigError
 from tuneline.core.inference.chat import ADAPTER_CONFIG, TOKENIZER_CONFIG, ModelSource, resolve_source

@@ -42,7 +42,7 @@ def _default(content: str) -> list[ToolCall] | None:
     found = re.findall(r"Action:\s*([a-zA-Z0-9_]+)\s*Action Input:\s*(.+?)(?=\s*Action:|\s*$)", content, re.DOTALL)
     calls = []
     for name, arguments in found:
-        parsed = _loads(arguments.strip().strip('"').strip("```"))
+        parsed = _loads(arguments.strip().strip('"').strip("`"))
         if parsed is None:
             return None
         calls.append((name.strip(), _dumps(parsed)))

@@ -26,8 +26,14 @@ from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, PER_DATASET_EVALUATION_KEYS, REFERENCE_KEYS, TRAINER_KEYS,
-                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (
+    CHECKPOINT_KEYS,
+    PER_DATASET_EVALUATION_KEYS,
+    REFERENCE_KEYS,
+    TRAINER_KEYS,
+    TRAINER_LOOP_KEYS,
+    TRAINER_SAMPLER_KEYS,
+)
 from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
@@ -123,8 +129,8 @@ def _reference_free_trainer(request: TrainerRequest) -> Trainer:
 def preference_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
                        finetuning: FinetuningConfig, *, prefix: str = "eval") -> dict[str, float]:
     """The trainer's evaluation plus how strongly policy and reference prefer the chosen replies (`eval_pref_*`)."""
-    from tuneline.core.evaluation.preference import evaluate_preference
     from tuneline.core.data.media.batching import row_media
+    from tuneline.core.evaluation.preference import evaluate_preference
 
     metrics = dict(trainer.evaluate(metric_key_prefix=prefix))
     found = evaluate_preference(trainer.model, validation, beta=finetuning.pref_beta, reference=getattr(trainer, "ref_model", None),
@@ -151,8 +157,8 @@ DPO = StageKind(
     references=frozenset({"ref_model"}),
     trains_images=True,
     config_problems=_config_problems,
-    reads=frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *PER_DATASET_EVALUATION_KEYS, *PREFERENCE_KEYS,
-                     *REFERENCE_KEYS}),
+    reads=frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *PER_DATASET_EVALUATION_KEYS,
+                     *PREFERENCE_KEYS, *REFERENCE_KEYS}),
     unread_keys=_unread_keys,
     own_keys=PREFERENCE_KEYS,
     load_model=load_policy,

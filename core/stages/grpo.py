@@ -23,8 +23,15 @@ from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.rm import reward_model_key_problems
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, REFERENCE_KEYS, SAMPLING_KEYS, SERVING_KEYS, TRAINER_KEYS,
-                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (
+    CHECKPOINT_KEYS,
+    REFERENCE_KEYS,
+    SAMPLING_KEYS,
+    SERVING_KEYS,
+    TRAINER_KEYS,
+    TRAINER_LOOP_KEYS,
+    TRAINER_SAMPLER_KEYS,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset

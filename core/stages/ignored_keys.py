@@ -22,10 +22,22 @@ from tuneline.core.config import GROUPS, MediaConfig, StageConfig
 from tuneline.core.data.tokenization import media_datasets
 from tuneline.core.errors import listed
 from tuneline.core.stages.registry import KINDS, stage_kind
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, LABEL_SMOOTHING_KEYS, LANGUAGE_MODEL_KEYS, PACKING_KEYS,
-                                               PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS, READ_BY_NO_KIND, REFERENCE_KEYS,
-                                               REWARD_MODEL_KEYS, SUPERVISED_LABEL_KEYS, TRAINER_ARGUMENTS, TRAINER_KEYS,
-                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (
+    CHECKPOINT_KEYS,
+    LABEL_SMOOTHING_KEYS,
+    LANGUAGE_MODEL_KEYS,
+    PACKING_KEYS,
+    PER_DATASET_EVALUATION_KEYS,
+    PREDICTION_KEYS,
+    READ_BY_NO_KIND,
+    REFERENCE_KEYS,
+    REWARD_MODEL_KEYS,
+    SUPERVISED_LABEL_KEYS,
+    TRAINER_ARGUMENTS,
+    TRAINER_KEYS,
+    TRAINER_LOOP_KEYS,
+    TRAINER_SAMPLER_KEYS,
+)
 
 STAGE_KEYS: tuple[str, ...] = tuple(dict.fromkeys((
     *PACKING_KEYS, *SUPERVISED_LABEL_KEYS, *TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS,

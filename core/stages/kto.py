@@ -10,8 +10,14 @@ from tuneline.core.errors import ConfigError
 from tuneline.core.stages.causal_lm import load_policy
 from tuneline.core.stages.kind import StageKind, TrainerRequest
 from tuneline.core.stages.preference import pissa_problems, preference_problems, raise_problems, with_reference
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, PER_DATASET_EVALUATION_KEYS, REFERENCE_KEYS, TRAINER_KEYS,
-                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (
+    CHECKPOINT_KEYS,
+    PER_DATASET_EVALUATION_KEYS,
+    REFERENCE_KEYS,
+    TRAINER_KEYS,
+    TRAINER_LOOP_KEYS,
+    TRAINER_SAMPLER_KEYS,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -77,8 +83,8 @@ KTO = StageKind(
     references=frozenset({"ref_model"}),
     config_problems=_config_problems,
     # of the preference keys only pref_beta: kto_problems refuses dpo's other terms
-    reads=frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *PER_DATASET_EVALUATION_KEYS, "pref_beta", *KTO_KEYS,
-                     *REFERENCE_KEYS}),
+    reads=frozenset({*TRAINER_KEYS, *TRAINER_LOOP_KEYS, *CHECKPOINT_KEYS, *TRAINER_SAMPLER_KEYS, *PER_DATASET_EVALUATION_KEYS,
+                     "pref_beta", *KTO_KEYS, *REFERENCE_KEYS}),
     own_keys=KTO_KEYS,
     load_model=load_policy,
     build_trainer=build_kto_trainer,

@@ -14,8 +14,8 @@ from typing import Any
 from accelerate.utils import is_peft_model
 from torch.utils.data import RandomSampler, Sampler, SequentialSampler
 from trl import DPOTrainer, KTOTrainer
-from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 from trl.import_utils import TRLExperimentalWarning
+from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
 from tuneline.core.training.full_logits_head import prefer_full_logits
 

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from tuneline.core.stages.causal_lm import build_language_model_trainer, load_policy, perplexity_metrics
 from tuneline.core.stages.kind import StageKind
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, LABEL_SMOOTHING_KEYS, LANGUAGE_MODEL_KEYS, PACKING_KEYS,
-                                               PER_DATASET_EVALUATION_KEYS, TRAINER_KEYS, TRAINER_LOOP_KEYS,
-                                               TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (
+                                               CHECKPOINT_KEYS,
+                                               LABEL_SMOOTHING_KEYS,
+                                               LANGUAGE_MODEL_KEYS,
+                                               PACKING_KEYS,
+                                               PER_DATASET_EVALUATION_KEYS,
+                                               TRAINER_KEYS,
+                                               TRAINER_LOOP_KEYS,
+                                               TRAINER_SAMPLER_KEYS,
+)
 
 PT = StageKind(
     name="pt",

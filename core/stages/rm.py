@@ -17,8 +17,13 @@ from typing import TYPE_CHECKING
 from tuneline.core.config import FinetuningConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.kind import ModelRequest, StageKind, TrainerRequest
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, PER_DATASET_EVALUATION_KEYS, TRAINER_KEYS, TRAINER_LOOP_KEYS,
-                                               TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (
+    CHECKPOINT_KEYS,
+    PER_DATASET_EVALUATION_KEYS,
+    TRAINER_KEYS,
+    TRAINER_LOOP_KEYS,
+    TRAINER_SAMPLER_KEYS,
+)
 from tuneline.core.stages.trl_trainers import trl_trainer
 
 if TYPE_CHECKING:
@@ -91,9 +96,8 @@ def load_reward_base(request: ModelRequest) -> PreTrainedModel:
 def reward_metrics(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, validation: Dataset,
                    finetuning: FinetuningConfig, *, prefix: str = "eval") -> dict[str, float]:
     """The trainer's evaluation plus pair accuracy and margin on the validation pairs (`eval_rm_*`)."""
-    from tuneline.core.evaluation.reward import evaluate_reward_model
-
     from tuneline.core.data.media.batching import PairedMediaCollator
+    from tuneline.core.evaluation.reward import evaluate_reward_model
 
     metrics = dict(trainer.evaluate(metric_key_prefix=prefix))
     collator = trainer.data_collator if isinstance(trainer.data_collator, PairedMediaCollator) else None

@@ -35,7 +35,8 @@ def predict_problems(config: StageConfig, kind: StageKind, *, kinds: Mapping[str
     do_predict, with_generate = config.training.get("do_predict"), config.training.get("predict_with_generate")
     problems = []
     if do_predict and not with_generate:
-        problems.append("'do_predict: true' needs 'predict_with_generate: true' (answers are generated and scored); set it or remove do_predict.")
+        problems.append("'do_predict: true' needs 'predict_with_generate: true' (answers are generated and scored); "
+                        "set it or remove do_predict.")
     if with_generate and not kind.predicts:
         predicting = listed(name for name, k in kinds.items() if k.predicts)
         problems.append(f"'predict_with_generate: true' is for stage {predicting}, not '{kind.name}'; remove it.")

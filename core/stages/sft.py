@@ -9,10 +9,19 @@ from __future__ import annotations
 from tuneline.core.config import FinetuningConfig, StageConfig
 from tuneline.core.stages.causal_lm import build_language_model_trainer, load_policy, perplexity_metrics
 from tuneline.core.stages.kind import StageKind
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, LABEL_SMOOTHING_KEYS, LANGUAGE_MODEL_KEYS, PACKING_KEYS,
-                                               PER_DATASET_EVALUATION_KEYS, PREDICTION_KEYS, REFERENCE_KEYS,
-                                               SUPERVISED_LABEL_KEYS, TRAINER_KEYS, TRAINER_LOOP_KEYS,
-                                               TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (
+    CHECKPOINT_KEYS,
+    LABEL_SMOOTHING_KEYS,
+    LANGUAGE_MODEL_KEYS,
+    PACKING_KEYS,
+    PER_DATASET_EVALUATION_KEYS,
+    PREDICTION_KEYS,
+    REFERENCE_KEYS,
+    SUPERVISED_LABEL_KEYS,
+    TRAINER_KEYS,
+    TRAINER_LOOP_KEYS,
+    TRAINER_SAMPLER_KEYS,
+)
 
 LOSS_VARIANTS = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")
 SFT_LOSS_KEYS = (*LOSS_VARIANTS, "asft_alpha", "eaft_alpha")

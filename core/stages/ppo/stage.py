@@ -9,8 +9,14 @@ from __future__ import annotations
 from tuneline.core.config import StageConfig, trains
 from tuneline.core.stages.kind import LoopRequest, StageKind
 from tuneline.core.stages.rm import reward_model_key_problems
-from tuneline.core.stages.stage_keys import (CHECKPOINT_KEYS, GENERATION_KEYS, LABEL_SMOOTHING_KEYS, REFERENCE_KEYS,
-                                               TRAINER_LOOP_KEYS, TRAINER_SAMPLER_KEYS)
+from tuneline.core.stages.stage_keys import (
+    CHECKPOINT_KEYS,
+    GENERATION_KEYS,
+    LABEL_SMOOTHING_KEYS,
+    REFERENCE_KEYS,
+    TRAINER_LOOP_KEYS,
+    TRAINER_SAMPLER_KEYS,
+)
 
 PPO_KEYS = ("ppo_buffer_size", "ppo_epochs", "ppo_score_norm", "ppo_target", "ppo_whiten_rewards")
 

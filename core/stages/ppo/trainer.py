@@ -41,8 +41,14 @@ import torch
 from tuneline.core.config import FinetuningConfig, GeneratingConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.kind import LoopRequest, ModelRequest
-from tuneline.core.stages.ppo.arithmetic import (AdaptiveKLController, RunningMoments, advantages_and_returns, clipped_losses,
-                                    masked_whiten, token_rewards)
+from tuneline.core.stages.ppo.arithmetic import (
+    AdaptiveKLController,
+    RunningMoments,
+    advantages_and_returns,
+    clipped_losses,
+    masked_whiten,
+    token_rewards,
+)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -93,11 +99,11 @@ def sequence_batch(prompts: list[list[int]], replies: list[list[int]], *, pad_to
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prompt + reply rows padded on the right: ids, attention mask, and the mask of the positions
     (shifted frame, width - 1) that predict a reply token."""
-    width = max(len(p) + len(r) for p, r in zip(prompts, replies))
+    width = max(len(p) + len(r) for p, r in zip(prompts, replies, strict=True))
     ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
     mask = torch.zeros((len(prompts), width - 1), dtype=torch.float32)
-    for row, (prompt, reply) in enumerate(zip(prompts, replies)):
+    for row, (prompt, reply) in enumerate(zip(prompts, replies, strict=True)):
         length = len(prompt) + len(reply)
         ids[row, :length] = torch.tensor(prompt + reply)
         attention[row, :length] = 1
@@ -210,7 +216,7 @@ class PPOTrainer:
     def scores(self, prompts: list[list[int]], replies: list[list[int]]) -> torch.Tensor:
         from tuneline.core.evaluation.reward import score
 
-        texts = [prompt + reply for prompt, reply in zip(prompts, replies)]
+        texts = [prompt + reply for prompt, reply in zip(prompts, replies, strict=True)]
         return score(self.reward_model, self.tokenizer, texts, batch_size=self.args.per_device_train_batch_size).to(
             self.accelerator.device)
 
@@ -348,8 +354,8 @@ def train_ppo(request: LoopRequest) -> dict[str, float]:
     from tuneline.core.models.loading import load_reward_model, trainable_summary
     from tuneline.core.stages.causal_lm import load_policy
     from tuneline.core.stages.ppo.checkpoint import PPOLog, load_checkpoint, save_checkpoint, save_outputs
-    from tuneline.core.training.method_record import method_record, qualified_name, report
     from tuneline.core.stages.preference import reference_model
+    from tuneline.core.training.method_record import method_record, qualified_name, report
 
     job, args, tokenizer, datasets = request.job, request.args, request.tokenizer, request.datasets
     checkpoint, finetuning, model_config = request.checkpoint, request.finetuning, request.model_config
