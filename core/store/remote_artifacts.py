@@ -2,9 +2,10 @@
 
 `publish_artifact` uploads a finished local artifact: every file its manifest lists, then the
 manifest, which is the commit: an upload cut short leaves objects that no reader trusts, and
-publishing again completes it (removing first what the folder holds that the manifest does not
-list: a file of the cut-short upload, or `tuneline verify`'s note on a damaged copy). A key already published (its manifest is there) is left as it is:
-keys are content-addressed, so it is the same artifact.
+publishing again completes it (removing first what the folder holds that the manifest does not list:
+a file of the cut-short upload, or `tuneline verify`'s note on a damaged copy). A key already
+published (its manifest is there) is left as it is: keys are content-addressed, so it is the same
+artifact.
 
 `fetch_artifact` brings an artifact into the cache, where it is a folder exactly as in a local
 workspace (`artifacts/<kind>/<key>/`), so every local reader works on it. It reads the remote

@@ -235,4 +235,5 @@ def auto_text(
 ) -> str:
     """The text the tokenizer's chat template renders for the conversation."""
     render = _renderer(tokenizer, template.chat_template or "", tools=_tool_list(tools))
-    return render(chat_messages(messages, system or template.default_system or None), add_generation_prompt=messages[-1]["role"] in SOURCE_ROLES)
+    return render(chat_messages(messages, system or template.default_system or None),
+                  add_generation_prompt=messages[-1]["role"] in SOURCE_ROLES)

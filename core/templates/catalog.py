@@ -1,8 +1,9 @@
 """The registered chat templates: LLaMA-Factory 0.9.5's text templates by name, as frozen values.
 
 The values live in three modules by family (plain-text formats, ChatML copies, vendor formats), and
-the multimodal copies of some of them in a fourth; this one joins them into one read-only mapping and refuses a name registered twice. Behaviour
-(encoding, tokenizer fixes, Jinja export) lives in `tuneline.core.templates.conversation`.
+the multimodal copies of some of them in a fourth; this one joins them into one read-only mapping
+and refuses a name registered twice. Behaviour (encoding, tokenizer fixes, Jinja export) lives in
+`tuneline.core.templates.conversation`.
 """
 
 from __future__ import annotations

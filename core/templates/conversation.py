@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from tuneline.core.errors import ConfigError, DataError, unknown_name_message
 from tuneline.core.templates.auto import auto_text, template_from_tokenizer
+from tuneline.core.templates.catalog import AUTO, TEMPLATES
 from tuneline.core.templates.check import check_template
 from tuneline.core.templates.encode import encode_pieces, message_pieces
 from tuneline.core.templates.format import Message, check_roles, ends_with_prompt, format_messages
 from tuneline.core.templates.jinja import chat_template_jinja
-from tuneline.core.templates.catalog import AUTO, TEMPLATES
-from tuneline.core.templates.unwritten import unwritten_template_message
 from tuneline.core.templates.spec import BOS, EOS, Special, Template, Token
+from tuneline.core.templates.unwritten import unwritten_template_message
 
 if TYPE_CHECKING:
     from tokenizers import AddedToken

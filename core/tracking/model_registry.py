@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from tuneline.core.tracking import runs as tracking
 from tuneline.core.errors import ConfigError, nearest
+from tuneline.core.tracking import runs as tracking
 from tuneline.core.tracking.privacy import mask_password
 from tuneline.core.tracking.promotion import CHALLENGER_ALIAS, Decision, metrics_from_tags, push_history
 

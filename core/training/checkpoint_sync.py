@@ -91,7 +91,8 @@ class CheckpointSync:
                 problems = [f"{file}: missing"]
                 break
         else:
-            problems = compare_files(table, {f: d.size for f, d in found.items()}, digest=lambda f: found[f].sha256 or "")
+            digests = {f: d.sha256 or "" for f, d in found.items()}
+            problems = compare_files(table, {f: d.size for f, d in found.items()}, digest=digests.__getitem__)
         if problems:
             shutil.rmtree(incoming, ignore_errors=True)
             raise ObjectStoreError(f"the uploaded checkpoint {url} differs from its {CHECKPOINT_MANIFEST}, so it is not "

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 LOG_FILE = "trainer_log.jsonl"
 LOSS_PLOT = "training_loss.png"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"

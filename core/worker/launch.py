@@ -18,13 +18,21 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuneline.core.training.distributed import (WORKER_MODULE, LaunchPlan, check_parallel_settings, plan_from_env,
-                                                resolve_parallel_settings, visible_gpus, worker_command, worker_env)
 from tuneline.core.config import OptimizerConfig
 from tuneline.core.config.ray import trains_on_ray
 from tuneline.core.errors import ConfigError, TunelineError
-from tuneline.core.training.optimizers.rules import parallel_problems
+from tuneline.core.training.distributed import (
+    WORKER_MODULE,
+    LaunchPlan,
+    check_parallel_settings,
+    plan_from_env,
+    resolve_parallel_settings,
+    visible_gpus,
+    worker_command,
+    worker_env,
+)
 from tuneline.core.training.job import TrainJob
+from tuneline.core.training.optimizers.rules import parallel_problems
 from tuneline.core.worker.preload import job_needs_bitsandbytes
 from tuneline.core.worker.protocol import ERROR_PREFIX, RESULT_PREFIX, WAIT_FOR_JOB, WITHOUT_BITSANDBYTES
 from tuneline.core.worker.warm import WarmChild, warm_worker

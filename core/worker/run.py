@@ -55,10 +55,10 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
                         model_config: ModelConfig, new_tokens: NewTokens | None) -> dict[str, float]:
     from tuneline.core.models.loading import trainable_summary
     from tuneline.core.training.callbacks import LogCallback, loop_callbacks
-    from tuneline.core.training.throughput import effective_tokens_per_second
     from tuneline.core.training.checkpoint_record import CheckpointRecord
     from tuneline.core.training.method_record import MethodRecordCallback, trainer_loss
     from tuneline.core.training.profiler import profiler_callbacks
+    from tuneline.core.training.throughput import effective_tokens_per_second
 
     optimizer = OptimizerConfig(**job.optimizer)
     data = DataConfig(**job.data)
@@ -105,8 +105,8 @@ def _train_with_trainer(kind: StageKind, job: TrainJob, args, *, checkpoint, tok
         results["eval"] = held_out_results(kind, trainer, tokenizer, datasets, finetuning)
         metrics.update(results["eval"])
     if args.do_predict:
-        from tuneline.core.evaluation.predict import predict_after_training
         from tuneline.core.data.media.batching import row_media
+        from tuneline.core.evaluation.predict import predict_after_training
 
         metrics.update(predict_after_training(trainer, datasets, generating=prediction_generating(job.generating, data),
                                               media=row_media(trainer)))

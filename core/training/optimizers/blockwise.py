@@ -2,8 +2,8 @@
 
 `badam_mode: layer` trains one decoder layer at a time (embeddings and output head stay frozen),
 switching to the next every `badam_switch_interval` steps in `badam_switch_mode` order, with Adam
-state only for the active block; `-1` never switches (LLaMA-Factory's meaning). `badam_mode: ratio` updates a `badam_update_ratio` share of the
-entries of every layer matrix through sparse gradients.
+state only for the active block; `-1` never switches (LLaMA-Factory's meaning). `badam_mode: ratio`
+updates a `badam_update_ratio` share of the entries of every layer matrix through sparse gradients.
 """
 
 from __future__ import annotations
