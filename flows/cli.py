@@ -9,7 +9,8 @@
     tuneline data preview CONFIG.yaml [--count N] [key=value ...]
     tuneline export CONFIG.yaml [key=value ...]
     tuneline chat PATH|CONFIG.yaml [--system TEXT] [--max-new-tokens N] [--do-sample] [--temperature T] ...
-    tuneline api|webchat CONFIG.yaml|MODEL_PATH|models:/NAME@ALIAS [--host H] [--port P] [--allow-no-key] [--max-batch N] [--queue-size N] [key=value ...]
+    tuneline api|webchat CONFIG.yaml|MODEL_PATH|models:/NAME@ALIAS [--host H] [--port P] [--allow-no-key]
+        [--max-batch N] [--queue-size N] [key=value ...]
     tuneline promote MODEL_NAME VERSION [--workspace DIR | --tracking-uri URI]
     tuneline rollback MODEL_NAME [--workspace DIR | --tracking-uri URI]
     tuneline verify [--workspace DIR|URL]
@@ -29,6 +30,7 @@ import time
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
+
 from tuneline.flows.eval_command import add_eval_parser
 from tuneline.flows.serve_commands import add_serve_parsers
 
@@ -228,8 +230,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 
 def _run_flow(pipeline: str, overrides: list[str], workspace: str | None) -> int:
-    from tuneline.core.pipeline.spec import load_pipeline
     from tuneline.core.pipeline.keys import check_pipeline_datasets
+    from tuneline.core.pipeline.spec import load_pipeline
 
     # Config and dataset-entry errors surface before Prefect starts; the flow takes the pipeline as
     # read here and hashes the data, once.
@@ -326,9 +328,9 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from tuneline.core.inference.chat import ChatSession, chat_loop, chat_media, load_chat_model
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.data.media.columns import MEDIA_COLUMNS
+    from tuneline.core.inference.chat import ChatSession, chat_loop, chat_media, load_chat_model
     from tuneline.core.store.readers import reading_artifacts
     from tuneline.core.tracking.model_registry import registry_uri
     from tuneline.flows.serve_commands import chat_target
@@ -343,7 +345,7 @@ def run_chat(args: argparse.Namespace) -> int:
         media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=target.template)
         model, tokenizer = load_chat_model(source, template=target.template, keys=target.keys, model_config=target.model_config)
         shown = {column: [str(Path(path).resolve()) for path in paths]
-                 for column, paths in zip(MEDIA_COLUMNS, (args.image, args.video, args.audio)) if paths}
+                 for column, paths in zip(MEDIA_COLUMNS, (args.image, args.video, args.audio), strict=True) if paths}
         session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system, media=media, shown=shown)
         interactive = sys.stdin.isatty()
         try:

@@ -5,12 +5,13 @@ Run it with `tuneline run PIPELINE.yaml [key=value ...]` or `tuneline demo`.
 Each stage's key (core/pipeline/keys.py) names its artifact in the workspace's store, which is the
 only cache: every stage task runs, and serves the artifact when it is there and sound.
 
-Scheduling: the flow submits every stage whose stages it refers to have ended and waits for
-whichever ends first, so stages that do not depend on each other (rm and dpo after sft) run at the
-same time; a stage's tokenization starts as soon as its tokenizer is built. A stage with a `work_pool` runs as a flow run on a worker of that pool (flows/stage_flow.py);
-one without runs in this process, in a thread of its own, with at most `parallel_training` of
-them training at a time (one training stage uses every core and GPU of the machine). With
-`task_runner: ray` every stage runs as a Ray task holding its `resources` (flows/ray_stages.py).
+Scheduling: the flow submits every stage whose stages it refers to have ended and waits for whichever
+ends first, so stages that do not depend on each other (rm and dpo after sft) run at the same time; a
+stage's tokenization starts as soon as its tokenizer is built. A stage with a `work_pool` runs as a flow
+run on a worker of that pool (flows/stage_flow.py); one without runs in this process, in a thread of its
+own, with at most `parallel_training` of them training at a time (one training stage uses every core and
+GPU of the machine). With `task_runner: ray` every stage runs as a Ray task holding its `resources`
+(flows/ray_stages.py).
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from tuneline.core.errors import ConfigError
+from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.references import ArtifactRef, ExternalModel, ModelInput, StageStore
-from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.shipped_datasets import on_a_pool, ship_datasets
 from tuneline.core.pipeline.spec import BaseStage, Pipeline, TrainingStage, load_pipeline
 from tuneline.core.pipeline.stage_runs import TOKENIZED_KIND
 from tuneline.core.pipeline.stage_unit import RunContext, StageUnit, serve_stored_unit, unit_key
+from tuneline.core.pipeline.stores import open_store
 from tuneline.core.pipeline.train_unit import TrainUnit, warm_up_training
 from tuneline.core.pipeline.unit_plan import UnitAddress, build_unit
 from tuneline.core.pipeline.units import BaseUnit, EvaluateUnit, ExportUnit, MergeUnit
-from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.tracking.lineage import lineage_tags

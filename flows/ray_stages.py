@@ -18,10 +18,10 @@ from prefect import Flow
 from prefect.context import FlowRunContext
 
 from tuneline.core.errors import ConfigError
+from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.ray_stages import RayUnit, connect_cluster, forwarded_env, ray_remote_options
 from tuneline.core.pipeline.references import ArtifactRef, ModelInput
 from tuneline.core.pipeline.spec import Pipeline
-from tuneline.core.pipeline.keys import PipelineFingerprints
 from tuneline.core.pipeline.stage_unit import RunContext, StageUnit, unit_key
 from tuneline.core.pipeline.unit_plan import UnitAddress
 

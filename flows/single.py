@@ -15,27 +15,32 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
-from tuneline.core.store.artifacts import Artifact
-from tuneline.core.store.cache import Damage
-from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.config import StageConfig, cache_root, trains
-from tuneline.core.stages.ignored_keys import datasets_map_media, ignored_keys
-from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
 from tuneline.core.data.dataset_info import get_dataset_attrs
 from tuneline.core.data.media.columns import MEDIA_COLUMNS
 from tuneline.core.data.tokenization import TEMPLATE_WARNING_FILE, TOKENIZER_DIR, dataset_fingerprints, dataset_names, render_preview
 from tuneline.core.errors import ConfigError
+from tuneline.core.models.gptq import gptq_machine_problems
+from tuneline.core.pipeline.spec import TrainingStage
+from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, train_job
+from tuneline.core.pipeline.tokenized_folders import (
+    holds_files,
+    ignored_settings,
+    load_tokenized,
+    save_tokenized,
+    saved_counters,
+    write_record,
+)
+from tuneline.core.stages.ignored_keys import datasets_map_media, ignored_keys
+from tuneline.core.stages.registry import load_stage_config, tokenize_stage_data
+from tuneline.core.store.artifacts import Artifact
+from tuneline.core.store.cache import Damage
 from tuneline.core.store.fingerprints import tree_fingerprint
 from tuneline.core.store.user_folders import write_user_folder
-from tuneline.core.worker.launch import (JOB_FILE, launch_plan, launch_training, on_ray, prepare_job, warm_up,
-                                         worker_started_ahead)
-from tuneline.core.worker.preload import needs_bitsandbytes
-from tuneline.core.pipeline.spec import TrainingStage
-from tuneline.core.models.gptq import gptq_machine_problems
-from tuneline.core.pipeline.stage_runs import TEMPLATE_WARNING, cached_tokenized_data, export_folder, train_job
-from tuneline.core.pipeline.tokenized_folders import (holds_files, ignored_settings, load_tokenized, save_tokenized, saved_counters,
-                                                       write_record)
+from tuneline.core.training.checkpoints import CHECKPOINT_PREFIX, RECORD_FILE
 from tuneline.core.training.job import LOG_FILE
+from tuneline.core.worker.launch import JOB_FILE, launch_plan, launch_training, on_ray, prepare_job, warm_up, worker_started_ahead
+from tuneline.core.worker.preload import needs_bitsandbytes
 
 NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -176,8 +181,8 @@ def preview(config_path: str, overrides: list[str], *, count: int) -> str:
     the config's datasets tokenized (through the cache; preview never writes `tokenized_path`)."""
     from datasets import load_from_disk
 
-    from tuneline.core.store.artifacts import read_manifest
     from tuneline.core.models.loading import load_tokenizer
+    from tuneline.core.store.artifacts import read_manifest
 
     config = load_stage_config(config_path, overrides)
     saved = Path(config.data.tokenized_path) if config.data.tokenized_path else None

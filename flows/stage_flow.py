@@ -121,5 +121,6 @@ def stored_reference(store: StageStore, workspace: str, unit: StageUnit, key: st
                              f"{unit.kind} artifact {key}" + (f" ({damage.reason})" if damage else "") +
                              "; the workers must run with the same workspace as this pipeline (an s3:// URL every machine reaches).")
 
-    return store.serve_or_compute(unit.kind, key, serve=lambda artifact: ArtifactRef.from_artifact(artifact, name=unit.label, cache_hit=cache_hit),
-                                  compute=missing, on_wait=lambda: None, on_damaged=lambda damage: None)
+    return store.serve_or_compute(
+        unit.kind, key, serve=lambda artifact: ArtifactRef.from_artifact(artifact, name=unit.label, cache_hit=cache_hit),
+        compute=missing, on_wait=lambda: None, on_damaged=lambda damage: None)

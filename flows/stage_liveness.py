@@ -91,7 +91,8 @@ class StageRunWatch:
         allowed_s = settings.server.services.foreman.inactivity_heartbeat_multiple * settings.worker.heartbeat_seconds
         if now - self._unnamed_since < allowed_s or (self._lease is not None and self._lease.live()):
             return None
-        return f"found dead: it has been Pending for {now - self._unnamed_since:.0f} s and no worker of pool {self._pool} has named itself on it"
+        return (f"found dead: it has been Pending for {now - self._unnamed_since:.0f} s and no worker of pool {self._pool} "
+                "has named itself on it")
 
     def _silence(self, worker: Worker | None) -> tuple[float, float]:
         """How long the worker's heartbeat has stood still as seen from here, and how long it may."""

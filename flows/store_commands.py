@@ -66,9 +66,11 @@ def run_gc(args: argparse.Namespace) -> int:
     found = []
     for store in stores:  # every store's references are read before anything is listed
         referenced, unreferenced = _kept_keys(store, args)
-        find = (lambda **given: find_remote_garbage(store.remote, **given)) if store.remote is not None else (
-            lambda **given: find_garbage(store.root, **given))
-        found.append((store, find(referenced=referenced, kinds=store.kinds, unreferenced=unreferenced)))
+        if store.remote is not None:
+            items = find_remote_garbage(store.remote, referenced=referenced, kinds=store.kinds, unreferenced=unreferenced)
+        else:
+            items = find_garbage(store.root, referenced=referenced, kinds=store.kinds, unreferenced=unreferenced)
+        found.append((store, items))
     garbage = [item for _, items in found for item in items]
     for item in garbage:
         kept = "; kept while a process reads it" if item.in_use else ""

@@ -5,10 +5,10 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tuneline.core.tracking import runs as tracking
-from tuneline.core.pipeline.spec import Pipeline
 from tuneline.core.pipeline.keys import PipelineFingerprints, pipeline_dataset_fingerprints
+from tuneline.core.pipeline.spec import Pipeline
 from tuneline.core.pipeline.stage_unit import RunContext
+from tuneline.core.tracking import runs as tracking
 
 
 @task(name="register_datasets", cache_policy=NO_CACHE, persist_result=False)
