@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from tuneline.core.config import parse_overrides
-from tuneline.core.stages.registry import build_stage_config, load_stage_config
 from tuneline.core.errors import ConfigError
+from tuneline.core.stages.registry import build_stage_config, load_stage_config
 
 
 def test_misspelled_key_names_the_nearest_valid_key():

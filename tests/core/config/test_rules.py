@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import run_cli_here
 
+from conftest import run_cli_here
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.registry import build_stage_config
 

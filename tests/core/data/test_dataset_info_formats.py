@@ -127,7 +127,7 @@ def test_arrow_written_by_datasets_loads(tmp_path: Path) -> None:
 
 
 def test_text_file_rows_skip_blank_lines(tmp_path: Path) -> None:
-    (tmp_path / "t.txt").write_bytes("first line\r\n\r\nsecond, with \"quotes\"\nlast".encode())
+    (tmp_path / "t.txt").write_bytes(b"first line\r\n\r\nsecond, with \"quotes\"\nlast")
     write_info(tmp_path, {"t": {"file_name": "t.txt", "columns": {"prompt": "text"}}})
     rows = load(tmp_path, "t")
     assert [r["prompt"] for r in rows] == [[{"role": "user", "content": t}] for t in

@@ -137,12 +137,12 @@ def test_a_bad_media_row_is_named_or_dropped_and_counted(dataset, case: str):
 
 
 def test_data_preprocess_exits_2_naming_the_bad_image_and_writes_nothing(dataset, tmp_path: Path, shared_dir: Path):
-    import yaml
-    from conftest import assert_refused, run_cli_here
-
     import shutil
 
+    import yaml
     from transformers import Qwen2VLImageProcessor
+
+    from conftest import assert_refused, run_cli_here
 
     write, media = dataset
     folder = write([image_row("<image>Good?", ["green.png"]), image_row("<image>?", ["notes.txt"])])

@@ -24,8 +24,9 @@ SETTINGS = MediaConfig(image_max_pixels=GOLDEN["image_max_pixels"], image_min_pi
 def minicpm_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     """A MiniCPM-V 4.6 processor folder as the golden's (Qwen2.5's tokenizer with MiniCPM-V's markers,
     MiniCPMV4_6ImageProcessorPil at the checkpoint's settings), and the golden rows as dataset `pictures`."""
-    from test_media_tokens import picture_dataset
     from transformers import AutoTokenizer, MiniCPMV4_6ImageProcessorPil
+
+    from test_media_tokens import picture_dataset
 
     root = tmp_path_factory.mktemp("minicpm_v")
     tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")
@@ -40,8 +41,8 @@ def test_images_expand_to_llamafactorys_tokens_and_a_batch_gets_its_inputs(minic
     """Rows of one image (with and without slices) and of two (in one message, and across two turns, numbered
     0 and 1): LLaMA-Factory's expanded text and ids; the four rows as one batch get its pixels and target sizes."""
     import torch
-    from test_media_tokens import fixed_tokenizer
 
+    from test_media_tokens import fixed_tokenizer
     from tuneline.core.data.media.rows import media_rows_for_model
     from tuneline.core.templates.conversation import Conversation, encode_turns
 
@@ -86,7 +87,7 @@ def test_rows_tokenize_to_llamafactorys_supervised_examples(minicpm_folder, tmp_
     counters = tokenize_stage_data(config, tokenizer_path=folder, output_dir=tmp_path / "out")
     train = load_from_disk(str(tmp_path / "out"))["train"]
     golden, whole = GOLDEN["supervised_by_cutoff_len"][str(cutoff_len)], GOLDEN["supervised_by_cutoff_len"]["4096"]
-    kept = [i for i, (cut, full) in enumerate(zip(golden, whole)) if cut["input_ids"] == full["input_ids"]]
+    kept = [i for i, (cut, full) in enumerate(zip(golden, whole, strict=True)) if cut["input_ids"] == full["input_ids"]]
     assert kept == ([0, 1, 2, 3] if cutoff_len == 4096 else [0, 1, 3])  # 300 cuts into the large picture's slices
     assert counters.get("rows_dropped_media_tokens_cut", 0) == len(golden) - len(kept)
     assert train["input_ids"] == [golden[i]["input_ids"] for i in kept]

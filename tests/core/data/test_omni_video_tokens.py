@@ -39,8 +39,8 @@ def omni_folder(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path]:
     row's video and as its sound."""
     from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
-    from tuneline.core.models.tiny.omni import save_qwen2_omni_processors
     from test_media_tokens import drawn
+    from tuneline.core.models.tiny.omni import save_qwen2_omni_processors
 
     root = tmp_path_factory.mktemp("omni_videos")
     tokenizer = AutoTokenizer.from_pretrained(shared_dir / "tokenizers/qwen2.5")

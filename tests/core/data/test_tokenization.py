@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.stages.registry import build_stage_config
-from tuneline.core.stages.registry import tokenize_stage_data
 from tuneline.core.data.tokenization import TEMPLATE_WARNING_FILE
 from tuneline.core.errors import ConfigError, DataError
+from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -25,8 +24,8 @@ def test_sft_tokens_equal_the_per_row_encoder_and_counters_add_up(shared_dir: Pa
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from tuneline.core.data.tokenization import read_rows
     from tuneline.core.data.processors import RowEncoding, encode_supervised_row
+    from tuneline.core.data.tokenization import read_rows
     from tuneline.core.templates.conversation import fix_tokenizer, get_template
 
     config = _config(dataset="demo_alpaca,demo_sharegpt", max_samples=150, preprocessing_batch_size=64)

@@ -84,8 +84,8 @@ def test_a_videos_temporal_patches_take_consecutive_frames(video_folder):
     from transformers import Qwen2VLImageProcessor
 
     from tuneline.core.data.media.sizing import sized_image
-    from tuneline.core.data.media.video.layout import VideoPatching, video_features
     from tuneline.core.data.media.video.frames import VideoSampling, frames, probe
+    from tuneline.core.data.media.video.layout import VideoPatching, video_features
 
     _, data = video_folder
     clip = data / "media" / "long.mp4"
@@ -266,7 +266,8 @@ def test_timed_video_rows_llamafactory_cannot_write_are_refused(timed_folders, t
 
     from tuneline.core.errors import ConfigError, DataError
 
-    spec = importlib.util.spec_from_file_location("generate_video_data", Path(__file__).resolve().parents[3] / "data/generate_video_data.py")
+    spec = importlib.util.spec_from_file_location("generate_video_data",
+                                                  Path(__file__).resolve().parents[3] / "data/generate_video_data.py")
     clip_writer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(clip_writer)
     clip_writer.write_clip(tmp_path / "blink.mp4", [Image.new("RGB", (64, 64), (200, 40, 40))] * 2, rate=10)  # 0.2 s
@@ -286,7 +287,8 @@ def test_timed_video_rows_llamafactory_cannot_write_are_refused(timed_folders, t
         timed_rows("qwen3_vl", timed_folders["qwen3_vl"][0], MediaConfig()).expand(later)
     chat = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<video>?"}], "response": [],
             "videos": [one_second]}  # as chat writes a conversation: its system message is not counted, as LLaMA-Factory's chat
-    assert timed_rows("qwen3_vl", timed_folders["qwen3_vl"][0], MediaConfig()).expand(chat)["prompt"][1]["content"].startswith("<0.4 seconds>")
+    expanded = timed_rows("qwen3_vl", timed_folders["qwen3_vl"][0], MediaConfig()).expand(chat)
+    assert expanded["prompt"][1]["content"].startswith("<0.4 seconds>")
     assert "seconds>" not in timed_rows("glm4v", timed_folders["glm4v"][0], MediaConfig()).expand(later)["prompt"][2]["content"]
     with pytest.raises(DataError, match="blink.mp4' lasts 0.20 s, and GLM-4.1V's video processor keeps floor"):
         timed_rows("glm4v", timed_folders["glm4v"][0], MediaConfig()).video_token_counts([str(tmp_path / "blink.mp4")])

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
 from benchmark_files import CMMLU_SUBJECTS, MMLU_SUBJECTS, Rows, write_ceval, write_cmmlu, write_mmlu
 from conftest import assert_refused, run_cli_here
-
 from tuneline.core.config import read_stage_config
 from tuneline.core.config.benchmark import read_eval_config
 from tuneline.core.errors import ConfigError

@@ -102,8 +102,8 @@ def test_do_predict_without_a_predict_set_is_a_config_error(model_and_tokenizer,
 
 
 def test_predict_settings_that_cannot_work_are_refused_before_training():
-    from tuneline.core.stages.registry import build_stage_config
     from tuneline.core.errors import ConfigError
+    from tuneline.core.stages.registry import build_stage_config
 
     with pytest.raises(ConfigError) as caught:
         build_stage_config({"stage": "pt", "do_predict": True, "train_on_prompt": True})

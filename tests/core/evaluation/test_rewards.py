@@ -10,12 +10,18 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import missing_asset
 
+from conftest import missing_asset
 from tuneline.core.errors import ConfigError
 from tuneline.core.evaluation.reward_functions import RewardError, reward_functions, reward_weights
-from tuneline.core.evaluation.verifiable import (answer_match, final_answer, math_equivalence, normalised, overlong_penalty,
-                                                 think_answer_format)
+from tuneline.core.evaluation.verifiable import (
+    answer_match,
+    final_answer,
+    math_equivalence,
+    normalised,
+    overlong_penalty,
+    think_answer_format,
+)
 
 
 @pytest.mark.parametrize("completion, answer", [

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from conftest import train_steps
-
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.expansion import expand_blocks
@@ -48,8 +47,9 @@ def test_expanded_model_computes_what_the_original_did(tiny_base: Path, expanded
     assert grown.config.num_hidden_layers == 4 and len(grown.model.layers) == 4
     assert [layer.self_attn.layer_idx for layer in grown.model.layers] == [0, 1, 2, 3]
     for added in ADDED:
-        assert torch.equal(grown.model.layers[added].self_attn.o_proj.weight, torch.zeros_like(grown.model.layers[added].self_attn.o_proj.weight))
-        assert torch.equal(grown.model.layers[added].self_attn.q_proj.weight, original.model.layers[added // 2].self_attn.q_proj.weight)
+        attention = grown.model.layers[added].self_attn
+        assert torch.equal(attention.o_proj.weight, torch.zeros_like(attention.o_proj.weight))
+        assert torch.equal(attention.q_proj.weight, original.model.layers[added // 2].self_attn.q_proj.weight)
     inputs = {key: token_batch[key] for key in ("input_ids", "attention_mask")}
     with torch.no_grad():
         assert torch.allclose(grown(**inputs).logits, original(**inputs).logits, atol=1e-5)

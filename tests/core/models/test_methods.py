@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from conftest import tokenize_demo_alpaca
-
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.loading import apply_finetuning, load_model, loraplus_optimizer, method_problems

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from conftest import train_steps
-
 from tuneline.core.config import FinetuningConfig, ModelConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.models.loading import apply_finetuning, load_model

@@ -117,8 +117,8 @@ def test_lora_trains_exactly_the_new_rows_saves_reloads_and_merges_them(tokenize
     from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
     from conftest import train_steps
-    from tuneline.core.models.export import merge_adapter, write_hf_folder
     from tuneline.core.errors import ConfigError
+    from tuneline.core.models.export import merge_adapter, write_hf_folder
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.causal_lm import load_policy
     from tuneline.core.stages.kind import ModelRequest
@@ -128,7 +128,8 @@ def test_lora_trains_exactly_the_new_rows_saves_reloads_and_merges_them(tokenize
     batch = dict(DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)([rows[0], rows[1]]))
     torch.manual_seed(0)
     model = load_policy(ModelRequest(model_path=str(tiny_base), tokenizer=tokenizer, finetuning=FinetuningConfig(
-        finetuning_type="lora", lora_rank=4), model_config=_config(shared_dir, tmp_path).model, training={}, new_tokens=NewTokens.read(tokenized)))
+        finetuning_type="lora", lora_rank=4), model_config=_config(shared_dir, tmp_path).model, training={},
+        new_tokens=NewTokens.read(tokenized)))
     embedding = model.get_input_embeddings()
     start = embedding.token_adapter.trainable_tokens_delta["default"].detach().clone()
     losses, moved = train_steps(model, batch, steps=4)

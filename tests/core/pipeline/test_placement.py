@@ -42,7 +42,8 @@ def test_without_a_pool_every_stage_runs_in_the_pipelines_process():
     (["sft.job_variables=5"], r"stage 'sft': 'job_variables: 5' must be a mapping"),
     (["rm.retries=-1"], r"stage 'rm': 'retries: -1' must be a whole number of 0 or more"),
     (["parallel_training=0"], r"'parallel_training: 0' must be a whole number of at least 1"),
-    (["sft.work_pool=", "rm.job_variables={env: {}}"], r"stage 'rm': 'job_variables' are a work pool's settings, but the stage names no 'work_pool'"),
+    (["sft.work_pool=", "rm.job_variables={env: {}}"],
+     r"stage 'rm': 'job_variables' are a work pool's settings, but the stage names no 'work_pool'"),
 ])
 def test_bad_placement_is_refused_by_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -54,7 +55,8 @@ RAY_STAGES = [STAGES[0], {"name": "sft", "stage": "sft", "from": "base", "resour
 
 
 def test_task_runner_ray_gives_every_stage_its_resources_one_cpu_by_default():
-    pipeline = build_pipeline({"name": "p", "stages": RAY_STAGES}, overrides=parse_overrides(["task_runner=ray", "rm.resources={CPU: 0.5}"]))
+    pipeline = build_pipeline({"name": "p", "stages": RAY_STAGES},
+                              overrides=parse_overrides(["task_runner=ray", "rm.resources={CPU: 0.5}"]))
     assert pipeline.on_ray
     assert [pipeline.stage(name).placement.ray_resources for name in ("base", "sft", "rm")] == \
         [{"CPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}, {"CPU": 0.5}]
@@ -64,7 +66,8 @@ def test_task_runner_ray_gives_every_stage_its_resources_one_cpu_by_default():
 @pytest.mark.parametrize(("top", "overrides", "message"), [
     ({"task_runner": "rey"}, [], r"'task_runner: rey' is not a task runner; choose local or ray \(did you mean 'ray'\?\)"),
     ({}, ["sft.resources={CPU: 1}"], r"stage 'sft': 'resources: \{'CPU': 1\}' are the Ray resources .* add 'task_runner: ray'"),
-    ({"task_runner": "ray"}, ["rm.resources={CPU: many}"], r"stage 'rm': 'resources: \{'CPU': 'many'\}' must be a mapping of Ray resource names to amounts"),
+    ({"task_runner": "ray"}, ["rm.resources={CPU: many}"],
+     r"stage 'rm': 'resources: \{'CPU': 'many'\}' must be a mapping of Ray resource names to amounts"),
     ({"task_runner": "ray"}, ["rm.resources=2"], r"stage 'rm': 'resources: 2' must be a mapping"),
     ({"task_runner": "ray"}, [], r"stage 'sft': 'work_pool: gpu' puts the stage on a work pool, and 'task_runner: ray'"),
     ({"task_runner": "ray", "work_pool": "cpu"}, [], r"'task_runner: ray' and 'work_pool: cpu' both place every stage"),

@@ -156,7 +156,8 @@ def test_evaluate_and_export_of_a_reward_model_are_refused():
     raw = _chain({"name": "rm", "stage": "rm", "from": "sft", "dataset": "demo_preference"})
     raw["export"] = {"stage": "rm"}
     problems = _problems(raw)
-    assert problems == ["'export.stage: rm' names an rm stage, whose reward model is not a causal LM; name a pt, sft, dpo, kto, ppo, grpo or rloo stage."]
+    assert problems == ["'export.stage: rm' names an rm stage, whose reward model is not a causal LM; "
+                        "name a pt, sft, dpo, kto, ppo, grpo or rloo stage."]
 
 
 def test_train_key_follows_the_referenced_stage_key():

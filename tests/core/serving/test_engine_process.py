@@ -165,7 +165,6 @@ sys.stdin.read()
 def test_the_child_ends_when_the_server_is_killed(tiny_base: Path):
     import subprocess
     import sys
-    import time
 
     import psutil
 

@@ -15,7 +15,6 @@ from tuneline.core.serving.backends import backend_problems
 from tuneline.core.serving.sources import served_model
 
 
-
 def write_yaml(folder: Path, **keys) -> str:
     path = folder / "infer.yaml"
     path.write_text(yaml.safe_dump(keys))

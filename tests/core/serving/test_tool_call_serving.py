@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from conftest import train_steps
 
 TOOL = {"name": "add", "description": "Add two numbers.",

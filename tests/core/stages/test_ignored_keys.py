@@ -288,10 +288,9 @@ def test_the_trainer_arguments_defaults_are_transformers_own():
 def test_ppo_loop_reads_none_of_the_trainer_arguments_it_is_said_to_ignore():
     """The warning's claim, checked against the loop's source: every argument it reads off the
     TrainingArguments (`args.<name>`) is one the kind does not warn of."""
+    import importlib.util
     import re
     from pathlib import Path
-
-    import importlib.util
 
     loop = importlib.util.find_spec("tuneline.core.stages.ppo.trainer").origin  # its source only: importing it loads torch
     source = Path(loop).read_text(encoding="utf-8")

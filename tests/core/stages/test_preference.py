@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.kind import TrainerRequest
+from tuneline.core.stages.registry import build_stage_config
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DATA_DIR = REPO_ROOT / "data"
@@ -125,7 +125,7 @@ def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
     from tuneline.core.data.preference_columns import dpo_pairs, kto_examples, odds_ratio_pairs, prompt_length, reward_pairs
 
     rows = load(pairs)[0]["train"].select(range(8))
-    for row, pair in zip(rows, dpo_pairs(rows)):
+    for row, pair in zip(rows, dpo_pairs(rows), strict=True):
         cut = prompt_length(row["chosen_labels"])
         assert 0 < cut == prompt_length(row["rejected_labels"])
         assert pair["prompt_ids"] + pair["chosen_ids"] == row["chosen_input_ids"]
@@ -133,7 +133,7 @@ def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
     assert reward_pairs(rows)["chosen_ids"] == rows["chosen_input_ids"]
     assert odds_ratio_pairs(rows).to_dict() == rows.to_dict()
     examples = load(feedback)[0]["train"].select(range(8))
-    for row, example in zip(examples, kto_examples(examples)):
+    for row, example in zip(examples, kto_examples(examples), strict=True):
         assert example["prompt_ids"] + example["completion_ids"] == row["input_ids"]
         assert example["KL_prompt_ids"] + example["KL_completion_ids"] == row["kl_input_ids"]
         assert len(example["KL_prompt_ids"]) == prompt_length(row["kl_labels"])
@@ -209,9 +209,9 @@ def test_lora_reference_is_the_policy_with_its_adapter_off(sft_model: Path, pair
     those of the SFT model itself, before and after training moves the policy."""
     from peft import PeftModel
 
+    from tuneline.core.evaluation.preference import pair_logps
     from tuneline.core.models.loading import load_model
     from tuneline.core.stages.dpo import build_dpo_trainer
-    from tuneline.core.evaluation.preference import pair_logps
 
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="lora", lora_rank=4)
@@ -320,8 +320,8 @@ def test_dpo_raises_heldout_preference_accuracy(sft_model: Path, pairs: Path, tm
     held-out pairs gain likelihood over the rejected ones (the margin grows by well over 10 nats, the
     share of pairs ranked right stays at 0.7 or more, within 3 pairs of the start or above), and the
     implicit reward against the frozen starting copy ranks 0.65 of them or more."""
-    from tuneline.core.stages.dpo import build_dpo_trainer
     from tuneline.core.evaluation.preference import evaluate_preference
+    from tuneline.core.stages.dpo import build_dpo_trainer
 
     data, tokenizer = load(pairs)
     method = finetuning(finetuning_type="full", pref_beta=0.1, pref_ftx=1.0)
@@ -355,8 +355,8 @@ def test_dpo_raises_heldout_preference_accuracy(sft_model: Path, pairs: Path, tm
 def test_kto_trains_and_its_loss_falls(sft_model: Path, feedback: Path, pairs: Path, tmp_path: Path) -> None:
     """LoRA KTO from the SFT model: its loss falls, in training and on a fixed set of its rows, with
     the policy's adapter switched off as the reference."""
-    from tuneline.core.stages.kto import build_kto_trainer
     from tuneline.core.evaluation.preference import evaluate_preference
+    from tuneline.core.stages.kto import build_kto_trainer
 
     data, tokenizer = load(feedback)
     method = finetuning("kto", finetuning_type="lora", lora_rank=8, kto_chosen_weight=1.0, kto_rejected_weight=1.2)

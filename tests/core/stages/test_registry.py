@@ -18,7 +18,8 @@ EVALUATING = {"eval_strategy": "steps", "eval_steps": 5, "val_size": 0.1, "datas
     ({"stage": "ppo", "reward_model": "rm", "include_effective_tokens_per_second": True},
      "'include_effective_tokens_per_second: True' is a key of the trainer-based stages"),
     ({**EVALUATING, "early_stopping_steps": 0}, "'early_stopping_steps' must be a positive number of evaluations"),
-    ({**EVALUATING, "eval_strategy": "no", "early_stopping_steps": 2}, "'early_stopping_steps: 2' counts evaluations during training, and 'eval_strategy' is 'no'"),
+    ({**EVALUATING, "eval_strategy": "no", "early_stopping_steps": 2},
+     "'early_stopping_steps: 2' counts evaluations during training, and 'eval_strategy' is 'no'"),
     ({**EVALUATING, "val_size": 0, "early_stopping_steps": 2}, "needs held-out rows to evaluate"),
     ({**EVALUATING, "metric_for_best_model": None, "early_stopping_steps": 2}, "watches 'metric_for_best_model'"),
 ])

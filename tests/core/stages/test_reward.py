@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuneline.core.stages.registry import build_stage_config
 from tuneline.core.errors import ConfigError
-from tuneline.core.stages.kind import TrainerRequest
 from tuneline.core.models.loading import apply_finetuning, load_model
+from tuneline.core.stages.kind import TrainerRequest
+from tuneline.core.stages.registry import build_stage_config
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -119,8 +119,8 @@ def test_reward_model_learns_to_prefer_heldout_chosen_replies(tiny_base: Path, p
     model = apply_finetuning(load_model(tiny_base, vocab_size=len(tokenizer), head="score"), method, head="score")
     args = training_arguments(str(tmp_path / "rm"), {"learning_rate": 1e-3, "max_steps": 60, "seed": 1, "report_to": "none",
                                                      "per_device_train_batch_size": 16, "lr_scheduler_type": "constant"})
-    trainer = build_reward_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=data["train"], eval_dataset=data["validation"],
-                                   finetuning=method, args=args))
+    trainer = build_reward_trainer(TrainerRequest(model=model, tokenizer=tokenizer, train_dataset=data["train"],
+                                                  eval_dataset=data["validation"], finetuning=method, args=args))
     before = evaluate_reward_model(trainer.model, tokenizer, data["validation"])
     trainer.train()
     after = evaluate_reward_model(trainer.model, tokenizer, data["validation"])
@@ -164,7 +164,8 @@ def test_rm_starts_from_an_sft_lora_adapter(tiny_base: Path, pairs: Path, tmp_pa
     method = finetuning(finetuning_type="lora", lora_rank=4, adapter_name_or_path=str(tmp_path / "sft"))
     model = apply_finetuning(load_model(tiny_base, head="score"), method, model_config=model_config, head="score")
     backbone = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
-    assert torch.allclose(backbone, merged_sft) and not torch.allclose(backbone, load_model(tiny_base).model.layers[0].self_attn.q_proj.weight)
+    base = load_model(tiny_base).model.layers[0].self_attn.q_proj.weight
+    assert torch.allclose(backbone, merged_sft) and not torch.allclose(backbone, base)
     assert "score" in model.peft_config["default"].modules_to_save
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     args = training_arguments(str(tmp_path / "rm"), {"learning_rate": 1e-2, "max_steps": 1, "report_to": "none",

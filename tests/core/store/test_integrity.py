@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneline.core.store.artifacts import DAMAGE_NOTE, MANIFEST, artifact_path, damaged_path, find_artifact, write_artifact
+from tuneline.core.store.artifacts import DAMAGE_NOTE, MANIFEST, damaged_path, find_artifact, write_artifact
 from tuneline.core.store.cache import serve_or_compute, sound_artifact
 from tuneline.core.store.gc import find_garbage
 from tuneline.core.store.integrity import content_problems, size_problems
@@ -110,7 +110,7 @@ KEY = "tokenize-0123456789abcdef0123"  # the shape of a stage key: a damaged man
     ('{"kind": "kind", "key": "tokeni', "manifest.json is not JSON, cut short or overwritten"),
     ("[1, 2]", "manifest.json holds a JSON list, not an object"),
     ('{"kind": "kind", "key": "another"}', "manifest.json names kind 'kind' and key 'another', not this folder"),
-    ('{"kind": "kind", "key": "%s", "files": {"weights.bin": {"sha256": "00"}}}' % KEY, "manifest.json: weights.bin: no size"),
+    (json.dumps({"kind": "kind", "key": KEY, "files": {"weights.bin": {"sha256": "00"}}}), "manifest.json: weights.bin: no size"),
 ])
 def test_a_damaged_manifest_is_a_damaged_artifact_set_aside_and_recomputed(tmp_path: Path, content: str, problem: str):
     """Regression: an empty manifest.json (a power loss before its data reached the disk) blocked its key for good."""

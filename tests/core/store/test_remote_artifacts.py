@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from object_store_server import RequestCounter, restart_object_store, start_object_store
 
+from object_store_server import RequestCounter, restart_object_store, start_object_store
 from tuneline.core.errors import ObjectStoreError
 from tuneline.core.store.artifacts import MANIFEST, Artifact, find_artifact, write_artifact
 from tuneline.core.store.location import parse_workspace

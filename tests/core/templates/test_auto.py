@@ -11,8 +11,8 @@ import pytest
 from tuneline.core.errors import ConfigError, DataError
 from tuneline.core.templates.conversation import (
     Conversation,
-    check_template,
     chat_template_jinja,
+    check_template,
     encode_turns,
     fix_tokenizer,
     get_template,

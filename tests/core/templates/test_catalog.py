@@ -11,7 +11,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneline.core.errors import ConfigError, DataError
-from tuneline.core.templates.spec import Template, Token
 from tuneline.core.templates.conversation import (
     TEMPLATES,
     Conversation,
@@ -23,6 +22,7 @@ from tuneline.core.templates.conversation import (
     message_pieces,
     render_text,
 )
+from tuneline.core.templates.spec import Template, Token
 
 REQUIRED = {
     "default", "empty", "alpaca", "vicuna", "chatml", "qwen", "qwen3", "qwen3_nothink", "llama2", "llama3", "llama4",

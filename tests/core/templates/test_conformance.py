@@ -20,7 +20,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneline.core.templates.auto import chat_messages
-from tuneline.core.templates.tools import parse_calls
 from tuneline.core.templates.conversation import (
     Conversation,
     encode_prompt,
@@ -29,6 +28,7 @@ from tuneline.core.templates.conversation import (
     get_template,
     render_text,
 )
+from tuneline.core.templates.tools import parse_calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,8 @@ CASES = [
     Case("single", _turns("Hi! What is 2+2?", "2+2 equals 4.")),
     Case("single_system", _turns("Hi! What is 2+2?", "2+2 equals 4."), SYSTEM),
     Case("two_cjk", _turns("Hi! What is 2+2?", "2+2 equals 4.", "用中文说一遍，再写一行 Python。", "二加二等于四。\nprint(2 + 2)")),
-    Case("two_cjk_system", _turns("こんにちは、元気ですか？", "はい、元気です。", "한국어로 말해 줘.", "네, 알겠습니다."), "日本語で答えて。"),
+    Case("two_cjk_system", _turns("こんにちは、元気ですか？", "はい、元気です。", "한국어로 말해 줘.", "네, 알겠습니다."),
+         "日本語で答えて。"),
     Case("three", _turns("Name a colour.", "Blue.", "Another, in 'quotes'?", "'Red' \\ and more.", "Thanks!\n\nBye.",
                          "Bye — see you.")),
     Case("four_system", _turns("1", "one", "2", "two", "3", "three", "4", "four"), "Count in words."),

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from tuneline.core.errors import ConfigError
-from tuneline.core.tracking.lineage import git_commit, lineage_tags
 from tuneline.core.pipeline.spec import build_pipeline
+from tuneline.core.tracking.lineage import git_commit, lineage_tags
 from tuneline.core.tracking.promotion import (
     PromotionRule,
     candidate_metrics,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import free_port, run_cli_here
 
+from conftest import free_port, run_cli_here
 from tuneline.core.errors import ConfigError
 from tuneline.core.tracking import runs as tracking
 from tuneline.core.tracking.model_registry import registry_uri

@@ -26,13 +26,14 @@ def fixed_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("name", "loss"), [
-    ("dft", lambda l, r, y: dft_loss(l, y)),
-    ("dft_num_items_10", lambda l, r, y: dft_loss(l, y, num_items_in_batch=torch.tensor(10))),
-    ("eaft_alpha_1", lambda l, r, y: eaft_loss(l, y, alpha=1.0)),
-    ("eaft_alpha_0.5", lambda l, r, y: eaft_loss(l, y, alpha=0.5)),
-    ("eaft_alpha_2_num_items_10", lambda l, r, y: eaft_loss(l, y, alpha=2.0, num_items_in_batch=torch.tensor(10))),
-    ("asft_alpha_0.1", lambda l, r, y: asft_loss(l, y, r, alpha=0.1)),
-    ("asft_alpha_1", lambda l, r, y: asft_loss(l, y, r, alpha=1.0)),
+    ("dft", lambda logits, reference, labels: dft_loss(logits, labels)),
+    ("dft_num_items_10", lambda logits, reference, labels: dft_loss(logits, labels, num_items_in_batch=torch.tensor(10))),
+    ("eaft_alpha_1", lambda logits, reference, labels: eaft_loss(logits, labels, alpha=1.0)),
+    ("eaft_alpha_0.5", lambda logits, reference, labels: eaft_loss(logits, labels, alpha=0.5)),
+    ("eaft_alpha_2_num_items_10",
+     lambda logits, reference, labels: eaft_loss(logits, labels, alpha=2.0, num_items_in_batch=torch.tensor(10))),
+    ("asft_alpha_0.1", lambda logits, reference, labels: asft_loss(logits, labels, reference, alpha=0.1)),
+    ("asft_alpha_1", lambda logits, reference, labels: asft_loss(logits, labels, reference, alpha=1.0)),
 ])
 def test_losses_equal_llamafactorys(name: str, loss) -> None:
     logits, reference, labels = fixed_inputs()

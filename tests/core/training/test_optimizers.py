@@ -16,7 +16,6 @@ import torch
 from transformers import TrainerCallback
 
 from conftest import tokenize_demo_alpaca
-
 from tuneline.core.config import OptimizerConfig
 from tuneline.core.errors import ConfigError
 from tuneline.core.stages.registry import build_stage_config

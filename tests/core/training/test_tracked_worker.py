@@ -45,7 +45,8 @@ def tracked(tiny_base: Path, tmp_path_factory) -> TrackedRun:
     config = build_stage_config({
         "model_name_or_path": str(tiny_base), "stage": "sft", "lora_rank": 4, "dataset": "demo_alpaca",
         "dataset_dir": str(REPO_ROOT / "data"), "template": "chatml", "cutoff_len": 32, "max_samples": 8, "max_steps": 3,
-        "per_device_train_batch_size": 2, "logging_steps": 1, "report_to": "none", "output_dir": "unused", "hub_token": TRAINER_TOKEN, **SECRETS, **PROFILER})
+        "per_device_train_batch_size": 2, "logging_steps": 1, "report_to": "none", "output_dir": "unused", "hub_token": TRAINER_TOKEN,
+        **SECRETS, **PROFILER})
     assert (config.model.hf_hub_token, config.model.ms_hub_token, config.model.om_hub_token) == tuple(SECRETS.values())
     tokenize_stage_data(config, tokenizer_path=tiny_base, output_dir=root / "tokenized")
     uri = f"sqlite:///{root / 'mlflow.db'}"

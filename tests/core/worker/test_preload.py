@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import missing_asset
 
-from tuneline.core.worker.launch import worker_started_ahead
+from conftest import missing_asset
 from tuneline.core.training.optimizers.rules import OPTIMIZER_PACKAGES
+from tuneline.core.worker.launch import worker_started_ahead
 from tuneline.core.worker.preload import needs_bitsandbytes, requires_bitsandbytes
 
 
@@ -26,11 +26,13 @@ def test_only_jobs_that_may_call_bitsandbytes_keep_it(tmp_path):
     plain = folder_with_config(tmp_path / "plain")
     quantized = folder_with_config(tmp_path / "quantized", quantization_config={"quant_method": "bitsandbytes"})
     assert not needs_bitsandbytes(model={}, training={}, finetuning={}, optimizer={}, model_paths=[plain, None])
-    assert not needs_bitsandbytes(model={"quantization_bit": None}, training={"optim": "adamw_torch"}, finetuning={}, optimizer={}, model_paths=[plain])
+    assert not needs_bitsandbytes(model={"quantization_bit": None}, training={"optim": "adamw_torch"}, finetuning={}, optimizer={},
+                                  model_paths=[plain])
     assert needs_bitsandbytes(model={"quantization_bit": 4}, training={}, finetuning={}, optimizer={}, model_paths=[plain])
     for optim in ("adamw_8bit", "paged_adamw_32bit", "lion_32bit", "adamw_bnb_8bit", "galore_adamw", "apollo_adamw_layerwise"):
         assert needs_bitsandbytes(model={}, training={"optim": optim}, finetuning={}, optimizer={}, model_paths=[plain]), optim
-    assert needs_bitsandbytes(model={}, training={}, finetuning={}, optimizer={}, model_paths=[plain, quantized])  # a pre-quantized reference
+    # a pre-quantized reference
+    assert needs_bitsandbytes(model={}, training={}, finetuning={}, optimizer={}, model_paths=[plain, quantized])
     assert needs_bitsandbytes(model={}, training={}, finetuning={}, optimizer={}, model_paths=["org/model-on-the-hub"])  # unknown: allowed
     for key in ("ref_model_quantization_bit", "reward_model_quantization_bit"):  # a reference loaded in 4 bits
         assert needs_bitsandbytes(model={}, training={}, finetuning={key: 4}, optimizer={}, model_paths=[plain])

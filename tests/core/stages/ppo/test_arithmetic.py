@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tuneline.core.stages.ppo.arithmetic import (
+    AdaptiveKLController,
+    RunningMoments,
+    advantages_and_returns,
+    clipped_losses,
+    last_positions,
+    masked_whiten,
+    token_rewards,
+)
 from tuneline.core.stages.ppo.trainer import cut_reply, sequence_batch
-from tuneline.core.stages.ppo.arithmetic import (AdaptiveKLController, RunningMoments, advantages_and_returns, clipped_losses,
-                                    last_positions, masked_whiten, token_rewards)
 
 
 def test_token_rewards_penalise_kl_on_reply_tokens_and_add_the_score_at_the_last():
