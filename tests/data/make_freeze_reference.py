@@ -7,10 +7,9 @@ tests/core/models/test_freeze_matching.py (freeze_llamafactory.json). Run with L
 import json
 import sys
 
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from llamafactory.hparams import FinetuningArguments
 from llamafactory.model.adapter import _setup_freeze_tuning
+from transformers import LlamaConfig, LlamaForCausalLM
 
 SETTINGS = [
     {"freeze_trainable_layers": 1, "freeze_trainable_modules": "mlp", "freeze_extra_modules": "norm"},

@@ -15,10 +15,22 @@ Run with LLaMA-Factory's Python from the repository root:
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer, Gemma3ImageProcessor, Gemma3Processor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (PANORAMA_ROW, PANORAMA_SIZE, PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs,
-                         supervised_examples, with_settings, write_golden)
+from transformers import AutoTokenizer, Gemma3ImageProcessor, Gemma3Processor
+
+from golden_rows import (
+    PANORAMA_ROW,
+    PANORAMA_SIZE,
+    PIXEL_LIMITS,
+    QWEN_GOLDEN,
+    SHARED,
+    drawn_images,
+    expanded_row,
+    media_inputs,
+    supervised_examples,
+    with_settings,
+    write_golden,
+)
 
 out = Path(sys.argv[1])
 SIZES = {**QWEN_GOLDEN["sizes"], "panorama": PANORAMA_SIZE}

@@ -15,10 +15,20 @@ import sys
 import types
 from pathlib import Path
 
-from transformers import AutoTokenizer, Glm4vImageProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (GLM_TOKENS, PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs,
-                         supervised_examples, write_golden)
+from transformers import AutoTokenizer, Glm4vImageProcessor
+
+from golden_rows import (
+    GLM_TOKENS,
+    PIXEL_LIMITS,
+    QWEN_GOLDEN,
+    SHARED,
+    drawn_images,
+    expanded_row,
+    media_inputs,
+    supervised_examples,
+    write_golden,
+)
 
 out = Path(sys.argv[1])
 paths = drawn_images(QWEN_GOLDEN["sizes"])

@@ -20,10 +20,23 @@ import json
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer, Glm4vImageProcessor, Glm4vProcessor, Glm4vVideoProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (CLIPS_DIR, GLM_TOKENS, ONE_VIDEO_ROWS, SHARED, VIDEO_SETTING_GROUPS, VIDEO_SETTINGS, expanded_row,
-                         media_inputs, pixel_statistics, supervised_examples, with_settings, write_golden)
+from transformers import AutoTokenizer, Glm4vImageProcessor, Glm4vProcessor, Glm4vVideoProcessor
+
+from golden_rows import (
+    CLIPS_DIR,
+    GLM_TOKENS,
+    ONE_VIDEO_ROWS,
+    SHARED,
+    VIDEO_SETTING_GROUPS,
+    VIDEO_SETTINGS,
+    expanded_row,
+    media_inputs,
+    pixel_statistics,
+    supervised_examples,
+    with_settings,
+    write_golden,
+)
 
 out = Path(sys.argv[1])
 QWEN3 = json.loads((Path(__file__).parent / "media/qwen3_vl_videos.json").read_text())

@@ -1,9 +1,10 @@
 """Golden rows of InternVL's image placeholder expansion (InternVL3 in transformers' format), written by
 LLaMA-Factory 0.9.5's own `intern_vl` template and mm_plugin with transformers' GotOcr2ImageProcessor at
-448 pixels and 256 tokens a tile into tests/data/media/, in the format tests/core/data/test_media_tokens.py
-reads, once with `crop_to_patches` off and once on (an image then becomes up to 12 tiles and a
-thumbnail; those rows keep their counts and a cut example, not their thousands of ids twice). The tokenizer is Qwen2.5's with InternVL's `<img>`, `</img>` and `<IMG_CONTEXT>`
-added. The images are the Qwen2-VL golden's plus a panorama (drawn again by the test).
+448 pixels and 256 tokens a tile into tests/data/media/, in the format
+tests/core/data/test_media_tokens.py reads, once with `crop_to_patches` off and once on (an image then
+becomes up to 12 tiles and a thumbnail; those rows keep their counts and a cut example, not their
+thousands of ids twice). The tokenizer is Qwen2.5's with InternVL's `<img>`, `</img>` and
+`<IMG_CONTEXT>` added. The images are the Qwen2-VL golden's plus a panorama (drawn again by the test).
 
 transformers' InternVLProcessor needs a video processor, which needs torchvision (not importable
 beside the CPU build of torch); LLaMA-Factory's image path reads only the processor's image processor,
@@ -16,10 +17,22 @@ import sys
 import types
 from pathlib import Path
 
-from transformers import AutoTokenizer, GotOcr2ImageProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (INTERN_TOKENS, PANORAMA_ROW, PANORAMA_SIZE, PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row,
-                         media_inputs, supervised_examples, write_golden)
+from transformers import AutoTokenizer, GotOcr2ImageProcessor
+
+from golden_rows import (
+    INTERN_TOKENS,
+    PANORAMA_ROW,
+    PANORAMA_SIZE,
+    PIXEL_LIMITS,
+    QWEN_GOLDEN,
+    SHARED,
+    drawn_images,
+    expanded_row,
+    media_inputs,
+    supervised_examples,
+    write_golden,
+)
 
 out = Path(sys.argv[1])
 SIZES = {**QWEN_GOLDEN["sizes"], "panorama": PANORAMA_SIZE}

@@ -17,10 +17,24 @@ processor); run with the LLaMA-Factory venv that has it, from the repository roo
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer, GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (CLIPS_DIR, INTERN_TOKENS, SHARED, VIDEO_SETTINGS, assistant, drawn_images, expanded_row, media_inputs,
-                         pixel_statistics, supervised_examples, user, with_settings, write_golden)
+from transformers import AutoTokenizer, GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
+
+from golden_rows import (
+    CLIPS_DIR,
+    INTERN_TOKENS,
+    SHARED,
+    VIDEO_SETTINGS,
+    assistant,
+    drawn_images,
+    expanded_row,
+    media_inputs,
+    pixel_statistics,
+    supervised_examples,
+    user,
+    with_settings,
+    write_golden,
+)
 
 out = Path(sys.argv[1])
 clips = {name: str(CLIPS_DIR / f"{name}.mp4") for name in ("short", "long", "tall", "one_second")}

@@ -9,10 +9,20 @@ test). Run with LLaMA-Factory's Python from the repository root:
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer, CLIPImageProcessor, LlavaProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs, supervised_examples,
-                         with_settings, write_golden)
+from transformers import AutoTokenizer, CLIPImageProcessor, LlavaProcessor
+
+from golden_rows import (
+    PIXEL_LIMITS,
+    QWEN_GOLDEN,
+    SHARED,
+    drawn_images,
+    expanded_row,
+    media_inputs,
+    supervised_examples,
+    with_settings,
+    write_golden,
+)
 
 out = Path(sys.argv[1])
 paths = drawn_images(QWEN_GOLDEN["sizes"])

@@ -10,10 +10,20 @@ by the test). Run with LLaMA-Factory's Python from the repository root:
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer, LlavaNextImageProcessor, LlavaNextProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs, supervised_examples,
-                         with_settings, write_golden)
+from transformers import AutoTokenizer, LlavaNextImageProcessor, LlavaNextProcessor
+
+from golden_rows import (
+    PIXEL_LIMITS,
+    QWEN_GOLDEN,
+    SHARED,
+    drawn_images,
+    expanded_row,
+    media_inputs,
+    supervised_examples,
+    with_settings,
+    write_golden,
+)
 
 out = Path(sys.argv[1])
 paths = drawn_images(QWEN_GOLDEN["sizes"])

@@ -9,8 +9,9 @@ the format tests/core/data/test_media_tokens.py reads. Run with LLaMA-Factory's 
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer, CLIPImageProcessor, LlavaNextImageProcessor, LlavaNextProcessor, LlavaProcessor
 from llamafactory.data.template import TEMPLATES
+from transformers import AutoTokenizer, CLIPImageProcessor, LlavaNextImageProcessor, LlavaNextProcessor, LlavaProcessor
+
 from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, supervised_examples, with_settings, write_golden
 
 out = Path(sys.argv[1])

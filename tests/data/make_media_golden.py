@@ -10,8 +10,9 @@ import sys
 import types
 from pathlib import Path
 
-from transformers import AutoTokenizer, Qwen2VLImageProcessor
 from llamafactory.data.template import TEMPLATES
+from transformers import AutoTokenizer, Qwen2VLImageProcessor
+
 from golden_rows import PIXEL_LIMITS, SHARED, drawn_images, expanded_row, media_inputs, supervised_examples, write_golden
 
 out = Path(sys.argv[1])
@@ -24,10 +25,15 @@ template = TEMPLATES["qwen2_vl"]
 processor = types.SimpleNamespace(image_processor=image_processor, **PIXEL_LIMITS,
                                   model_input_names=["input_ids", "attention_mask", "pixel_values", "image_grid_thw"])
 rows = [
-    {"name": "one small image", "images": ["small"], "messages": [{"role": "user", "content": "<image>What colour is the box?"}, {"role": "assistant", "content": "Blue."}]},
-    {"name": "two images", "images": ["square", "wide"], "messages": [{"role": "user", "content": "Compare <image> and <image>."}, {"role": "assistant", "content": "The second is wider."}]},
-    {"name": "tall then large", "images": ["tall", "large"], "messages": [{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "Tall."}, {"role": "user", "content": "And <image>?"}, {"role": "assistant", "content": "Large."}]},
-    {"name": "extreme aspect", "images": ["strip"], "messages": [{"role": "user", "content": "<image>Describe."}, {"role": "assistant", "content": "A strip."}]},
+    {"name": "one small image", "images": ["small"],
+     "messages": [{"role": "user", "content": "<image>What colour is the box?"}, {"role": "assistant", "content": "Blue."}]},
+    {"name": "two images", "images": ["square", "wide"],
+     "messages": [{"role": "user", "content": "Compare <image> and <image>."}, {"role": "assistant", "content": "The second is wider."}]},
+    {"name": "tall then large", "images": ["tall", "large"],
+     "messages": [{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "Tall."},
+                  {"role": "user", "content": "And <image>?"}, {"role": "assistant", "content": "Large."}]},
+    {"name": "extreme aspect", "images": ["strip"],
+     "messages": [{"role": "user", "content": "<image>Describe."}, {"role": "assistant", "content": "A strip."}]},
 ]
 golden = []
 for row in rows:

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 from llamafactory.data.template import TEMPLATES
+from transformers import AutoTokenizer
+
 from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, supervised_examples, write_golden
 
 out = Path(sys.argv[1])

@@ -13,8 +13,9 @@ Run with LLaMA-Factory's Python from the repository root:
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer, MllamaImageProcessor, MllamaProcessor
 from llamafactory.data.template import TEMPLATES
+from transformers import AutoTokenizer, MllamaImageProcessor, MllamaProcessor
+
 from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, supervised_examples, with_settings, write_golden
 
 out = Path(sys.argv[1])

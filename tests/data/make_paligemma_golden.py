@@ -15,9 +15,10 @@ import sys
 import types
 from pathlib import Path
 
-from transformers import AutoTokenizer, PaliGemmaProcessor, SiglipImageProcessor
 from llamafactory.data.processor.pairwise import PairwiseDatasetProcessor
 from llamafactory.data.template import TEMPLATES
+from transformers import AutoTokenizer, PaliGemmaProcessor, SiglipImageProcessor
+
 from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, supervised_examples, with_settings, write_golden
 
 out = Path(sys.argv[1])

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import torchaudio
-from transformers import AutoTokenizer, Qwen2AudioProcessor, WhisperFeatureExtractor
 from llamafactory.data.template import TEMPLATES
+from transformers import AutoTokenizer, Qwen2AudioProcessor, WhisperFeatureExtractor
+
 from golden_rows import SHARED, expanded_row, media_inputs, read_wave, supervised_examples, write_golden, written_sounds
 
 torchaudio.load = read_wave

@@ -17,10 +17,22 @@ import types
 from pathlib import Path
 
 import torchaudio
-from transformers import AutoTokenizer, Qwen2VLImageProcessor, WhisperFeatureExtractor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (OMNI_TOKENS, PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs, read_wave,
-                         supervised_examples, write_golden, written_sounds)
+from transformers import AutoTokenizer, Qwen2VLImageProcessor, WhisperFeatureExtractor
+
+from golden_rows import (
+    OMNI_TOKENS,
+    PIXEL_LIMITS,
+    QWEN_GOLDEN,
+    SHARED,
+    drawn_images,
+    expanded_row,
+    media_inputs,
+    read_wave,
+    supervised_examples,
+    write_golden,
+    written_sounds,
+)
 
 torchaudio.load = read_wave
 out = Path(sys.argv[1])

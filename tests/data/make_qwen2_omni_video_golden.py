@@ -23,12 +23,24 @@ import av
 import numpy as np
 import torch
 import torchaudio
-from transformers import (AutoTokenizer, Qwen2_5OmniProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor,
-                          WhisperFeatureExtractor)
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (OMNI_TOKENS, QWEN_GOLDEN, SHARED, crossing_frames, drawn_images, expanded_row, media_inputs,
-                         supervised_examples, with_settings, write_golden)
-from generate_audio_data import tone, write_sounding_clip  # (golden_rows puts data/ on sys.path)
+from transformers import AutoTokenizer, Qwen2_5OmniProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor, WhisperFeatureExtractor
+
+from golden_rows import (
+    OMNI_TOKENS,
+    QWEN_GOLDEN,
+    SHARED,
+    crossing_frames,
+    drawn_images,
+    expanded_row,
+    media_inputs,
+    supervised_examples,
+    with_settings,
+    write_golden,
+)
+
+# isort: split
+from generate_audio_data import tone, write_sounding_clip  # golden_rows puts data/ on sys.path first
 
 
 def decoded_track(path):

@@ -12,8 +12,9 @@ import sys
 import types
 from pathlib import Path
 
-from transformers import AutoTokenizer, Qwen2VLImageProcessor
 from llamafactory.data.template import TEMPLATES
+from transformers import AutoTokenizer, Qwen2VLImageProcessor
+
 from golden_rows import PIXEL_LIMITS, QWEN_GOLDEN, SHARED, drawn_images, expanded_row, media_inputs, supervised_examples, write_golden
 
 out = Path(sys.argv[1])

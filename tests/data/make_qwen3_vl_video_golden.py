@@ -14,10 +14,26 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from transformers import AutoTokenizer, Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 from llamafactory.data.template import TEMPLATES
-from golden_rows import (CLIPS_DIR, ONE_VIDEO_ROWS, SHARED, VIDEO_SETTING_GROUPS, VIDEO_SETTINGS, assistant, clip, expanded_row,
-                         media_inputs, pixel_statistics, plain_images, supervised_examples, user, with_settings, write_golden)
+from transformers import AutoTokenizer, Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+from golden_rows import (
+    CLIPS_DIR,
+    ONE_VIDEO_ROWS,
+    SHARED,
+    VIDEO_SETTING_GROUPS,
+    VIDEO_SETTINGS,
+    assistant,
+    clip,
+    expanded_row,
+    media_inputs,
+    pixel_statistics,
+    plain_images,
+    supervised_examples,
+    user,
+    with_settings,
+    write_golden,
+)
 
 out = Path(sys.argv[1])
 NTSC = {"width": 80, "height": 64, "rate": Fraction(30000, 1001), "count": 45}
@@ -34,13 +50,18 @@ processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(**IMAGE_PROCE
                              video_processor=video_processor)
 template = TEMPLATES["qwen3_vl"]
 rows = [
-    {"name": "one short video", "videos": ["short"], "images": [], "messages": [user("<video>Where does the square go?"), assistant("Right.")]},
-    {"name": "a long video", "videos": ["long"], "images": [], "messages": [user("What moves in <video>?"), assistant("A red square.")]},
-    {"name": "two videos", "videos": ["tall", "one_second"], "images": [], "messages": [user("<video> and <video>: which is taller?"), assistant("The first.")]},
-    {"name": "an image and a video", "videos": ["short"], "images": ["square"], "messages": [user("<image>Is this colour in <video>?"), assistant("No.")]},
+    {"name": "one short video", "videos": ["short"], "images": [],
+     "messages": [user("<video>Where does the square go?"), assistant("Right.")]},
+    {"name": "a long video", "videos": ["long"], "images": [],
+     "messages": [user("What moves in <video>?"), assistant("A red square.")]},
+    {"name": "two videos", "videos": ["tall", "one_second"], "images": [],
+     "messages": [user("<video> and <video>: which is taller?"), assistant("The first.")]},
+    {"name": "an image and a video", "videos": ["short"], "images": ["square"],
+     "messages": [user("<image>Is this colour in <video>?"), assistant("No.")]},
     # the second message's videos take the times of the row's third video (LLaMA-Factory's video_metadata[idx])
     {"name": "three videos over two turns", "videos": ["tall", "one_second", "tall"], "images": [],
-     "messages": [user("<video>What is this?"), assistant("A clip."), user("<video> and <video>: which is taller?"), assistant("The second.")]},
+     "messages": [user("<video>What is this?"), assistant("A clip."),
+                  user("<video> and <video>: which is taller?"), assistant("The second.")]},
     {"name": "an NTSC clip", "videos": ["ntsc"], "images": [], "messages": [user("<video>Which way?"), assistant("Right.")]},
 ]
 golden = []

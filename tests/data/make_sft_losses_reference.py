@@ -6,8 +6,8 @@ tests/core/training/test_losses.py (sft_losses_llamafactory.json). Run with LLaM
 import json
 
 import torch
+from llamafactory.train.trainer_utils import asft_loss_func, dft_loss_func, eaft_loss_func
 
-from llamafactory.train.trainer_utils import dft_loss_func, eaft_loss_func, asft_loss_func
 
 def fixed_inputs():
     b, t, v = 2, 6, 32

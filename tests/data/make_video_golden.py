@@ -1,11 +1,12 @@
-"""Golden rows of Qwen2-VL's video placeholder expansion, written by LLaMA-Factory 0.9.5's own `qwen2_vl`
-template and mm_plugin into tests/data/media/, in the format tests/core/data/test_video_tokens.py reads.
-The clips (a square crossing a plain background, MPEG-4 in MP4) are written here into
-tests/data/media/clips/ and kept with the golden. LLaMA-Factory counts a video's tokens from the
-container's header; its processor here holds transformers' Qwen2VLImageProcessor and no video
-processor (which needs torchvision), so its video numbers come from the image processor, as
+"""Golden rows of Qwen2-VL's video placeholder expansion, written by LLaMA-Factory 0.9.5's own
+`qwen2_vl` template and mm_plugin into tests/data/media/, in the format
+tests/core/data/test_video_tokens.py reads. The clips (a square crossing a plain background, MPEG-4 in
+MP4) are written here into tests/data/media/clips/ and kept with the golden. LLaMA-Factory counts a
+video's tokens from the container's header; its processor here holds transformers' Qwen2VLImageProcessor
+and no video processor (which needs torchvision), so its video numbers come from the image processor, as
 LLaMA-Factory falls back; transformers' `smart_resize`, which LLaMA-Factory imports from the torchvision
-image processor's module, is given to it from the Pillow image processor's (the same function). Run with LLaMA-Factory's Python from the repository root:
+image processor's module, is given to it from the Pillow image processor's (the same function). Run with
+LLaMA-Factory's Python from the repository root:
 
     /work/lfvenv/bin/python tests/data/make_video_golden.py tests/data/media/qwen2_vl_videos.json
 """
@@ -20,6 +21,7 @@ from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl
 sys.modules["transformers.models.qwen2_vl.image_processing_qwen2_vl"] = types.SimpleNamespace(
     smart_resize=image_processing_pil_qwen2_vl.smart_resize)
 from llamafactory.data.template import TEMPLATES  # noqa: E402  (after the module it imports smart_resize from is given)
+
 from golden_rows import SHARED, VIDEO_SETTINGS, clip, expanded_row, plain_images, supervised_examples, write_golden  # noqa: E402
 
 out = Path(sys.argv[1])
@@ -38,10 +40,14 @@ processor = types.SimpleNamespace(image_processor=Qwen2VLImageProcessor(), **SET
                                   model_input_names=["input_ids", "attention_mask", "pixel_values", "image_grid_thw"])
 few = types.SimpleNamespace(**{**vars(processor), "video_fps": 1.0, "video_maxlen": 2})
 rows = [
-    {"name": "one short video", "videos": ["short"], "images": [], "messages": [{"role": "user", "content": "<video>Where does the square go?"}, {"role": "assistant", "content": "Right."}]},
-    {"name": "a long video", "videos": ["long"], "images": [], "messages": [{"role": "user", "content": "What moves in <video>?"}, {"role": "assistant", "content": "A red square."}]},
-    {"name": "two videos", "videos": ["tall", "one_second"], "images": [], "messages": [{"role": "user", "content": "<video> and <video>: which is taller?"}, {"role": "assistant", "content": "The first."}]},
-    {"name": "an image and a video", "videos": ["short"], "images": ["square"], "messages": [{"role": "user", "content": "<image>Is this colour in <video>?"}, {"role": "assistant", "content": "No."}]},
+    {"name": "one short video", "videos": ["short"], "images": [],
+     "messages": [{"role": "user", "content": "<video>Where does the square go?"}, {"role": "assistant", "content": "Right."}]},
+    {"name": "a long video", "videos": ["long"], "images": [],
+     "messages": [{"role": "user", "content": "What moves in <video>?"}, {"role": "assistant", "content": "A red square."}]},
+    {"name": "two videos", "videos": ["tall", "one_second"], "images": [],
+     "messages": [{"role": "user", "content": "<video> and <video>: which is taller?"}, {"role": "assistant", "content": "The first."}]},
+    {"name": "an image and a video", "videos": ["short"], "images": ["square"],
+     "messages": [{"role": "user", "content": "<image>Is this colour in <video>?"}, {"role": "assistant", "content": "No."}]},
 ]
 golden = []
 for settings_name, proc in (("defaults", processor), ("video_fps 1, video_maxlen 2", few)):

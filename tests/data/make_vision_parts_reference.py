@@ -8,10 +8,9 @@ tests/core/models/test_vision_parts.py (vision_parts_llamafactory.json). Run wit
 import json
 import sys
 
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
 from llamafactory.hparams import FinetuningArguments, ModelArguments
 from llamafactory.model.adapter import init_adapter
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
 TEXT = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [4, 2, 2]}, tie_word_embeddings=True)
