@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from compose_commands import service_command
 from object_store_server import ObjectStoreServer, free_port
 

@@ -13,13 +13,21 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 import yaml
-from cluster_services import free_port, start_prefect_server, start_process, stop_process  # noqa: F401
-from cluster_services import mlflow_server, prefect_workers  # noqa: F401  (fixtures: tests/cluster_services.py)
+
+# mlflow_server and prefect_workers are fixtures (tests/cluster_services.py); tests import the others from here
+from cluster_services import (  # noqa: F401
+    free_port,
+    mlflow_server,
+    prefect_workers,
+    start_prefect_server,
+    start_process,
+    stop_process,
+)
 from object_store_server import ObjectStoreServer, start_object_store, weed_binary
 from ray_cluster import ray_cluster  # noqa: F401  (the two-node Ray cluster fixture: tests/ray_cluster.py)
 
@@ -218,7 +226,8 @@ def assert_output_layout(folder: Path, kind: str, *, extra: frozenset[str] = fro
     in_checkpoint = {name.split("/", 1)[1] for name in files if "/" in name} | set(ours["extra_checkpoint_files"])
     if full_weights:
         expected, in_checkpoint = ((names - ADAPTER_FILES) | FULL_WEIGHT_FILES for names in (expected, in_checkpoint))
-    found = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.relative_to(folder).parts[0].startswith("checkpoint-")}
+    found = {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+             if p.is_file() and not p.relative_to(folder).parts[0].startswith("checkpoint-")}
     assert found == expected, f"{kind}: missing {sorted(expected - found)}, unexpected {sorted(found - expected)}"
     for checkpoint in folder.glob("checkpoint-*"):
         inside = {p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file()}

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import ast
 import os
-import tomllib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 CORE = REPO / "core"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import REPO_ROOT, run_cli_here
 
 README = REPO_ROOT / "README.md"

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO_ROOT
 
 REFUSED = {"big_body": 413, "many_stops": 400, "many_messages": 400, "over_context": 400, "plain_text": 415,

@@ -13,15 +13,15 @@ from __future__ import annotations
 import json
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
+
 from cluster_services import mlflow_server_command, prefect_server_command, prefect_worker_command
 from compose_commands import DEPLOYMENTS, compose_argv, compose_services, service_command, with_defaults
 from object_store_server import PORT_FLAGS, ObjectStoreServer, object_store_command
-
 from tuneline.core.config import parse_overrides
 from tuneline.core.pipeline.spec import build_pipeline
 from tuneline.core.pipeline.stage_unit import WORKER_ENV

@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import ConfigDict
+
 from compose_commands import DEPLOYMENTS, compose_services, service_command, with_defaults
 from conftest import missing_asset, run_cli_here
 from object_store_server import PORT_FLAGS, ObjectStoreServer, free_port, wait_until_answering, weed_binary
-from pydantic import ConfigDict
 
 pytestmark = pytest.mark.slow
 

@@ -11,6 +11,7 @@ import importlib.util
 import re
 
 import pytest
+
 from conftest import REPO_ROOT
 
 DOCS = REPO_ROOT / "docs"

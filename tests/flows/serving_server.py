@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from conftest import free_port, start_process, stop_process
 
 MAX_NEW_TOKENS = 8

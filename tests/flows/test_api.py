@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving_server import MAX_NEW_TOKENS, greedy_reference, inference_yaml, start_server
 
 from conftest import stop_process
+from serving_server import MAX_NEW_TOKENS, greedy_reference, inference_yaml, start_server
 
 pytestmark = pytest.mark.slow
 

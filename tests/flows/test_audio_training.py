@@ -71,6 +71,7 @@ def test_tuneline_train_fits_sounds(audio_model: Path, sound_data: Path, tmp_pat
     """`tuneline train` (LoRA sft) on the sound questions: the loss falls, LoRA leaves the audio tower alone,
     and the trained folder keeps the feature extractor beside the adapter."""
     import yaml
+
     from conftest import run_cli_here, train_in_this_process
 
     stage = {"model_name_or_path": str(audio_model), "stage": "sft", "do_train": True, "finetuning_type": "lora",
@@ -102,6 +103,7 @@ def test_dpo_trains_on_sound_pairs(audio_model: Path, sound_data: Path, tmp_path
     """A ranking dataset with `audios` (the right answer chosen, the other rejected): each pair's sound
     is fed for its chosen and its rejected sequence, and `tuneline train` runs dpo on it."""
     import yaml
+
     from conftest import run_cli_here, train_in_this_process
 
     rows = json.loads((sound_data / "sound_questions.json").read_text())
@@ -130,6 +132,7 @@ def test_dpo_trains_on_sound_pairs(audio_model: Path, sound_data: Path, tmp_path
 
 def test_data_preview_names_each_examples_sounds_and_counts_their_tokens(audio_model: Path, sound_data: Path, tmp_path: Path):
     import yaml
+
     from conftest import run_cli_here
 
     (tmp_path / "preview.yaml").write_text(yaml.safe_dump({
@@ -146,8 +149,8 @@ def test_a_qwen2_5_omni_thinker_trains_and_answers_on_sounds(sound_data: Path, t
     """A tiny Qwen2.5-Omni thinker (template qwen2_omni: Qwen2-Audio's sounds under Omni's tokens) trains on the
     sound questions through `tuneline train`, and `tuneline chat --audio` answers as its own generate() does."""
     import yaml
-    from conftest import chat_turn, run_cli_here, train_in_this_process
 
+    from conftest import chat_turn, run_cli_here, train_in_this_process
     from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     model_dir = tmp_path / "model"

@@ -20,10 +20,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import assert_output_layout
-from pipeline_runs import (check_rerun, max_difference, run_to_end, run_uninterrupted, run_until_checkpoint, seed_workspace,
-                           stage_rows, weights)
 
+from conftest import assert_output_layout
+from pipeline_runs import (
+    check_rerun,
+    max_difference,
+    run_to_end,
+    run_uninterrupted,
+    run_until_checkpoint,
+    seed_workspace,
+    stage_rows,
+    weights,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = REPO / "data/chain_pipeline.yaml"

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 import yaml
+
+from conftest import run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREDICT_KEYS = {"predict_bleu-4", "predict_rouge-1", "predict_rouge-2", "predict_rouge-l"}
@@ -77,8 +78,8 @@ def test_chat_answers_piped_prompts_with_the_adapter(trained: Path):
 
 @pytest.mark.slow
 def test_chat_session_keeps_history_streams_and_clears(trained: Path):
-    from tuneline.core.inference.chat import ChatSession, load_chat_model, resolve_source
     from tuneline.core.config import GeneratingConfig
+    from tuneline.core.inference.chat import ChatSession, load_chat_model, resolve_source
 
     model, tokenizer = load_chat_model(resolve_source(trained))
     session = ChatSession(model, tokenizer, GeneratingConfig(max_new_tokens=5, repetition_penalty=3.0), name="t",
@@ -107,9 +108,9 @@ def test_chat_on_a_missing_path_exits_2_with_a_clear_message(tmp_path: Path):
 def test_chat_paths_resolve_for_artifacts_and_workspaces(trained: Path, tmp_path: Path):
     import shutil
 
-    from tuneline.core.store.artifacts import write_artifact
-    from tuneline.core.inference.chat import resolve_source
     from tuneline.core.errors import ConfigError
+    from tuneline.core.inference.chat import resolve_source
+    from tuneline.core.store.artifacts import write_artifact
 
     workspace = tmp_path / "workspace"
     with write_artifact(workspace, "trained", "sft-abc", config={}) as draft:

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 import yaml
+
+from conftest import run_cli
 
 
 def test_misspelled_key_exits_2_and_suggests_the_right_one(tmp_path: Path):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import assert_refused, export_config, run_cli_here as run_cli
+from conftest import assert_refused, export_config
+from conftest import run_cli_here as run_cli
 
 USER_FILE = "notes.txt"
 USER_TEXT = "the user's own notes\n"

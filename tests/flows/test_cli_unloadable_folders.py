@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_refused, export_config, run_cli_here as run_cli
+from conftest import assert_refused, export_config
+from conftest import run_cli_here as run_cli
 
 
 def tokenizer_copy(shared_dir: Path, folder: Path) -> Path:

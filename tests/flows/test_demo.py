@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
 from installed_wheel import build_wheel, install_in_fresh_venv, tracked_files, wheel_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from cluster_services import prefect_worker_command
 from conftest import start_prefect_server, start_process, stop_process
-
 from tuneline.flows.report import NOTHING_CHANGED
 
 pytestmark = pytest.mark.slow

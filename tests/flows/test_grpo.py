@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import assert_output_layout, run_cli_here, train_in_this_process
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # as the commands' OMP_NUM_THREADS=1
@@ -209,7 +210,8 @@ def test_a_reward_that_fails_stops_the_stage_naming_it(reward: str, message: str
     ({"num_generations": 3}, "must be a multiple of 'num_generations' (3)"),
     ({"loss_type": "ppo"}, "'loss_type: ppo' is not a GRPO loss"),
     ({"stage": "rloo", "loss_type": "grpo"}, "'loss_type' is a key of stage grpo, which stage 'rloo' does not read"),
-    ({"stage": "sft", "num_generations": 4, "dataset": "reasoning_sft"}, "'num_generations' is a key of stage grpo or rloo, which stage 'sft' does not read"),
+    ({"stage": "sft", "num_generations": 4, "dataset": "reasoning_sft"},
+     "'num_generations' is a key of stage grpo or rloo, which stage 'sft' does not read"),
 ])
 def test_online_rl_settings_that_cannot_run_are_refused_before_any_work(values: dict, message: str, tiny_base: Path,
                                                                         tmp_path: Path):

@@ -78,7 +78,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_in_order(pictures, tmp_path: Path
     images_of = [len(row) for row in train["images"]]
     counts = (grids.prod(dim=1) // 4).tolist()  # merge_size 2: four patches a token
     starts = [sum(images_of[:i]) for i in range(len(images_of))]
-    assert per_example == [sum(counts[start:start + n]) for start, n in zip(starts, images_of)]
+    assert per_example == [sum(counts[start:start + n]) for start, n in zip(starts, images_of, strict=True)]
     assert batch["mm_token_type_ids"].tolist() == (batch["input_ids"] == image_token).long().tolist()
 
 
@@ -157,8 +157,10 @@ def test_chat_shows_the_image_as_training_expands_it(pictures, tmp_path: Path):
 def test_chat_refuses_an_image_for_a_text_model_and_an_unreadable_one(pictures, tiny_base: Path, tmp_path: Path):
     import importlib.util
 
-    from conftest import REPO_ROOT as REPO, assert_refused, run_cli_here
     from PIL import Image
+
+    from conftest import REPO_ROOT as REPO
+    from conftest import assert_refused, run_cli_here
 
     model_dir, data = pictures
     picture = str(data / "pictures" / "red.png")
@@ -176,18 +178,19 @@ def test_chat_refuses_an_image_for_a_text_model_and_an_unreadable_one(pictures, 
     clips = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(clips)
     clips.write_clip(clip, [Image.new("RGB", (32, 32), (200, 30, 30))] * 4)
-    assert_refused(run_cli_here("chat", str(tiny_base), "--video", str(clip), cwd=tmp_path), "is a llama model, which hears and sees no media")
+    assert_refused(run_cli_here("chat", str(tiny_base), "--video", str(clip), cwd=tmp_path),
+                   "is a llama model, which hears and sees no media")
 
 
 def test_image_pairs_carry_their_pixels_into_both_halves_of_a_batch(pictures, tmp_path: Path):
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
+    from tuneline.core.data.media.batching import PairedMediaCollator
     from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.preference_columns import dpo_pairs
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.data.media.batching import PairedMediaCollator
 
     model, data = pictures
     keys = {"model_name_or_path": str(model), "stage": "dpo", "dataset": "picture_pairs", "dataset_dir": str(data),
@@ -216,16 +219,16 @@ def test_kto_feeds_each_examples_pixels_to_its_sequence_and_its_kl_sequence(pict
     (its prompt, with the picture, and another row's reply) gets its own token types, and `tuneline train`
     runs kto on them."""
     import yaml
-    from conftest import run_cli_here, train_in_this_process
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
+    from conftest import run_cli_here, train_in_this_process
+    from tuneline.core.data.media.batching import FeedbackMediaCollator
     from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.preference_columns import kto_examples
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.preference_trainers import OwnKLPromptCollator
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.data.media.batching import FeedbackMediaCollator
 
     model, data = pictures
     keys = {"model_name_or_path": str(model), "stage": "kto", "dataset": "picture_feedback", "dataset_dir": str(data),
@@ -257,6 +260,7 @@ def test_kto_feeds_each_examples_pixels_to_its_sequence_and_its_kl_sequence(pict
 
 def test_data_preview_names_each_examples_images_and_counts_their_tokens(pictures, tmp_path: Path):
     import yaml
+
     from conftest import run_cli_here
 
     model_dir, data = pictures
@@ -280,16 +284,16 @@ def test_rm_trains_a_scoring_head_on_image_pairs_that_reads_their_pixels(picture
     scores a pair differently when its picture changes."""
     import torch
     import yaml
-    from conftest import run_cli_here, train_in_this_process
     from datasets import load_from_disk
     from safetensors.torch import load_file
 
+    from conftest import run_cli_here, train_in_this_process
+    from tuneline.core.data.media.batching import PairedMediaCollator
     from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.evaluation.reward import score_media_pairs
     from tuneline.core.models.loading import load_reward_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.data.media.batching import PairedMediaCollator
 
     model, data = pictures
     keys = {"model_name_or_path": str(model), "stage": "rm", "dataset": "picture_pairs", "dataset_dir": str(data),
@@ -342,10 +346,10 @@ def test_packed_picture_rows_keep_each_examples_images_whole_and_in_order(pictur
     its image tokens; Qwen2-VL's rotary positions are the model's own over the pack (no packed
     position_ids reach it), and `tuneline train` trains on the packs."""
     import yaml
-    from conftest import run_cli_here, train_in_this_process
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
+    from conftest import run_cli_here, train_in_this_process
     from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
@@ -361,7 +365,7 @@ def test_packed_picture_rows_keep_each_examples_images_whole_and_in_order(pictur
     tokens_of = {"red.png": 4, "blue.png": 6, "green.png": 8}  # 56, 84 and 112 pixels wide: 2x2, 2x3 and 2x4 merged patches
     assert len(packs) < 4 and sorted(Path(f).name for files in packs["images"] for f in files) == sorted(
         ["red.png", "blue.png", "green.png", "red.png", "blue.png"])  # every example once, with all its images
-    for ids, files in zip(packs["input_ids"], packs["images"]):
+    for ids, files in zip(packs["input_ids"], packs["images"], strict=True):
         assert len(ids) == 96 and ids.count(image_token) == sum(tokens_of[Path(f).name] for f in files)
     collator = build_collator(packs, tokenizer=tokenizer, model=None, media_rows=MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR))
     batch = collator([packs[i] for i in range(len(packs))])
@@ -388,18 +392,18 @@ def test_orpo_and_simpo_feed_each_pairs_pixels_into_their_concatenated_pass(pict
     a batch moves when its pictures change, and `tuneline train` trains on picture pairs."""
     import torch
     import yaml
-    from conftest import run_cli_here, train_in_this_process
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
+    from conftest import run_cli_here, train_in_this_process
     from tuneline.core.config import FinetuningConfig
-    from tuneline.core.data.media.rows import MediaRows
+    from tuneline.core.data.media.batching import ConcatenatedPairMedia, RowMedia
     from tuneline.core.data.media.columns import IMAGE_FILES
+    from tuneline.core.data.media.rows import MediaRows
     from tuneline.core.data.preference_columns import odds_ratio_pairs
     from tuneline.core.data.tokenization import TOKENIZER_DIR
     from tuneline.core.models.loading import apply_finetuning, load_model
     from tuneline.core.stages.registry import build_stage_config, tokenize_stage_data
-    from tuneline.core.data.media.batching import ConcatenatedPairMedia, RowMedia
 
     model_dir, data = pictures
     keys = {"model_name_or_path": str(model_dir), "stage": "dpo", "pref_loss": pref_loss, "dataset": "picture_pairs",
@@ -452,8 +456,8 @@ def test_do_predict_answers_each_held_out_picture_row_with_its_pictures(pictures
     """sft with `do_predict` on picture rows: every held-out row's answer is generated with its own pictures
     (the tokenized data's processor cutting them), and written with its prompt and label."""
     import yaml
-    from conftest import run_cli_here, train_in_this_process
 
+    from conftest import run_cli_here, train_in_this_process
     from tuneline.core.data.media.batching import RowMedia
 
     model, data = pictures

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, run_cli, tokenize_demo_alpaca
 
+from conftest import REPO_ROOT, run_cli, tokenize_demo_alpaca
 from tuneline.core.training.method_record import LINE_PREFIX, MethodRecord
 
 STEPS = 5

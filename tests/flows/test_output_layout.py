@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import STEP_KEYS, assert_output_layout
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import run_cli_here
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_output_layout, run_cli_here, train_in_this_process
 import yaml
 
+from conftest import assert_output_layout, run_cli_here, train_in_this_process
 from tuneline.core.training.checkpoints import RECORD_FILE
 
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"

@@ -35,8 +35,8 @@ def lora_adapter(tiny_base: Path, folder: Path) -> None:
 def test_a_prediction_config_predicts_with_the_adapter_and_trains_nothing(tiny_base: Path, tmp_path: Path, monkeypatch,
                                                                         one_torch_thread):
     import torch
-    from conftest import run_cli_here, train_in_this_process
 
+    from conftest import run_cli_here, train_in_this_process
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.evaluation.predict import generate_answers
     from tuneline.core.models.export import merge_adapter

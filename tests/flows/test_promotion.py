@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from benchmark_files import write_mmlu
 from conftest import run_cli_here, stop_process
 
@@ -164,7 +165,7 @@ def test_the_lower_real_score_loses_and_the_decision_quotes_both_versions_scores
     registering = registry.search_runs([registry.get_experiment_by_name("promo").experiment_id],
                                        filter_string="tags.mlflow.runName = 'register'", order_by=["attributes.start_time ASC"])
     logged = [run.data.tags["tuneline.promotion"] for run in registering]
-    assert len(logged) == 4 and all(run["decision"].startswith(tag) for run, tag in zip(story["runs"], logged))
+    assert len(logged) == 4 and all(run["decision"].startswith(tag) for run, tag in zip(story["runs"], logged, strict=True))
     assert str(registry.get_model_version_by_alias(MODEL, "champion").version) == "2"
 
 
@@ -236,6 +237,7 @@ def test_the_champion_is_served_from_the_registry_as_training_rendered_it(story)
     exported model's greedy generate() on the prompt ids training's template encoder writes, and the usage
     block counts exactly those ids (the export's parity gate made its chat template write them)."""
     from openai import OpenAI
+
     from serving_server import exported_greedy, start_server
 
     server = start_server("api", f"models:/{MODEL}@champion", folder=story["project"]).wait()

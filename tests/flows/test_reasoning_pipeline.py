@@ -17,8 +17,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_runs import (check_rerun, max_difference, run_to_end, run_uninterrupted, run_until_checkpoint, seed_workspace,
-                           stage_rows, weights)
+
+from pipeline_runs import (
+    check_rerun,
+    max_difference,
+    run_to_end,
+    run_uninterrupted,
+    run_until_checkpoint,
+    seed_workspace,
+    stage_rows,
+    weights,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = REPO / "data/reasoning_pipeline.yaml"

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import run_cli_here
 from object_store_server import RequestCounter
 from pipeline_runs import max_difference, stage_rows, weights
@@ -201,8 +202,8 @@ def test_the_store_stopped_mid_upload_ends_the_run_naming_its_url_and_the_same_c
     nothing of it committed; once the store is back, the same command computes sft and publishes it
     whole, and `tuneline verify` finds nothing damaged."""
     from mlflow.tracking import MlflowClient
-    from object_store_server import restart_object_store
 
+    from object_store_server import restart_object_store
     from tuneline.core.store.remote import RemoteWorkspace
 
     store = setting["store"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_cli_here
 
+from conftest import run_cli_here
 from tuneline.core.errors import ConfigError
 
 NAME = "demo-chat"

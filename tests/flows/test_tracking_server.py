@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import run_cli_here, stop_process
 from serving_server import exported_greedy, start_server
 

@@ -7,8 +7,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
+from conftest import run_cli
 from tuneline.flows.report import print_summary
 
 SECRET = "s3cretPass"

@@ -105,8 +105,8 @@ def test_tuneline_train_fits_clips(shared_dir: Path, clip_data: Path, tmp_path: 
     """`tuneline train` (LoRA sft) on the clip questions: the loss falls, and the trained folder keeps
     the processor beside the adapter."""
     import yaml
-    from conftest import run_cli_here, train_in_this_process
 
+    from conftest import run_cli_here, train_in_this_process
     from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     model_dir = tmp_path / "model"
@@ -127,6 +127,7 @@ def test_tuneline_train_fits_clips(shared_dir: Path, clip_data: Path, tmp_path: 
 
     # `tuneline chat --video`: the clip's tokens in the first message, and the answer transformers' own generate() gives
     import torch
+
     from conftest import chat_turn
 
     clip = str(clip_data / json.loads((clip_data / "clip_questions.json").read_text())[0]["videos"][0])
@@ -223,9 +224,9 @@ def trained_on_clips(family: str, template: str, *, shared_dir: Path, clip_data:
     """A tiny `family` model (its folder returned) trained by `tuneline train` (LoRA sft, two steps, in this process)
     on the clip questions into tmp_path/out: both steps logged, the adapter moved (lora_B is zero at the start)."""
     import yaml
-    from conftest import run_cli_here, train_in_this_process
     from safetensors.torch import load_file
 
+    from conftest import run_cli_here, train_in_this_process
     from tuneline.core.models.tiny.vision import VisionModelConfig, build_vision_language_model
 
     model_dir = tmp_path / "model"
@@ -257,6 +258,7 @@ def test_tuneline_train_takes_timed_videos(family: str, shared_dir: Path, clip_d
 
     # `tuneline chat --video`: the clip written as training writes it, and the answer transformers' own generate() gives
     import torch
+
     from conftest import chat_turn
 
     clip = str(clip_data / json.loads((clip_data / "clip_questions.json").read_text())[0]["videos"][0])
@@ -297,6 +299,7 @@ def test_tuneline_train_takes_internvl_videos(shared_dir: Path, clip_data: Path,
     trained_on_clips("internvl", "intern_vl", shared_dir=shared_dir, clip_data=clip_data, tmp_path=tmp_path, patch=monkeypatch)
 
     import torch
+
     from conftest import chat_turn
 
     clip = str(clip_data / json.loads((clip_data / "clip_questions.json").read_text())[0]["videos"][0])

@@ -1,15 +1,16 @@
 """Training the vision-language families beyond Qwen2-VL on image rows: a tiny LLaVA-1.5 (a CLIP vision tower,
-its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA-NeXT (the same in tiles of
-56 pixels on LLaVA-v1.6's five grids), a tiny Qwen3-VL (its deepstack tower in patches of 16 and Qwen3's
-decoder), a tiny GLM-4.1V, a tiny InternVL (an InternViT tower, pixel shuffle, Qwen2's decoder), a tiny Gemma 3 (a SigLIP tower, its
-pooling projector and Gemma 3's decoder) and a tiny PaliGemma (a SigLIP tower, a linear projector and Gemma's
-decoder, its image tokens before the text) and a tiny Llama 3.2 Vision (its tiled vision encoder read by a
-cross-attention layer of the decoder) and a tiny Qwen2.5-Omni thinker (Qwen2.5-VL's tower, an audio encoder and Qwen2's
-decoder, which finds its media tokens by id) and a tiny MiniCPM-V 4.6 (a NaViT tower with its window merger, the merger
-into Qwen3.5's hybrid linear/full-attention decoder), all from core/models/tiny/vision.py, all with llama2's
-tokenizer (a vocabulary a fifth of Qwen's, for speed) and their family's media and control tokens added. Each is tokenized with its family's template, collated with pixels cut
-by its own image processor, trained through `tuneline train` and answered through `tuneline chat` as
-transformers' own generate() answers."""
+its projector and a LLaMA language model, with llama2's tokenizer), a tiny LLaVA-NeXT (the same in tiles of 56
+pixels on LLaVA-v1.6's five grids), a tiny Qwen3-VL (its deepstack tower in patches of 16 and Qwen3's decoder),
+a tiny GLM-4.1V, a tiny InternVL (an InternViT tower, pixel shuffle, Qwen2's decoder), a tiny Gemma 3 (a SigLIP
+tower, its pooling projector and Gemma 3's decoder) and a tiny PaliGemma (a SigLIP tower, a linear projector and
+Gemma's decoder, its image tokens before the text) and a tiny Llama 3.2 Vision (its tiled vision encoder read by
+a cross-attention layer of the decoder) and a tiny Qwen2.5-Omni thinker (Qwen2.5-VL's tower, an audio encoder
+and Qwen2's decoder, which finds its media tokens by id) and a tiny MiniCPM-V 4.6 (a NaViT tower with its window
+merger, the merger into Qwen3.5's hybrid linear/full-attention decoder), all from core/models/tiny/vision.py,
+all with llama2's tokenizer (a vocabulary a fifth of Qwen's, for speed) and their family's media and control
+tokens added. Each is tokenized with its family's template, collated with pixels cut by its own image processor,
+trained through `tuneline train` and answered through `tuneline chat` as transformers' own generate()
+answers."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.slow  # each trains tiny multimodal models
-import yaml
 
 COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220), "green": (30, 180, 60)}
 
@@ -62,8 +63,8 @@ FAMILIES = {
 
 def image_tokens(family: Family, features: dict, model_dir: Path) -> list[int]:
     """Each image's tokens by the family's own arithmetic: LLaVA's 56-pixel crop is 4 x 4 patches of 14 (the
-    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; InternVL's 4 a tile; MiniCPM-V's by its target sizes; Qwen3-VL's grid of 16-pixel patches
-    and GLM-4V's of 14-pixel ones, merged 2 x 2."""
+    class token dropped); LLaVA-NeXT's by image size; Gemma 3's 16 soft tokens; InternVL's 4 a tile; MiniCPM-V's
+    by its target sizes; Qwen3-VL's grid of 16-pixel patches and GLM-4V's of 14-pixel ones, merged 2 x 2."""
     if family.name == "mllama":  # one token an image (aspect ratio id 0 pads the image slots of an example)
         return [1] * int((features["aspect_ratio_ids"] > 0).sum())
     if family.name in ("llava", "gemma3", "paligemma"):  # PaliGemma: a SigLIP patch each, 4 x 4
@@ -138,18 +139,19 @@ def test_a_batchs_pixels_fill_its_image_tokens_and_train_the_tower(family, tmp_p
     assert len(counts) == sum(images_of) == 5
     starts = [sum(images_of[:i]) for i in range(len(images_of))]
     per_example = (batch["input_ids"] == tokenizer.convert_tokens_to_ids(family.image_token)).sum(dim=1).tolist()
-    assert per_example == [sum(counts[start:start + n]) for start, n in zip(starts, images_of)]
+    assert per_example == [sum(counts[start:start + n]) for start, n in zip(starts, images_of, strict=True)]
     model(**batch).loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
     tower = [name for name in grads if name.startswith(family.tower)]
-    assert tower and all(grads[name] is not None and grads[name].abs().sum() > 0 for name in tower), [n for n in tower if grads[n] is None or grads[n].abs().sum() == 0]
+    untrained = [name for name in tower if grads[name] is None or grads[name].abs().sum() == 0]
+    assert tower and not untrained, untrained
     assert all(grads[name] is None for name in grads if name.startswith(family.projector))
 
 
 def test_tuneline_trains_with_lora_and_chat_answers_as_generate_does(family, tmp_path: Path, monkeypatch):
     import torch
-    from conftest import run_cli_here, train_in_this_process
 
+    from conftest import run_cli_here, train_in_this_process
     from tuneline.core.config import GeneratingConfig
     from tuneline.core.evaluation.predict import generation_kwargs
     from tuneline.core.inference.chat import ChatSession, chat_media, load_chat_model, resolve_source

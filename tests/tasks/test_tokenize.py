@@ -17,14 +17,14 @@ def test_template_warning_is_a_tag_of_the_tokenize_runs_and_in_the_manifest(shar
                                                                              monkeypatch: pytest.MonkeyPatch):
     from prefect import flow
 
+    from tuneline.core.pipeline.references import ExternalModel
     from tuneline.core.pipeline.spec import TrainingStage
+    from tuneline.core.pipeline.stage_unit import WORKER_TAG, RunContext
+    from tuneline.core.pipeline.units import TokenizeUnit
     from tuneline.core.stages.registry import build_stage_config
     from tuneline.core.store.artifacts import read_manifest
     from tuneline.core.tracking import runs as tracking
     from tuneline.core.tracking.references import TEMPLATE_WARNING_TAG
-    from tuneline.core.pipeline.references import ExternalModel
-    from tuneline.core.pipeline.stage_unit import WORKER_TAG, RunContext
-    from tuneline.core.pipeline.units import TokenizeUnit
     from tuneline.tasks.stage import task_for
 
     monkeypatch.setenv("TUNELINE_WORKER", "tokenizing-host")
