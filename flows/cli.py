@@ -345,7 +345,7 @@ def run_chat(args: argparse.Namespace) -> int:
         media = chat_media(source, images=args.image, videos=args.video, audios=args.audio, template=target.template)
         model, tokenizer = load_chat_model(source, template=target.template, keys=target.keys, model_config=target.model_config)
         shown = {column: [str(Path(path).resolve()) for path in paths]
-                 for column, paths in zip(MEDIA_COLUMNS, (args.image, args.video, args.audio), strict=True) if paths}
+                 for column, paths in zip(MEDIA_COLUMNS, (args.image, args.video, args.audio)) if paths}
         session = ChatSession(model, tokenizer, generating, name=source.describe(), system=args.system, media=media, shown=shown)
         interactive = sys.stdin.isatty()
         try:

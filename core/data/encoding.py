@@ -114,10 +114,10 @@ def encode_texts(tokenizer, texts: list[str], lock: threading.Lock | None = None
     backend = getattr(tokenizer, "backend_tokenizer", None)
     with lock or nullcontext():
         if backend is None:
-            return dict(zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True))
+            return dict(zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"]))
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
         encodings = encode(texts, add_special_tokens=False)
-    return {text: encoding.ids for text, encoding in zip(texts, encodings, strict=True)}
+    return {text: encoding.ids for text, encoding in zip(texts, encodings)}
 
 
 def finish_batch(prepared: PreparedBatch, encoded: dict[str, list[int]], *, spec: EncodingSpec, tokenizer,
@@ -221,7 +221,7 @@ def _encode_supervised(prepared: PreparedBatch, encoded: dict[str, list[int]], s
     counters: Counter = Counter()
     eos_id = tokenizer.eos_token_id
     examples: list[dict[str, list[int]] | None] = []
-    for row, pieces in zip(prepared.rows, prepared.pieces or [None] * len(prepared.rows), strict=True):
+    for row, pieces in zip(prepared.rows, prepared.pieces or [None] * len(prepared.rows)):
         if pieces is None:  # the checked path raises the row's error
             check_supervised_row(row)
             pairs = encode_turns(encoding.template, tokenizer, Conversation.from_row(row), mask_history=encoding.mask_history)
@@ -336,7 +336,7 @@ def _encode_feedback(rows, spec: EncodingSpec, tokenizer) -> Encoded:
     encoded = encode_feedback_rows(rows, tokenizer=tokenizer, encoding=spec.encoding, batch_size=len(rows) or 1)
     counters = Counter({"rows_dropped_no_trained_token": encoded.count(None)})
     examples = []
-    for row, example in zip(rows, encoded, strict=True):
+    for row, example in zip(rows, encoded):
         if example is not None and spec.media_token_ids:  # the KL sequence shares the prompt: both must keep its media
             kept = _with_media(example, row, spec.media_token_ids, counters)
             example = kept and _with_media(kept, row, spec.media_token_ids, Counter(), ids="kl_input_ids")
@@ -350,7 +350,7 @@ def _encode_feedback(rows, spec: EncodingSpec, tokenizer) -> Encoded:
 def _trailing_padding(example: dict[str, list[int]], pad_token_id: int) -> int:
     """Pad positions at the end of a pack (pad id, not trained)."""
     count = 0
-    for token, label in zip(reversed(example["input_ids"]), reversed(example["labels"]), strict=True):
+    for token, label in zip(reversed(example["input_ids"]), reversed(example["labels"])):
         if token != pad_token_id or label != -100:
             break
         count += 1

@@ -95,7 +95,7 @@ def _check_mix(per_dataset_rows: Sequence[Sequence[dict]], *, strategy: str,
         math.fsum(probs), 1.0, abs_tol=_PROBS_TOLERANCE
     ):
         raise ConfigError(f"interleave_probs {list(probs)} must be non-negative and sum to 1.")
-    for number, (rows, p) in enumerate(zip(per_dataset_rows, probs, strict=True)):
+    for number, (rows, p) in enumerate(zip(per_dataset_rows, probs)):
         if p > 0 and not rows:
             raise DataError(f"dataset {number + 1} of {count} has no rows but interleave_probs "
                               f"gives it {p}; give it rows or probability 0.")

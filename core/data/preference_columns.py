@@ -88,7 +88,7 @@ def kto_examples(dataset: Dataset) -> Dataset:
 def _split_pairs(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
     prompts, chosen, rejected = [], [], []
     for index, chosen_ids, chosen_labels, rejected_ids, rejected_labels in zip(
-        indices, batch["chosen_input_ids"], batch["chosen_labels"], batch["rejected_input_ids"], batch["rejected_labels"], strict=True
+        indices, batch["chosen_input_ids"], batch["chosen_labels"], batch["rejected_input_ids"], batch["rejected_labels"]
     ):
         length = prompt_length(chosen_labels)
         if prompt_length(rejected_labels) != length or chosen_ids[:length] != rejected_ids[:length]:
@@ -103,7 +103,7 @@ def _split_pairs(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
 def _split_feedback(batch: dict[str, list]) -> dict[str, list]:
     prompts, completions, kl_prompts, kl_completions = [], [], [], []
     for ids, labels, kl_ids, kl_labels in zip(batch["input_ids"], batch["labels"], batch["kl_input_ids"],
-                                              batch["kl_labels"], strict=True):
+                                              batch["kl_labels"]):
         length, kl_length = prompt_length(labels), prompt_length(kl_labels)
         prompts.append(ids[:length])
         completions.append(ids[length:])

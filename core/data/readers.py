@@ -228,7 +228,7 @@ def _csv_record(path: Path, index: int, line: int, header: list[str],
                     "that contain commas or line breaks", "invalid_csv")
     return Record(source=str(path), index=index, line=line,
                   data={name: value if value != "" else None
-                        for name, value in zip(header, fields, strict=True)})
+                        for name, value in zip(header, fields)})
 
 
 def _read_parquet(path: Path, *, entry: str) -> Iterator[Record]:

@@ -338,7 +338,7 @@ def render_preview(example: dict, tokenizer) -> str:
     ids = example.get("input_ids") or example.get("chosen_input_ids") or []
     labels = example.get("labels") or example.get("chosen_labels") or [-100] * len(ids)
     pieces: list[tuple[bool, list[int]]] = []
-    for token, label in zip(ids, labels, strict=True):
+    for token, label in zip(ids, labels):
         trained = label != -100
         if pieces and pieces[-1][0] == trained:
             pieces[-1][1].append(token)

@@ -29,7 +29,7 @@ def likeliest_tokens(logits: torch.Tensor | tuple[torch.Tensor, ...], labels: to
 def token_accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
     """Mean over rows of the share of trained next tokens predicted right; rows without one are left out."""
     per_row = []
-    for predicted, label in zip(predictions, labels, strict=True):
+    for predicted, label in zip(predictions, labels):
         predicted, target = predicted[:-1], label[1:]
         trained = target != IGNORE_INDEX
         if trained.any():

@@ -68,7 +68,7 @@ def _dataset_probes(config: StageConfig, *, count: int) -> list[Probe]:
     names = dataset_names(config.data.dataset)
     probes = []
     # the same rows read again as their origins (dataset, file, row from 1), to name a probe as data errors name rows
-    rows_and_origins = zip(iter_rows(names, config), iter_rows(names, config, origins=True), strict=True)
+    rows_and_origins = zip(iter_rows(names, config), iter_rows(names, config, origins=True))
     for row, origin in itertools.islice(rows_and_origins, 64):
         if len(probes) == count:
             break

@@ -28,7 +28,7 @@ def weighted_scores(rewards: Sequence[CheckedReward], weights: Sequence[float], 
     by_name: dict[str, list[float | None]] = {}
     totals = [0.0] * len(completions)
     passes = [True] * len(completions)
-    for reward, weight in zip(rewards, weights, strict=True):
+    for reward, weight in zip(rewards, weights):
         scores = reward(prompts=list(prompts), completions=list(completions), completion_ids=[list(i) for i in completion_ids],
                         **{key: list(values) for key, values in columns.items()})
         by_name[reward.name] = scores

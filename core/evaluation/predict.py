@@ -62,7 +62,7 @@ def _unpacked(row: Mapping[str, Sequence[int]]) -> Iterator[tuple[Sequence[int],
         return
     positions = row["position_ids"]
     starts = [i for i, position in enumerate(positions) if position == 0] + [len(positions)]
-    for begin, end in zip(starts, starts[1:], strict=False):
+    for begin, end in zip(starts, starts[1:]):
         yield row["input_ids"][begin:end], row["labels"][begin:end]
 
 

@@ -96,9 +96,9 @@ def _right_padded(
 
     width = max(len(ids) for ids in input_ids)
     padding = [width - len(ids) for ids in input_ids]
-    ids = torch.tensor([list(row) + [0] * pad for row, pad in zip(input_ids, padding, strict=True)])
-    label_ids = torch.tensor([list(row) + [IGNORE_INDEX] * pad for row, pad in zip(labels, padding, strict=True)])
-    mask = torch.tensor([[1] * len(row) + [0] * pad for row, pad in zip(input_ids, padding, strict=True)])
+    ids = torch.tensor([list(row) + [0] * pad for row, pad in zip(input_ids, padding)])
+    label_ids = torch.tensor([list(row) + [IGNORE_INDEX] * pad for row, pad in zip(labels, padding)])
+    mask = torch.tensor([[1] * len(row) + [0] * pad for row, pad in zip(input_ids, padding)])
     return ids, label_ids, mask
 
 

@@ -129,7 +129,7 @@ class RewardModelScore:
 
         if completion_ids is None or prompt_ids is None:
             raise ConfigError("the reward model scores token ids, and the trainer passed no 'prompt_ids' or 'completion_ids'.")
-        sequences = [list(prompt) + list(completion) for prompt, completion in zip(prompt_ids, completion_ids, strict=True)]
+        sequences = [list(prompt) + list(completion) for prompt, completion in zip(prompt_ids, completion_ids)]
         return score(self.model, self.tokenizer, sequences, batch_size=self.batch_size).tolist()
 
 

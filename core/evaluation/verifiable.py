@@ -76,7 +76,7 @@ def answer_match(prompts: Sequence[Any], completions: Sequence[Any], **columns: 
     """1.0 where the final answer equals the row's `answer` once both are normalised, else 0.0."""
     answers = _answers(columns, len(completions), reward="answer_match")
     return [float(normalised(final_answer(_text(completion))) == normalised(answer))
-            for completion, answer in zip(completions, answers, strict=True)]
+            for completion, answer in zip(completions, answers)]
 
 
 def math_equivalence(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
@@ -88,7 +88,7 @@ def math_equivalence(prompts: Sequence[Any], completions: Sequence[Any], **colum
                           "(pip install -e '.[rl]') or use 'answer_match'.") from e
     answers = _answers(columns, len(completions), reward="math_equivalence")
     scores = []
-    for completion, answer in zip(completions, answers, strict=True):
+    for completion, answer in zip(completions, answers):
         given = final_answer(_text(completion))
         reference = parse(f"${answer}$") or parse(str(answer))
         found = parse(f"${given}$") or parse(given)

@@ -84,7 +84,7 @@ def grow_vocabulary(model: PreTrainedModel, *, vocab_size: int, new_tokens: NewT
         # a quantized model's embeddings and head stay in full precision, so they grow like any other
         model.resize_token_embeddings(vocab_size, pad_to_multiple_of=PAD_TO_MULTIPLE_OF, mean_resizing=False)
     ids = new_tokens.ids if new_tokens else ()
-    for weight, rows_before in zip(_embedding_weights(model), before, strict=True):
+    for weight, rows_before in zip(_embedding_weights(model), before):
         rows = (*[i for i in ids if i < rows_before], *range(rows_before, weight.shape[0]))
         if rows:
             _start_rows(weight, rows=rows, old_rows=min(rows), new_tokens=new_tokens, init=init)

@@ -173,7 +173,7 @@ class BatchDecoder:
                     row.fail(e)
                 continue
             self.vocabulary = logits.shape[-1]
-            for row in (row for row, done in zip(group, ended, strict=True) if done):
+            for row in (row for row, done in zip(group, ended) if done):
                 row.finish()
             going = [i for i, done in enumerate(ended) if not done]
             if going:
@@ -204,7 +204,7 @@ class BatchDecoder:
             log.exception("Generation failed for a batch of %d requests", live)
             self.drop(self.rows, reason=e)
             return
-        for row, token in zip(self.slots, chosen, strict=True):
+        for row, token in zip(self.slots, chosen):
             if not row.left and row.push(token):
                 row.finish()
 
@@ -266,16 +266,16 @@ class BatchDecoder:
             seen.append(held)
             penalties.append(torch.tensor([[row.penalty or 1.0] for row in rows], dtype=torch.float32, device=device))
         index = [None if chosen is None else torch.tensor(chosen, device=device) for _, _, _, chosen in parts]
-        masks = [mask if chosen is None else mask[chosen] for (_, _, mask, _), chosen in zip(parts, index, strict=True)]
+        masks = [mask if chosen is None else mask[chosen] for (_, _, mask, _), chosen in zip(parts, index)]
         starts = [int(mask.any(dim=0).nonzero()[0]) for mask in masks]  # the first column some row needs
-        width = max(mask.shape[1] - start for mask, start in zip(masks, starts, strict=True))
+        width = max(mask.shape[1] - start for mask, start in zip(masks, starts))
         total = sum(len(rows) for rows, *_ in parts)
 
         def joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:  # (rows, heads, length, dim) each
             first = tensors[0]
             out = first.new_zeros((total, first.shape[1], width, first.shape[3]))
             at = 0
-            for tensor, chosen, start in zip(tensors, index, starts, strict=True):
+            for tensor, chosen, start in zip(tensors, index, starts):
                 rows = tensor.shape[0] if chosen is None else len(chosen)
                 length = tensor.shape[2] - start
                 target = out[at:at + rows, :, width - length:]
@@ -287,7 +287,7 @@ class BatchDecoder:
         self.cache = DynamicCache([(joined([part[i][0] for part in layers]), joined([part[i][1] for part in layers]))
                                    for i in range(len(layers[0]))])
         self.mask = torch.cat([torch.nn.functional.pad(mask[:, start:], (width - mask.shape[1] + start, 0))
-                               for mask, start in zip(masks, starts, strict=True)])
+                               for mask, start in zip(masks, starts)])
         self.seen, self.penalties = torch.cat(seen), torch.cat(penalties)
         self.slots = [row for rows, *_ in parts for row in rows]
 

@@ -118,7 +118,7 @@ class EngineProcess:
                                                                                  self._answer_seconds))
                 tickets = [Ticket(prepared, write or discard_text, done) for _ in range(copies)]
                 numbers = [next(self._counter) for _ in tickets]
-                for number, ticket in zip(numbers, tickets, strict=True):
+                for number, ticket in zip(numbers, tickets):
                     self._tickets[number], self._numbers[ticket] = ticket, number
             self._pipe.send(("submit", numbers, prepared, write is not None))
         return tickets

@@ -174,10 +174,10 @@ def plot_loss(output_dir: str | Path, keys: tuple[str, ...] = ()) -> Path | None
 
     figure = Figure(figsize=(6, 4))
     axes = figure.subplots()
-    axes.plot(*zip(*points, strict=True), label="train loss")
+    axes.plot(*zip(*points), label="train loss")
     evaluated = [(r["current_steps"], r["eval_loss"]) for r in records if "eval_loss" in r]
     if evaluated:
-        axes.plot(*zip(*evaluated, strict=True), "o--", label="eval loss")
+        axes.plot(*zip(*evaluated), "o--", label="eval loss")
     axes.set_xlabel("step")
     axes.set_ylabel("loss")
     axes.legend()
@@ -198,7 +198,7 @@ def _plot_curve(points: list[tuple[int, float]], key: str, path: Path) -> None:
 
     figure = Figure(figsize=(6, 4))
     axes = figure.subplots()
-    axes.plot(*zip(*points, strict=True), "o-" if len(points) < 3 else "-", label=key)
+    axes.plot(*zip(*points), "o-" if len(points) < 3 else "-", label=key)
     axes.set_xlabel("step")
     axes.set_ylabel(key)
     axes.legend()

@@ -198,7 +198,7 @@ def stale_blocks(markdown: str, *, source: str) -> list[str]:
     fresh = generate(markdown, source=source)
     written = [(m["name"], m["body"]) for pattern in (BLOCK, COUNT) for m in pattern.finditer(markdown)]
     generated = [(m["name"], m["body"]) for pattern in (BLOCK, COUNT) for m in pattern.finditer(fresh)]
-    return [name for (name, old), (_, new) in zip(written, generated, strict=True) if old != new]
+    return [name for (name, old), (_, new) in zip(written, generated) if old != new]
 
 
 KEY_CELL = re.compile(r"`([a-z][a-z0-9_]*)(?::[^`]*)?`")

@@ -83,7 +83,7 @@ def written_sounds(sounds: dict) -> dict:
         if right is None:
             write_wave(folder / f"{name}.wav", tone(seconds, left, rate=rate), rate=rate)
         else:
-            pairs = zip(tone(seconds, left, rate=rate), tone(seconds, right, rate=rate), strict=True)
+            pairs = zip(tone(seconds, left, rate=rate), tone(seconds, right, rate=rate))
             write_wave(folder / f"{name}.wav", [value for pair in pairs for value in pair], rate=rate, channels=2)
     return {name: str(folder / f"{name}.wav") for name in sounds}
 
@@ -124,7 +124,7 @@ def supervised_examples(template, tokenizer, processor, rows: list, paths: dict,
              "_videos": [[clips[n] for n in r["videos"]] for r in rows] if clips else [None] * len(rows),
              "_audios": [[sounds[n] for n in r["audios"]] for r in rows] if sounds else [None] * len(rows)}
     encoded = encoder.preprocess_dataset(batch)
-    return [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"], strict=True)]
+    return [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
 
 
 def read_wave(path):

@@ -36,7 +36,7 @@ def main(shared: Path) -> None:
         predictions = [row["predict"] for row in rows if row["dataset"] == name]
         labels = [row["label"] for row in rows if row["dataset"] == name]
         encoded = [[tokenizer.encode(text, add_special_tokens=False) for text in texts] for texts in (predictions, labels)]
-        for texts, ids in zip((predictions, labels), encoded, strict=True):
+        for texts, ids in zip((predictions, labels), encoded):
             assert tokenizer.batch_decode(ids, skip_special_tokens=True) == texts  # LLaMA-Factory reads these texts
         scores = ComputeSimilarity(tokenizer=tokenizer)(EvalPrediction(predictions=padded(encoded[0]), label_ids=padded(encoded[1])))
         results[name] = {f"predict_{key}": value for key, value in scores.items()}

@@ -58,7 +58,7 @@ def test_two_runs_at_once_compute_each_stage_once_and_leave_whole_artifacts(setu
     runs = [subprocess.Popen(setup["command"], env=setup["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              umask=0o022) for _ in range(2)]
     outputs = [run.communicate(timeout=420) for run in runs]
-    for run, (stdout, stderr) in zip(runs, outputs, strict=True):
+    for run, (stdout, stderr) in zip(runs, outputs):
         assert run.returncode == 0, stdout[-3000:] + stderr[-3000:]
         assert "Application startup failed" not in stderr  # the temporary Prefect servers started one at a time
     statuses = [stage_status(stdout) for stdout, _ in outputs]

@@ -78,7 +78,7 @@ def test_a_batchs_pixels_fill_its_image_tokens_in_order(pictures, tmp_path: Path
     images_of = [len(row) for row in train["images"]]
     counts = (grids.prod(dim=1) // 4).tolist()  # merge_size 2: four patches a token
     starts = [sum(images_of[:i]) for i in range(len(images_of))]
-    assert per_example == [sum(counts[start:start + n]) for start, n in zip(starts, images_of, strict=True)]
+    assert per_example == [sum(counts[start:start + n]) for start, n in zip(starts, images_of)]
     assert batch["mm_token_type_ids"].tolist() == (batch["input_ids"] == image_token).long().tolist()
 
 
@@ -365,7 +365,7 @@ def test_packed_picture_rows_keep_each_examples_images_whole_and_in_order(pictur
     tokens_of = {"red.png": 4, "blue.png": 6, "green.png": 8}  # 56, 84 and 112 pixels wide: 2x2, 2x3 and 2x4 merged patches
     assert len(packs) < 4 and sorted(Path(f).name for files in packs["images"] for f in files) == sorted(
         ["red.png", "blue.png", "green.png", "red.png", "blue.png"])  # every example once, with all its images
-    for ids, files in zip(packs["input_ids"], packs["images"], strict=True):
+    for ids, files in zip(packs["input_ids"], packs["images"]):
         assert len(ids) == 96 and ids.count(image_token) == sum(tokens_of[Path(f).name] for f in files)
     collator = build_collator(packs, tokenizer=tokenizer, model=None, media_rows=MediaRows.read(tmp_path / "tokenized" / TOKENIZER_DIR))
     batch = collator([packs[i] for i in range(len(packs))])

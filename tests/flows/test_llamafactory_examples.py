@@ -422,7 +422,7 @@ def outcome_table(outcomes: Mapping[str, Outcome]) -> str:
             rows.append((name, seen[:80], expected, example.reason + (f"; xfail: {example.xfail}" if example.xfail else "")))
     rows += [(name, "left out", "", why) for name, why in LEFT_OUT.items()]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3] for row in rows)
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3] for row in rows)
 
 
 def first_problem(message: str) -> str:

@@ -58,7 +58,7 @@ def chat_answers(folder: Path, rows: list[dict]) -> list[str]:
 
 
 def right_share(answers: list[str], rows: list[dict]) -> float:
-    return sum(answer.split()[:1] == [row["messages"][1]["content"]] for answer, row in zip(answers, rows, strict=True)) / len(rows)
+    return sum(answer.split()[:1] == [row["messages"][1]["content"]] for answer, row in zip(answers, rows)) / len(rows)
 
 
 @pytest.mark.slow

@@ -72,7 +72,7 @@ def test_preprocess_writes_llamafactory_columns_with_masked_prompts(sft_yaml: Pa
     assert len(train) == 96  # max_samples 48 from each of two datasets
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
     first = train[0]
-    trained_ids = [i for i, label in zip(first["input_ids"], first["labels"], strict=True) if label != -100]
+    trained_ids = [i for i, label in zip(first["input_ids"], first["labels"]) if label != -100]
     assert first["labels"][0] == -100
     assert tokenizer.decode(trained_ids).endswith("<|im_end|>\n") or tokenizer.decode(trained_ids).endswith("<|im_end|>")
     assert "<|im_start|>user" in tokenizer.decode(first["input_ids"])

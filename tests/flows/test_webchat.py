@@ -90,4 +90,4 @@ def test_the_page_streams_replies_equal_to_the_api_answers_and_keeps_the_history
     assert shown == [first, second] and first.strip() and second.strip()
     for texts, reply in zip(pieces, shown, strict=True):  # streamed: seen growing, at more than one moment
         assert len(texts) > 1 and texts[-1] == reply, texts
-        assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False)), texts
+        assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:])), texts

@@ -138,7 +138,7 @@ def cross_attention_inputs(input_ids: Any, images: Sequence[Image], image_proces
 
     rows = input_ids.tolist()
     if attention_mask is not None:
-        rows = [row[:int(length)] for row, length in zip(rows, attention_mask.sum(dim=1).tolist(), strict=True)]
+        rows = [row[:int(length)] for row, length in zip(rows, attention_mask.sum(dim=1).tolist())]
     batched, start = [], 0
     for row in rows:
         count = row.count(image_token_id)

@@ -303,7 +303,7 @@ class MediaRows:
                 continue
             with_videos = expand_videos(with_images, video_texts[start[VIDEOS]:end[VIDEOS]])
             expanded[part] = expand_audios(with_videos, audio_counts[start[AUDIOS]:end[AUDIOS]], self.media)
-        image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images), strict=True))
+        image_tokens = sum(count * (1 + n) for count, n in zip(image_counts, crops or [0] * len(images)))
         return {**row, **expanded, IMAGES: images, VIDEOS: videos, AUDIOS: audios,
                 MEDIA_TOKENS: image_tokens + sum(video_counts) + sum(audio_counts),
                 "image_prefix": image_prefix(image_counts, self.media)}
@@ -382,7 +382,7 @@ class MediaRows:
             raise DataError(f"{where}: with 'use_audio_in_video: true' each video names its sound track in `audios`, and "
                             f"the row has {len(videos)} videos and {len(audios)} sounds; give each video's file in `audios` too.")
         media, texts, counts = self.media, [], []
-        for video, sound in zip(videos, audios, strict=True):
+        for video, sound in zip(videos, audios):
             found = probe(video, self.sampling)
             width, height = sized_dimensions(found.width, found.height, max_pixels=self.settings.video_max_pixels,
                                              min_pixels=self.settings.video_min_pixels, plugin=media.plugin)

@@ -99,11 +99,11 @@ def sequence_batch(prompts: list[list[int]], replies: list[list[int]], *, pad_to
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prompt + reply rows padded on the right: ids, attention mask, and the mask of the positions
     (shifted frame, width - 1) that predict a reply token."""
-    width = max(len(p) + len(r) for p, r in zip(prompts, replies, strict=True))
+    width = max(len(p) + len(r) for p, r in zip(prompts, replies))
     ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
     mask = torch.zeros((len(prompts), width - 1), dtype=torch.float32)
-    for row, (prompt, reply) in enumerate(zip(prompts, replies, strict=True)):
+    for row, (prompt, reply) in enumerate(zip(prompts, replies)):
         length = len(prompt) + len(reply)
         ids[row, :length] = torch.tensor(prompt + reply)
         attention[row, :length] = 1
@@ -216,7 +216,7 @@ class PPOTrainer:
     def scores(self, prompts: list[list[int]], replies: list[list[int]]) -> torch.Tensor:
         from tuneline.core.evaluation.reward import score
 
-        texts = [prompt + reply for prompt, reply in zip(prompts, replies, strict=True)]
+        texts = [prompt + reply for prompt, reply in zip(prompts, replies)]
         return score(self.reward_model, self.tokenizer, texts, batch_size=self.args.per_device_train_batch_size).to(
             self.accelerator.device)
 

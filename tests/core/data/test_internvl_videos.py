@@ -94,7 +94,7 @@ def test_internvl_videos_expand_to_llamafactorys_tokens(row: dict, internvl_fold
     rows = media_rows(model, settings_of(row), row["template"])
     clips = [str(data / "media" / f"{name}.mp4") for name in row["videos"]]
     images = [str(data / "media" / f"{name}.png") for name in row["images"]]
-    frames = [end - start for start, end in zip([0, *row["video_frames"]], row["video_frames"], strict=False)]
+    frames = [end - start for start, end in zip([0, *row["video_frames"]], row["video_frames"])]
     assert rows.video_token_counts(clips) == [count * GOLDEN["image_seq_length"] for count in frames]
     expanded = rows.expand({"prompt": row["messages"][:-1], "response": row["messages"][-1:], "videos": clips, "images": images})
     assert [message["content"] for message in expanded["prompt"] + expanded["response"]] == row["expanded"]

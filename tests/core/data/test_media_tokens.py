@@ -344,7 +344,7 @@ def test_gemma3_rows_tokenize_to_llamafactorys_supervised_examples(gemma3_datase
     golden = GEMMA3["by_setting"][setting]["supervised_by_cutoff_len"]
     soft_token = 32002  # <image_soft_token> in the golden's tokenizer
     # kept: the examples whose cutoff left all their soft tokens (LLaMA-Factory keeps the others too)
-    kept = [i for i, (cut, whole) in enumerate(zip(golden[str(cutoff_len)], golden["2048"], strict=True))
+    kept = [i for i, (cut, whole) in enumerate(zip(golden[str(cutoff_len)], golden["2048"]))
             if cut["input_ids"].count(soft_token) == whole["input_ids"].count(soft_token)]
     assert len(kept) == (5 if cutoff_len == 2048 else 2)
     assert counters.get("rows_dropped_media_tokens_cut", 0) == 5 - len(kept)
@@ -726,7 +726,7 @@ def test_mllama_rows_tokenize_to_llamafactorys_supervised_examples(mllama_folder
     golden, whole = MLLAMA["supervised_by_cutoff_len"][str(cutoff_len)], MLLAMA["supervised_by_cutoff_len"]["2048"]
     image = MLLAMA["image_token_id"]
     # kept: the examples whose cutoff left every <|image|> (LLaMA-Factory keeps the others too)
-    kept = [i for i, (cut, full) in enumerate(zip(golden, whole, strict=True))
+    kept = [i for i, (cut, full) in enumerate(zip(golden, whole))
             if cut["input_ids"].count(image) == full["input_ids"].count(image)]
     assert counters.get("rows_dropped_media_tokens_cut", 0) == len(golden) - len(kept)
     assert train["input_ids"] == [golden[i]["input_ids"] for i in kept]

@@ -210,9 +210,9 @@ def _logits(model, **inputs) -> torch.Tensor:
 def _segments(pack: dict) -> list[tuple[int, int]]:
     """(start, end) of each packed example: positions restart at 0, padding (id 0) comes last."""
     tokens, positions = pack["input_ids"], pack["position_ids"]
-    starts = [i for i, (token, position) in enumerate(zip(tokens, positions, strict=True)) if token != PAD and position == 0]
+    starts = [i for i, (token, position) in enumerate(zip(tokens, positions)) if token != PAD and position == 0]
     real_end = sum(token != PAD for token in tokens)
-    return list(zip(starts, starts[1:] + [real_end], strict=True))
+    return list(zip(starts, starts[1:] + [real_end]))
 
 
 def _segment_differences(model, packs: list[dict], packed_logits: torch.Tensor) -> list[float]:
@@ -280,6 +280,6 @@ def test_flash_attention_varlen_matches_each_example_alone(examples):
     flat = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in flat.items()}
     packed = _logits(model, **flat)[0].float()
     starts = flat["cu_seq_lens_q"].tolist()
-    for start, end in zip(starts, starts[1:], strict=False):
+    for start, end in zip(starts, starts[1:]):
         alone = _logits(model, input_ids=flat["input_ids"][:, start:end])[0].float()
         assert (packed[start:end] - alone).abs().max().item() < 2e-2

@@ -423,5 +423,5 @@ def test_pairwise_with_a_reasoning_template_drops_earlier_thoughts(shared_dir):
     example = encode_pairwise_row(row, tokenizer=tokenizer, encoding=RowEncoding(template=template, cutoff_len=256))
     chosen = tokenizer.decode(example["chosen_input_ids"])
     assert "secret" not in chosen and "assistant\nb<|im_end|>" in chosen
-    trained = [t for t, label in zip(example["chosen_input_ids"], example["chosen_labels"], strict=True) if label != -100]
+    trained = [t for t, label in zip(example["chosen_input_ids"], example["chosen_labels"]) if label != -100]
     assert tokenizer.decode(trained) == "<think>\n\n</think>\n\nd<|im_end|>\n"

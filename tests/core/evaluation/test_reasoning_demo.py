@@ -37,7 +37,7 @@ def test_the_reasoning_demo_is_consistent_with_the_rewards_that_score_it(tmp_pat
     worked = [think_answer_format(questions[0], [reply])[0] == 1.0 for reply in replies]
     assert worked == [i % 3 == 0 for i in range(len(replies))]  # a third in the checkable shape
     assert answer_match(questions[0], replies, answer=answers) == [float(w) for w in worked]  # prose is not checkable
-    assert all(reply.endswith(f"so the answer is {answer}.") for reply, answer, w in zip(replies, answers, worked, strict=True) if not w)
+    assert all(reply.endswith(f"so the answer is {answer}.") for reply, answer, w in zip(replies, answers, worked) if not w)
     texts = [json.loads(line)["text"] for line in (tmp_path / "a" / "reasoning_pretrain.jsonl").read_text().splitlines()]
     trained = table - 30
     assert len(texts) == 2 * trained and len(set(texts[:trained])) == trained  # each problem not held out, twice

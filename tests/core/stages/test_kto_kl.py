@@ -72,7 +72,7 @@ def test_kl_term_pairs_each_prompt_with_the_other_reply_and_enters_the_loss(tiny
     # Move the policy towards the mismatched replies, so that its KL estimate against the reference is positive.
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
     for _ in range(5):
-        for ids, labels in zip(rows["kl_input_ids"], rows["kl_labels"], strict=True):
+        for ids, labels in zip(rows["kl_input_ids"], rows["kl_labels"]):
             policy(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.backward()
         optimizer.step()
         optimizer.zero_grad()

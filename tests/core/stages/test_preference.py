@@ -125,7 +125,7 @@ def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
     from tuneline.core.data.preference_columns import dpo_pairs, kto_examples, odds_ratio_pairs, prompt_length, reward_pairs
 
     rows = load(pairs)[0]["train"].select(range(8))
-    for row, pair in zip(rows, dpo_pairs(rows), strict=True):
+    for row, pair in zip(rows, dpo_pairs(rows)):
         cut = prompt_length(row["chosen_labels"])
         assert 0 < cut == prompt_length(row["rejected_labels"])
         assert pair["prompt_ids"] + pair["chosen_ids"] == row["chosen_input_ids"]
@@ -133,7 +133,7 @@ def test_conversions_keep_tuneline_tokens(pairs: Path, feedback: Path) -> None:
     assert reward_pairs(rows)["chosen_ids"] == rows["chosen_input_ids"]
     assert odds_ratio_pairs(rows).to_dict() == rows.to_dict()
     examples = load(feedback)[0]["train"].select(range(8))
-    for row, example in zip(examples, kto_examples(examples), strict=True):
+    for row, example in zip(examples, kto_examples(examples)):
         assert example["prompt_ids"] + example["completion_ids"] == row["input_ids"]
         assert example["KL_prompt_ids"] + example["KL_completion_ids"] == row["kl_input_ids"]
         assert len(example["KL_prompt_ids"]) == prompt_length(row["kl_labels"])

@@ -104,7 +104,7 @@ def test_processes_hold_it_one_at_a_time(workspace, s3_store, tmp_path):
     assert [holder.returncode for holder in holders] == [0, 0]
     lines = log.read_text().split("\n")[:-1]
     assert len(lines) == 8
-    for enter, leave in zip(lines[0::2], lines[1::2], strict=True):  # each entry left before the next begins
+    for enter, leave in zip(lines[0::2], lines[1::2]):  # each entry left before the next begins
         assert enter.startswith("enter ") and leave == "leave " + enter.removeprefix("enter ")
     assert {line.split()[1] for line in lines} == {str(holder.pid) for holder in holders}
     assert any("waiting" in output for output in outputs)

@@ -78,7 +78,7 @@ def test_ids_equal_llamafactory(path: Path, prepared, tmp_path: Path, shared_dir
     examples = _encode(golden, prepared, tmp_path, shared_dir)
     expected = golden["examples"]
     assert len(examples) == len(expected)
-    for i, (ours, theirs) in enumerate(zip(examples, expected, strict=True)):
+    for i, (ours, theirs) in enumerate(zip(examples, expected)):
         for column, ids in theirs.items():
             assert ours[column] == ids, f"example {i}, column {column}"
 
@@ -128,5 +128,5 @@ def test_the_tokenize_stage_applies_the_template_keys_itself(shared_dir: Path, t
     golden = json.loads((GOLDEN_DIR / "qwen2.5__qwen3__sft_thinking_false.json").read_text(encoding="utf-8"))
     assert golden["arguments"]["enable_thinking"] is False
     examples = _encode(golden, lambda config, name: prepare_tokenizer(config, shared_dir / "tokenizers" / name)[:2], tmp_path, shared_dir)
-    assert [{column: example[column] for column in theirs} for example, theirs in zip(examples, golden["examples"], strict=True)] == \
+    assert [{column: example[column] for column in theirs} for example, theirs in zip(examples, golden["examples"])] == \
         golden["examples"]

@@ -67,9 +67,9 @@ def _batches(rows):
     width = max(len(r["input_ids"]) for r in rows)
     pad = [width - len(r["input_ids"]) for r in rows]
     return {
-        "input_ids": torch.tensor([r["input_ids"] + [0] * p for r, p in zip(rows, pad, strict=True)]),
-        "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * p for r, p in zip(rows, pad, strict=True)]),
-        "labels": torch.tensor([r["input_ids"] + [-100] * p for r, p in zip(rows, pad, strict=True)]),
+        "input_ids": torch.tensor([r["input_ids"] + [0] * p for r, p in zip(rows, pad)]),
+        "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * p for r, p in zip(rows, pad)]),
+        "labels": torch.tensor([r["input_ids"] + [-100] * p for r, p in zip(rows, pad)]),
     }
 
 

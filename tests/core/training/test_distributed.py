@@ -65,9 +65,9 @@ def test_two_processes_end_where_one_process_with_accumulation_ends(small_sft, t
         assert json.loads((folder / "all_results.json").read_text())["global_batch_size"] == 4
         assert json.loads((folder / "all_results.json").read_text())["epoch"] == 1.0  # 16 rows in 4 steps of 4
     # rank 0 alone writes the log: each step once, the same losses as one process
-    (two_steps, two_losses), (one_steps, one_losses) = zip(*steps_and_losses(two), strict=True), zip(*steps_and_losses(one), strict=True)
+    (two_steps, two_losses), (one_steps, one_losses) = zip(*steps_and_losses(two)), zip(*steps_and_losses(one))
     assert list(two_steps) == list(one_steps) == [1, 2, 3, 4]
-    assert max(abs(a - b) for a, b in zip(two_losses, one_losses, strict=True)) <= 1e-5
+    assert max(abs(a - b) for a, b in zip(two_losses, one_losses)) <= 1e-5
     weights_one, weights_two = adapter(one), adapter(two)
     assert weights_one.keys() == weights_two.keys()
     difference = max((weights_one[k] - weights_two[k]).abs().max().item() for k in weights_one)
@@ -107,7 +107,7 @@ def test_multi_node_settings_reach_torchrun():
     assert plan.world_size == 8
     command = worker_command(plan, "job.json")
     assert command[1:3] == ["-m", "torch.distributed.run"] and command[-3:] == ["-m", "tuneline.core.worker", "job.json"]
-    flags = dict(zip(command[3:-3:2], command[4:-3:2], strict=True))
+    flags = dict(zip(command[3:-3:2], command[4:-3:2]))
     assert flags == {"--nnodes": "2", "--node-rank": "1", "--nproc-per-node": "4", "--master-addr": "10.0.0.1",
                      "--master-port": "29500"}
     assert worker_command(plan_from_env({}), "job.json")[1:] == ["-m", "tuneline.core.worker", "job.json"]

@@ -54,7 +54,7 @@ def test_jobs_forked_from_the_warm_worker_train_as_a_new_process_does(cold_job, 
     assert warm is not None and warm.process.poll() is None  # one warm worker served both jobs and waits for more
     assert any("eval_loss" in line or "step 4/4" in line for line in lines)
     expected = adapter(cold)
-    for name, result in zip(("first", "second"), metrics, strict=True):
+    for name, result in zip(("first", "second"), metrics):
         assert result["train_loss"] > 0
         trained = adapter(tmp_path / name)
         difference = max((trained[k] - expected[k]).abs().max().item() for k in expected)
