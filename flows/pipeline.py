@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field
 from functools import partial
@@ -299,8 +300,11 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
             unit, address, inputs, pipeline=state.pipeline, fingerprints=state.fingerprints,
             datasets=state.dispatch.datasets, context=state.context)
     elif unit.kind == TrainUnit.kind:
-        warm_up_unless_stored(state, address, unit, inputs)
-        with state.training_slots:
+        # a stored stage is a cache hit: it waits for no training slot, which a stage beside it may hold for minutes
+        stored = state.store.find(unit.kind, unit_key(unit, inputs)) is not None
+        if not stored and not state.store.is_cache:
+            warm_up_training(state.pipeline.stage(address.stage))
+        with nullcontext() if stored else state.training_slots:
             result = run_in_task(state, unit, inputs)
     else:
         if unit.kind == TOKENIZED_KIND:
@@ -314,7 +318,7 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
 
 
 def warm_up_unless_stored(state: ChainState, address: UnitAddress, unit: StageUnit, inputs: dict[str, ModelInput]) -> None:
-    """A training stage's tokenize or train unit about to be computed in this process: its training will
+    """A training stage's tokenize unit about to be computed in this process: its training will
     be forked from this process's warm worker, so that worker starts importing now, while the stage
     tokenizes. A stored unit starts nothing (a rerun served from cache imports no trainer); nor does a
     URL workspace's, where asking the store would cost a second manifest read per hit."""

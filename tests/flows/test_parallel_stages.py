@@ -9,12 +9,14 @@ real training.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import run_cli_here
+from pipeline_runs import stage_rows
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = "fork-pool"
@@ -55,7 +57,7 @@ def overlap_seconds(first, second) -> float:
     return (min(first.info.end_time, second.info.end_time) - max(first.info.start_time, second.info.start_time)) / 1000
 
 
-def test_independent_stages_train_at_the_same_time_in_process(tmp_path: Path):
+def test_independent_stages_train_at_the_same_time_in_process_and_a_stored_one_waits_for_none(tmp_path: Path):
     workspace = tmp_path / "workspace"
     done = run_cli_here("run", str(write_fork(tmp_path / "fork.yaml")), "--workspace", str(workspace), "parallel_training=2",
                         cwd=tmp_path)
@@ -66,6 +68,18 @@ def test_independent_stages_train_at_the_same_time_in_process(tmp_path: Path):
     print(f"rm and dpo trained side by side for {overlap:.1f} s")
     assert overlap > 0
     assert runs["sft"].info.end_time <= min(runs["rm"].info.start_time, runs["dpo"].info.start_time)
+
+    # a rerun with one training slot where dpo changed and rm did not, with rm's tokenized data deleted:
+    # dpo takes the slot while rm tokenizes again (same key, so rm's training is still stored), and rm's
+    # cache hit, which takes no slot, is served while dpo trains instead of after it
+    shutil.rmtree(stage_rows(done.stdout)["rm/tokenize"][1])
+    again = run_cli_here("run", str(tmp_path / "fork.yaml"), "--workspace", str(workspace), "dpo.learning_rate=2.0e-3",
+                         cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    ended = [line.split(":")[0] for line in again.stdout.splitlines() if line.startswith(("rm: ", "dpo: "))]
+    assert ended == ["rm", "dpo"], again.stdout[-3000:]
+    rows = stage_rows(again.stdout)
+    assert [rows[name][0] for name in ("rm/tokenize", "rm", "dpo")] == ["computed", "served from cache", "computed"]
 
 
 def test_stages_on_a_work_pool_run_on_both_workers_and_the_fork_at_once(tmp_path: Path, prefect_workers, mlflow_server,
