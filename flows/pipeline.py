@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import nullcontext
 from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field
 from functools import partial
@@ -284,7 +283,7 @@ STAGE_RUNNERS = {BaseStage: run_base, TrainingStage: run_training_stage}
 def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput]) -> ArtifactRef:
     """Run a stage unit (it serves its artifact from the store or computes it) and report it: as a flow
     run on its stage's work pool, a Ray task on the cluster, else in its task in this process (a training
-    unit once a slot is free)."""
+    unit computes once a training slot is free)."""
     unit = build_unit(state.pipeline, state.fingerprints, address)
     placement = state.pipeline.stage(address.stage).placement
     started = time.monotonic()
@@ -300,12 +299,9 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
             unit, address, inputs, pipeline=state.pipeline, fingerprints=state.fingerprints,
             datasets=state.dispatch.datasets, context=state.context)
     elif unit.kind == TrainUnit.kind:
-        # a stored stage is a cache hit: it waits for no training slot, which a stage beside it may hold for minutes
-        stored = state.store.find(unit.kind, unit_key(unit, inputs)) is not None
-        if not stored and not state.store.is_cache:
-            warm_up_training(state.pipeline.stage(address.stage))
-        with nullcontext() if stored else state.training_slots:
-            result = run_in_task(state, unit, inputs)
+        warm_up_unless_stored(state, address, unit, inputs)
+        # the slot is taken only to compute: a stored stage waits for none, though a stage beside it trains
+        result = run_in_task(state, unit, inputs, computing_slot=state.training_slots)
     else:
         if unit.kind == TOKENIZED_KIND:
             warm_up_unless_stored(state, address, unit, inputs)
@@ -318,7 +314,7 @@ def call(state: ChainState, address: UnitAddress, inputs: dict[str, ModelInput])
 
 
 def warm_up_unless_stored(state: ChainState, address: UnitAddress, unit: StageUnit, inputs: dict[str, ModelInput]) -> None:
-    """A training stage's tokenize unit about to be computed in this process: its training will
+    """A training stage's tokenize or train unit about to be computed in this process: its training will
     be forked from this process's warm worker, so that worker starts importing now, while the stage
     tokenizes. A stored unit starts nothing (a rerun served from cache imports no trainer); nor does a
     URL workspace's, where asking the store would cost a second manifest read per hit."""
@@ -327,5 +323,7 @@ def warm_up_unless_stored(state: ChainState, address: UnitAddress, unit: StageUn
         warm_up_training(stage)
 
 
-def run_in_task(state: ChainState, unit: StageUnit, inputs: dict[str, ModelInput]) -> ArtifactRef:
-    return task_for(unit)(state.context, unit, inputs, return_state=True).result()  # a hit returns its "Cached" state
+def run_in_task(state: ChainState, unit: StageUnit, inputs: dict[str, ModelInput],
+                computing_slot: threading.Semaphore | None = None) -> ArtifactRef:
+    # a hit returns its "Cached" state
+    return task_for(unit)(state.context, unit, inputs, computing_slot, return_state=True).result()

@@ -11,6 +11,7 @@ stage key.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from functools import cache
 from typing import Any
 
@@ -30,8 +31,9 @@ def named_after_key(parameters: dict[str, Any]) -> str:
 
 
 @task(name="stage", cache_policy=NO_CACHE, persist_result=False, task_run_name=named_after_key)
-def stage_task(context: RunContext, unit: StageUnit, inputs: Mapping[str, ModelInput]) -> StageOutcome:
-    result = run_stage_unit(unit, inputs, context=context, announcer=task_announcer())
+def stage_task(context: RunContext, unit: StageUnit, inputs: Mapping[str, ModelInput],
+               computing_slot: AbstractContextManager[Any] | None = None) -> StageOutcome:
+    result = run_stage_unit(unit, inputs, context=context, announcer=task_announcer(), computing_slot=computing_slot)
     return Completed(name="Cached", data=result) if result.cache_hit else result
 
 

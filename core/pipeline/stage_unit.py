@@ -17,6 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -123,19 +124,26 @@ class StageUnit(Protocol):
 
 
 def run_stage_unit(unit: StageUnit, inputs: Mapping[str, ModelInput], *, context: RunContext,
-                   announcer: Announcer = Announcer()) -> ArtifactRef:
+                   announcer: Announcer = Announcer(),
+                   computing_slot: AbstractContextManager[Any] | None = None) -> ArtifactRef:
     """The reference of `unit`'s artifact, computed unless the store holds it sound.
 
     Another process on the same workspace may be computing the same key: the artifact lock makes
     this one wait for it and then serves its artifact as a cache hit, so each key is computed once
-    and no two writers share a draft."""
+    and no two writers share a draft. `computing_slot` (a pipeline's training slots) is held only
+    while the unit computes: a hit waits for no stage beside it."""
     store = open_store(context.workspace)
     resolved = StageInputs(store, dict(inputs))
     key = unit.stage_key(inputs)
     label = unit.label
+
+    def compute(damage: Damage | None) -> ArtifactRef:
+        with computing_slot or nullcontext():
+            return _compute(unit, key, resolved, context=context, announcer=announcer, damage=damage)
+
     return store.serve_or_compute(
         unit.kind, key.key,
-        compute=lambda damage: _compute(unit, key, resolved, context=context, announcer=announcer, damage=damage),
+        compute=compute,
         serve=lambda artifact: _record_cache_hit(unit, artifact, resolved, context=context, announcer=announcer),
         on_wait=lambda: announcer.say(f"{label}: another run is computing {key.key}; waiting for it"),
         on_damaged=lambda damage: announcer.say(f"{label}: cached artifact {damage.path} is damaged ({damage.reason}); recomputing"),
