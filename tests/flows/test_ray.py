@@ -1,10 +1,10 @@
 """tuneline on a real two-node Ray cluster (`ray_cluster`, started once for the module).
 
 Training on Ray: LLaMA-Factory's own example YAMLs with `ray_num_workers: 2` end where one process with
-gradient accumulation 2 ends; a worker killed after a checkpoint restarts the gang to the same weights;
-what Ray cannot run is refused first. The Ray runs are `tuneline train` commands with RAY_ADDRESS naming
-the cluster; the one-process runs go through the command's `main` in this process (`train_here`), the
-worker's run without its start.
+gradient accumulation 2 ends, the sft run although one of its workers is killed after a checkpoint
+and the gang restarts from it; what Ray cannot run is refused first. The Ray runs are `tuneline train`
+commands with RAY_ADDRESS naming the cluster; the one-process runs go through the command's `main` in
+this process (`train_here`), the worker's run without its start.
 
 Stages on Ray: a pipeline with `task_runner: ray` runs the fork pipeline of test_parallel_stages (a tiny
 base, sft, then rm and dpo from sft, two steps each) as Ray tasks on both nodes, each stage's MLflow run
@@ -91,25 +91,60 @@ def worker_nodes(output: str) -> set[str]:
     return {line.rsplit(" on node ", 1)[1].split()[0] for line in output.splitlines() if "Ray Train worker " in line}
 
 
+def ray_train_workers(ray_cluster) -> list:
+    """The Ray Train worker processes of this cluster's nodes (not of any other Ray on the machine)."""
+    import psutil
+
+    nodes = {node.pid for node in ray_cluster.nodes}
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if (process.info["cmdline"] or [""])[0].startswith("ray::RayTrainWorker") and \
+                    any(parent.pid in nodes for parent in process.parents()):
+                found.append(process)
+        except psutil.Error:  # it ended while being looked at
+            continue
+    return found
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("ray_runs")
 
 
 @pytest.fixture(scope="module")
-def sft_on_ray(ray_cluster, runs: Path, tiny_base: Path, shared_dir: Path) -> tuple[Path, str]:
-    """LLaMA-Factory's LoRA SFT example on 2 Ray workers, its results and final folder kept in ray_storage_path."""
-    overrides = small(tiny_base, shared_dir, accumulation=1, output_dir="sft_ray", max_steps=STEPS, save_steps=4,
+def sft_on_ray(ray_cluster, runs: Path, tiny_base: Path, shared_dir: Path) -> dict:
+    """LLaMA-Factory's LoRA SFT example on 2 Ray workers, its results and final folder kept in
+    ray_storage_path; one of its workers is killed once checkpoint-4 is saved and a later step logged,
+    so the run restarts its gang from that checkpoint (one run shows both: it must still end where one
+    process ends)."""
+    folder = runs / "sft_ray"
+    overrides = small(tiny_base, shared_dir, accumulation=1, output_dir=folder.name, max_steps=STEPS, save_steps=4,
                       ray_num_workers=2, resources_per_worker='{"CPU": 1}', ray_storage_path=runs / "ray_results",
                       ray_run_name="sft_run")
-    output = finished(ray_train(example(shared_dir, "llama3_lora_sft.yaml"), overrides, cwd=runs, address=ray_cluster.address))
-    return runs / "sft_ray", output
+    process = ray_train(example(shared_dir, "llama3_lora_sft.yaml"), overrides, cwd=runs, address=ray_cluster.address)
+    try:
+        deadline = time.monotonic() + 240
+        while process.poll() is None and time.monotonic() < deadline:
+            if (folder / "checkpoint-4" / RECORD_FILE).exists() and max(logged_steps(folder), default=0) > 4:
+                break
+            time.sleep(0.005)
+        victims = ray_train_workers(ray_cluster)
+        assert len(victims) == 2 and process.poll() is None, "the run ended before a worker could be killed"
+        logged_at_kill = logged_steps(folder)
+        victims[-1].send_signal(signal.SIGKILL)
+        output = finished(process)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return {"folder": folder, "output": output, "logged_at_kill": logged_at_kill}
 
 
 @pytest.mark.slow
 def test_sft_on_two_ray_workers_ends_where_one_process_with_accumulation_ends(sft_on_ray, runs: Path, tiny_base: Path,
                                                                              shared_dir: Path, one_torch_thread):
-    ray_folder, output = sft_on_ray
+    ray_folder, output = sft_on_ray["folder"], sft_on_ray["output"]
     one = train_here(example(shared_dir, "llama3_lora_sft.yaml"),
                      small(tiny_base, shared_dir, accumulation=2, output_dir="sft_one", max_steps=STEPS, save_steps=4),
                      cwd=runs)
@@ -148,52 +183,15 @@ def test_dpo_on_two_ray_workers_ends_where_one_process_with_accumulation_ends(ra
     assert s3_store.filesystem().cat_file(kept[0]) == (runs / "dpo_ray" / "adapter_model.safetensors").read_bytes()
 
 
-def ray_train_workers(ray_cluster) -> list:
-    """The Ray Train worker processes of this cluster's nodes (not of any other Ray on the machine)."""
-    import psutil
-
-    nodes = {node.pid for node in ray_cluster.nodes}
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if (process.info["cmdline"] or [""])[0].startswith("ray::RayTrainWorker") and \
-                    any(parent.pid in nodes for parent in process.parents()):
-                found.append(process)
-        except psutil.Error:  # it ended while being looked at
-            continue
-    return found
-
-
 @pytest.mark.slow
-def test_a_killed_ray_worker_restarts_the_gang_from_the_checkpoint_to_the_uninterrupted_weights(
-        ray_cluster, sft_on_ray, runs: Path, tiny_base: Path, shared_dir: Path):
-    uninterrupted, _ = sft_on_ray
-    killed = runs / "sft_killed"
-    process = ray_train(example(shared_dir, "llama3_lora_sft.yaml"),
-                        small(tiny_base, shared_dir, accumulation=1, output_dir=killed.name, max_steps=STEPS, save_steps=4,
-                              ray_num_workers=2, resources_per_worker='{"CPU": 1}', ray_storage_path=runs / "ray_results"),
-                        cwd=runs, address=ray_cluster.address)
-    try:
-        deadline = time.monotonic() + 240
-        while process.poll() is None and time.monotonic() < deadline:
-            if (killed / "checkpoint-4" / RECORD_FILE).exists() and max(logged_steps(killed), default=0) > 4:
-                break
-            time.sleep(0.005)
-        victims = ray_train_workers(ray_cluster)
-        assert len(victims) == 2 and process.poll() is None, "the run ended before a worker could be killed"
-        logged_at_kill = logged_steps(killed)
-        victims[-1].send_signal(signal.SIGKILL)
-        output = finished(process)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert max(logged_at_kill) < STEPS
+def test_a_killed_ray_worker_restarts_the_gang_from_its_checkpoint(sft_on_ray):
+    """The sft run's worker killed after step 4's checkpoint: the gang restarts from it and logs each step
+    once; that it still ends at the weights of one process is the test above."""
+    output, logged_at_kill = sft_on_ray["output"], sft_on_ray["logged_at_kill"]
+    assert 4 < max(logged_at_kill) < STEPS
     assert "resuming from" in output and "checkpoint-" in output, output[-3000:]
-    assert logged_steps(killed) == list(range(1, STEPS + 1))  # each step once, although steps after the checkpoint ran twice
-    difference = max_difference(adapter(killed), adapter(uninterrupted))
-    print(f"a Ray worker killed after step {max(logged_at_kill)}: max abs weight difference to the uninterrupted run {difference}")
-    assert difference <= 1e-5
+    assert logged_steps(sft_on_ray["folder"]) == list(range(1, STEPS + 1))  # each step once, though steps after the checkpoint ran twice
+    print(f"a Ray worker killed after step {max(logged_at_kill)}; the gang resumed from its checkpoint")
 
 
 # -- what Ray cannot run, refused before anything is written ---------------------------------------
