@@ -9,11 +9,8 @@ cannot run here are named with the reason (`llamafactory.py`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import typing
 from collections.abc import Mapping
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from tuneline.core.config.coercion import coerce_all, coerce_fields
 from tuneline.core.config.llamafactory import REFUSED_KEYS, refusal_problems, refused_value, unavailable_problems
 from tuneline.core.config.rules import conflicts
 from tuneline.core.config.stage import GROUPS, StageConfig
+from tuneline.core.config.trainer_fields import training_fields
 from tuneline.core.errors import ConfigError, nearest
 
 # Trainer keys that LLaMA-Factory YAMLs carry but that only steer its own launcher.
@@ -33,45 +31,6 @@ _RENAMED_TRAINING_KEYS = {"warmup_ratio": "warmup_steps", "logging_dir": None}
 # old key -> its name inside fsdp_config.
 _FSDP_CONFIG_KEYS = {"fsdp_transformer_layer_cls_to_wrap": "transformer_layer_cls_to_wrap",
                      "fsdp_min_num_params": "min_num_params"}
-
-
-_SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
-
-
-@cache
-def training_fields() -> dict[str, Any]:
-    """Init fields of `Seq2SeqTrainingArguments`, each mapped to the simple type it takes (bool,
-    int, float, str) or `Any` when it takes something richer (enums, unions, lists).
-
-    Importing transformers' trainer module costs seconds, too much for a command that only checks a
-    config or finds every stage cached, so the table is kept per transformers version in the cache.
-    """
-    from importlib import metadata
-
-    cache_file = cache_root() / f"trainer-arguments-{metadata.version('transformers')}.json"
-    try:
-        kinds = json.loads(cache_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        kinds = _read_training_fields()
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(kinds), encoding="utf-8")
-        os.replace(tmp, cache_file)
-    return {name: _SIMPLE_TYPES.get(kind, Any) for name, kind in kinds.items()}
-
-
-def _read_training_fields() -> dict[str, str]:
-    from transformers import Seq2SeqTrainingArguments
-
-    hints = typing.get_type_hints(Seq2SeqTrainingArguments)
-    kinds = {}
-    for f in dataclasses.fields(Seq2SeqTrainingArguments):
-        if not f.init:
-            continue
-        options = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
-        simple = [name for name, kind in _SIMPLE_TYPES.items() if options == [kind]]
-        kinds[f.name] = simple[0] if simple else "any"
-    return kinds
 
 
 def cache_root() -> Path:
