@@ -9,7 +9,6 @@ cannot run here are named with the reason (`llamafactory.py`).
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,6 @@ _RENAMED_TRAINING_KEYS = {"warmup_ratio": "warmup_steps", "logging_dir": None}
 # old key -> its name inside fsdp_config.
 _FSDP_CONFIG_KEYS = {"fsdp_transformer_layer_cls_to_wrap": "transformer_layer_cls_to_wrap",
                      "fsdp_min_num_params": "min_num_params"}
-
-
-def cache_root() -> Path:
-    """Where tuneline keeps caches that outlive a workspace (`$TUNELINE_CACHE`, default ~/.cache/tuneline)."""
-    return Path(os.environ.get("TUNELINE_CACHE") or Path.home() / ".cache" / "tuneline")
 
 
 def valid_keys() -> set[str]:

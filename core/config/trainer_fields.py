@@ -11,15 +11,20 @@ table kept per transformers version under `$TUNELINE_CACHE`.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib.util
+import io
 import json
+import keyword
 import os
+import re
+import tokenize
 import typing
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from tuneline.core.config.machine_cache import cache_root
 
 _SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 # the classes in their files, base first; a subclass's fields follow its base's, as in a dataclass
@@ -39,7 +44,7 @@ def training_fields() -> dict[str, Any]:
     int, float, str) or `Any` when it takes something richer (enums, unions, lists)."""
     try:
         kinds = fields_from_source(transformers_folder())
-    except (OSError, SyntaxError, SourceNotReadable):
+    except (OSError, SyntaxError, tokenize.TokenError, SourceNotReadable):
         kinds = _cached_imported_fields()
     return {name: _SIMPLE_TYPES.get(kind, Any) for name, kind in kinds.items()}
 
@@ -55,16 +60,56 @@ def fields_from_source(folder: Path) -> dict[str, str]:
     """{field: "bool" | "int" | "float" | "str" | "any"} of the dataclasses in `_SOURCES`, read from `folder`."""
     kinds: dict[str, str] = {}
     for file_name, class_name in _SOURCES:
-        tree = ast.parse((folder / file_name).read_text(encoding="utf-8"))
-        found = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
-        if len(found) != 1:
-            raise SourceNotReadable(f"{file_name} defines {class_name} {len(found)} times")
-        for statement in found[0].body:
-            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and _is_init_field(statement):
-                kinds[statement.target.id] = simple_kind(_evaluate(statement.annotation))
+        for name, annotation, value in class_statements((folder / file_name).read_text(encoding="utf-8"), class_name, file_name):
+            if not re.search(r"\binit\s*=\s*False\b", value):  # field(init=False) is no argument
+                kinds[name] = simple_kind(_evaluate(annotation))
     if "output_dir" not in kinds or "predict_with_generate" not in kinds:
         raise SourceNotReadable("the dataclasses lack fields every version has")
     return kinds
+
+
+def class_statements(source: str, class_name: str, file_name: str) -> list[tuple[str, list[tokenize.TokenInfo], str]]:
+    """(name, annotation tokens, value text) of each `name: annotation [= value]` directly in the body of
+    top-level class `class_name`. Python's `tokenize` reads it: the interpreter's own AST conversion
+    is not thread-safe in Python 3.11 (two threads parsing at once fail with "AST constructor
+    recursion depth mismatch"), and a pipeline builds its stages' configs in threads."""
+    logical: list[tuple[int, list[tokenize.TokenInfo]]] = []  # each logical line with its indentation level
+    current: list[tokenize.TokenInfo] = []
+    level = 0
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.INDENT:
+            level += 1
+        elif token.type == tokenize.DEDENT:
+            level -= 1
+        elif token.type == tokenize.NEWLINE:
+            logical.append((level, current))
+            current = []
+        elif token.type not in (tokenize.NL, tokenize.COMMENT):
+            current.append(token)
+    starts = [index for index, (indent, tokens) in enumerate(logical)
+              if indent == 0 and [t.string for t in tokens[:2]] == ["class", class_name]]
+    if len(starts) != 1:
+        raise SourceNotReadable(f"{file_name} defines {class_name} {len(starts)} times")
+    lines = []
+    for indent, tokens in logical[starts[0] + 1:]:
+        if indent == 0:
+            break
+        if indent == 1:  # deeper lines are the bodies of its methods
+            lines.append(tokens)
+    statements = []
+    for tokens in lines:
+        if len(tokens) > 2 and tokens[0].type == tokenize.NAME and tokens[1].string == ":":
+            depth, equals = 0, len(tokens)
+            for index, token in enumerate(tokens[2:], start=2):
+                if token.type == tokenize.OP and token.string in ("(", "[", "{"):
+                    depth += 1
+                elif token.type == tokenize.OP and token.string in (")", "]", "}"):
+                    depth -= 1
+                if depth == 0 and token.string == "=":
+                    equals = index
+                    break
+            statements.append((tokens[0].string, tokens[2:equals], " ".join(t.string for t in tokens[equals + 1:])))
+    return statements
 
 
 def simple_kind(hint: Any) -> str:
@@ -75,30 +120,22 @@ def simple_kind(hint: Any) -> str:
     return simple[0] if simple else "any"
 
 
-def _is_init_field(statement: ast.AnnAssign) -> bool:
-    value = statement.value
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "field":
-        return not any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in value.keywords)
-    return True
-
-
-def _evaluate(annotation: ast.expr) -> Any:
+def _evaluate(annotation: list[tokenize.TokenInfo]) -> Any:
     """The annotation as an object: known names as themselves, any other name a class of its own (a
     `ClassVar[...]`, which is no field, fails here too)."""
-    names = {node.id for node in ast.walk(annotation) if isinstance(node, ast.Name)}
-    if any(isinstance(node, ast.Attribute) for node in ast.walk(annotation)):
-        raise SourceNotReadable(f"annotation {ast.unparse(annotation)} names an attribute")
+    text = " ".join(token.string for token in annotation)
+    if any(token.string == "." for token in annotation):
+        raise SourceNotReadable(f"annotation {text} names an attribute")
+    names = {token.string for token in annotation if token.type == tokenize.NAME and not keyword.iskeyword(token.string)}
     namespace = {name: _KNOWN_NAMES[name] if name in _KNOWN_NAMES else type(name, (), {}) for name in names}
     try:
-        return eval(compile(ast.Expression(annotation), "<annotation>", "eval"), {"__builtins__": {}}, namespace)
+        return eval(text, {"__builtins__": {}}, namespace)
     except Exception as error:  # a form this module does not know
-        raise SourceNotReadable(f"annotation {ast.unparse(annotation)}: {error}") from error
+        raise SourceNotReadable(f"annotation {text}: {error}") from error
 
 
 def _cached_imported_fields() -> dict[str, str]:
     from importlib import metadata
-
-    from tuneline.core.config.reading import cache_root
 
     cache_file = cache_root() / f"trainer-arguments-{metadata.version('transformers')}.json"
     try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from tuneline.core.config.reading import cache_root
+from tuneline.core.config.machine_cache import cache_root
 from tuneline.core.errors import ObjectStoreError
 from tuneline.core.pipeline.references import ArtifactRef, StageStore
 from tuneline.core.store.artifacts import DAMAGE_NOTE, MANIFEST, Artifact, artifact_lock, artifact_path
