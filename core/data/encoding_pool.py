@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
@@ -24,6 +25,9 @@ _WORKER_STATE: dict[str, Any] = {}
 
 
 def _init_worker(spec: EncodingSpec, tokenizer) -> None:
+    # A forked worker inherits its parent's SIGTERM handler, and one that does not end the process kept a
+    # worker alive through Pool.terminate(), so that the pool's exit waited for it forever
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER_STATE.update(spec=spec, tokenizer=tokenizer)
 
 
