@@ -30,7 +30,7 @@ _SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 # the classes in their files, base first; a subclass's fields follow its base's, as in a dataclass
 _SOURCES = (("training_args.py", "TrainingArguments"), ("training_args_seq2seq.py", "Seq2SeqTrainingArguments"))
 # what the annotations may name beyond transformers' own classes (which stand for themselves)
-_KNOWN_NAMES: dict[str, Any] = {**_SIMPLE_TYPES, "None": None, "Any": Any, "Literal": typing.Literal, "Optional": typing.Optional,
+_KNOWN_NAMES: dict[str, Any] = {**_SIMPLE_TYPES, "Any": Any, "Literal": typing.Literal, "Optional": typing.Optional,
                                 "Union": typing.Union, "list": list, "dict": dict, "tuple": tuple, "type": type}
 
 
