@@ -6,7 +6,8 @@ whatever the model's generation config adds), its own random generator when it s
 cut at its stop strings. `BatchDecoder` keeps the rows of a batch in one left-padded KV cache: rows
 that arrive together are prefilled together, those of similar lengths in one forward (left-padded,
 the padding masked), then join the batch, their caches padded on the left; each step feeds every
-row's last token at that row's own position and masks the padding. Each row's processors see only
+row's last token at that row's own position and masks the padding, its keys and values written in
+place into the cache's spare columns (`growing_cache.py`). Each row's processors see only
 that row's own ids, so a repetition penalty never sees a pad token; for greedy rows whose only
 processor is a repetition penalty, the same arithmetic runs on the whole batch at once, over the
 tokens each row holds. A row ends with a stop token, its token budget, a stop string or a cancel,
@@ -179,7 +180,13 @@ class BatchDecoder:
             if going:
                 parts.append(([group[i] for i in going], cache, mask, None if len(going) == len(group) else going))
         if parts:
-            self._rebuild(parts)
+            try:
+                self._rebuild(parts)
+            except Exception as e:  # the joining rows are in no slot yet: told here, or never
+                for rows, *_ in parts:
+                    for row in rows:
+                        row.fail(e)
+                raise
 
     def step(self) -> None:
         """One token for every row; rows that end or were cancelled leave."""
@@ -250,6 +257,8 @@ class BatchDecoder:
         import torch
         from transformers import DynamicCache
 
+        from tuneline.core.serving.growing_cache import GrowingLayer
+
         keep = [i for i, row in enumerate(self.slots) if not row.left]
         parts = [(self.rows, self.cache, self.mask, None if len(keep) == len(self.slots) else keep)] if keep else []
         parts += list(joining)
@@ -273,19 +282,21 @@ class BatchDecoder:
 
         def joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:  # (rows, heads, length, dim) each
             first = tensors[0]
-            out = first.new_zeros((total, first.shape[1], width, first.shape[3]))
+            out = first.new_zeros((total, first.shape[1], width + GrowingLayer.SPARE_COLUMNS, first.shape[3]))
             at = 0
             for tensor, chosen, start in zip(tensors, index, starts):
                 rows = tensor.shape[0] if chosen is None else len(chosen)
                 length = tensor.shape[2] - start
-                target = out[at:at + rows, :, width - length:]
+                target = out[at:at + rows, :, width - length:width]
                 target.copy_(tensor[:, :, start:] if chosen is None else tensor[chosen, :, start:])
                 at += rows
             return out
 
         layers = [[(keys, values) for keys, values, *_ in cache] for _, cache, _, _ in parts]
-        self.cache = DynamicCache([(joined([part[i][0] for part in layers]), joined([part[i][1] for part in layers]))
-                                   for i in range(len(layers[0]))])
+        self.cache = DynamicCache(config=self.model.config)
+        self.cache.layers = [GrowingLayer(joined([part[i][0] for part in layers]), joined([part[i][1] for part in layers]),
+                                          length=width)
+                             for i in range(len(layers[0]))]
         self.mask = torch.cat([torch.nn.functional.pad(mask[:, start:], (width - mask.shape[1] + start, 0))
                                for mask, start in zip(masks, starts)])
         self.seen, self.penalties = torch.cat(seen), torch.cat(penalties)

@@ -156,3 +156,34 @@ def test_beam_search_decodes_alone_through_generate(tiny_base: Path):
         assert [(a.text, a.completion_tokens, a.finish_reason) for a in answers] == [alone(engine, p) for p in prepared]
     finally:
         engine.close()
+
+
+def test_answers_longer_than_the_caches_spare_columns_are_the_tokens_of_generate(engine):
+    from tuneline.core.serving.growing_cache import GrowingLayer
+
+    prepared = [engine.prepare(request(words, max_tokens=3 * GrowingLayer.SPARE_COLUMNS)) for words in (2, 25, 9)]
+    answers = submit_all(engine, prepared)
+    assert [(a.text, a.completion_tokens, a.finish_reason) for a in answers] == [alone(engine, p) for p in prepared]
+    assert max(a.completion_tokens for a in answers) > 2 * GrowingLayer.SPARE_COLUMNS  # its buffers grew twice
+
+
+def test_rows_joining_a_batch_whose_rebuild_fails_are_told_and_the_engine_goes_on(tiny_base: Path):
+    engine = load(tiny_base, max_batch=4)
+    decoder, failures = engine.scheduler.decoder, []
+    rebuild = decoder._rebuild
+
+    def fails_once(joining):  # a fault where the prefilled rows are copied into the batch
+        if joining and not failures:
+            failures.append(RuntimeError("no memory for the batch's cache"))
+            raise failures[0]
+        return rebuild(joining)
+
+    decoder._rebuild = fails_once
+    try:
+        prepared = [engine.prepare(request(words, max_tokens=6)) for words in (3, 12, 30)]
+        first = submit_all(engine, prepared)
+        assert first == [failures[0]] * 3
+        again = submit_all(engine, prepared)
+        assert [(a.text, a.completion_tokens, a.finish_reason) for a in again] == [alone(engine, p) for p in prepared]
+    finally:
+        engine.close()
