@@ -9,8 +9,10 @@ through one pipe: requests and cancels one way; each ticket's text (for streamed
 end the other.
 
 The child is forked on Linux, before this process reads a tokenizer or runs a torch operation (PyTorch's
-own DataLoader workers start the same way), so it starts with its modules imported; elsewhere it is
-spawned. It ends when `close` asks, or when this process goes away and its end of the pipe closes.
+own DataLoader workers start the same way), so it starts with its modules imported. A process that
+already runs other threads (an application or a test that embeds the engine), and any process on
+another system, spawns it instead: a fork copies the locks those threads hold. It ends when `close`
+asks, or when this process goes away and its end of the pipe closes.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ class EngineProcess:
         from tuneline.core.inference.chat import chat_template, load_chat_tokenizer
         from tuneline.core.inference.prompts import PromptRenderer
 
-        forking = sys.platform == "linux"
+        # a fork copies every lock as it stands, those another thread holds included (a torch operation's, the
+        # logging module's), and the child can die or hang on one ("The futex facility returned an unexpected
+        # error code"): only a process that runs no other thread forks
+        forking = sys.platform == "linux" and threading.active_count() == 1
         context = multiprocessing.get_context("fork" if forking else "spawn")
         self._pipe, child_end = context.Pipe()
         # a forked child holds a copy of this end too: it closes it, so that the pipe ends when this process does

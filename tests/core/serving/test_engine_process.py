@@ -1,7 +1,8 @@
 """The decoding engine in a child process (`tuneline api`'s engine): the same answers, text and ends as the
 engine in this process; the queue bounded in the server's process; a cancel that reaches the child; a
 child that dies ends the open requests with an error naming it; a model that cannot load is reported with
-its own error; `close` leaves no process behind."""
+its own error; `close` leaves no process behind; the child is spawned from a process that runs other
+threads and forked from one that runs none."""
 
 from __future__ import annotations
 
@@ -67,14 +68,29 @@ class Collected:
 
 @pytest.fixture(scope="module")
 def child(tiny_base: Path):
-    engine = start(served_tiny(tiny_base))
+    """An engine started while another thread of this process runs, as in an application that embeds it."""
+    another_thread_ends = threading.Event()
+    threading.Thread(target=another_thread_ends.wait, name="another thread", daemon=True).start()
+    try:
+        engine = start(served_tiny(tiny_base))
+    finally:
+        another_thread_ends.set()
     yield engine
     engine.close()
+
+
+def child_command_line(pid: int) -> str:
+    import psutil
+
+    return " ".join(psutil.Process(pid).cmdline())
 
 
 def test_answers_and_streamed_text_equal_the_engine_in_this_process(child, tiny_base: Path):
     from tuneline.core.serving.engine import load_engine
 
+    # spawned: a fork would copy whatever the other thread held (a process running no other thread forks,
+    # see the last test)
+    assert "multiprocessing.spawn" in child_command_line(child.pid)
     here = load_engine(served_tiny(tiny_base), max_batch=4)
     try:
         for prompt in PROMPTS:
@@ -90,9 +106,12 @@ def test_answers_and_streamed_text_equal_the_engine_in_this_process(child, tiny_
         here.close()
 
 
-def test_the_queue_is_bounded_here_and_a_cancel_reaches_the_child(tiny_base: Path):
+def test_the_queue_is_bounded_here_and_a_cancel_reaches_the_child_and_close_leaves_no_process(tiny_base: Path):
+    import psutil
+
     long = GeneratingConfig(max_new_tokens=600, do_sample=False, repetition_penalty=1.0)  # runs for seconds
     engine = start(served_tiny(tiny_base, long), max_batch=1, queue_size=1)
+    pid = engine.pid
     try:
         prepared = engine.prepare(chat("Count on and on."))
         running, waiting = Collected(), Collected()
@@ -109,6 +128,7 @@ def test_the_queue_is_bounded_here_and_a_cancel_reaches_the_child(tiny_base: Pat
         assert isinstance(after.wait(), Answer)  # the places the cancelled ones held are free again
     finally:
         engine.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # close leaves no process
 
 
 def test_a_child_that_dies_ends_open_requests_with_an_error_naming_it(tiny_base: Path):
@@ -127,7 +147,7 @@ def test_a_child_that_dies_ends_open_requests_with_an_error_naming_it(tiny_base:
         engine.close()
 
 
-def test_a_model_that_cannot_load_is_reported_with_its_own_error_and_close_leaves_no_process(tiny_base: Path, tmp_path: Path):
+def test_a_model_that_cannot_load_is_reported_with_its_own_error_and_leaves_no_process(tiny_base: Path, tmp_path: Path):
     import psutil
 
     tokenizer_only = tmp_path / "tokenizer_only"
@@ -138,11 +158,6 @@ def test_a_model_that_cannot_load_is_reported_with_its_own_error_and_close_leave
     with pytest.raises(ConfigError):
         engine.wait_until_ready()
     assert not psutil.pid_exists(engine.pid) or psutil.Process(engine.pid).status() == psutil.STATUS_ZOMBIE
-
-    engine = start(served_tiny(tiny_base))
-    pid = engine.pid
-    engine.close()
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 SERVER_THAT_WAITS = """
@@ -174,6 +189,7 @@ def test_the_child_ends_when_the_server_is_killed(tiny_base: Path):
     try:
         child = psutil.Process(int(server.stdout.readline()))
         assert child.is_running()
+        assert "multiprocessing.spawn" not in child_command_line(child.pid)  # forked: the server runs no other thread
         server.kill()  # SIGKILL: no close, no atexit
         server.wait(10)
         child.wait(15)  # the pipe ends with the server, and so does the child
