@@ -20,16 +20,16 @@ class GrowingLayer(DynamicLayer):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, *, length: int) -> None:
         super().__init__()
         self.lazy_initialization(keys, values)
-        self.buffers, self.length = (keys, values), length
+        self.buffers = (keys, values)
         self.keys, self.values = keys[:, :, :length], values[:, :, :length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object):
-        end = self.length + key_states.shape[-2]
+        start = self.keys.shape[2]
+        end = start + key_states.shape[2]
         if end > self.buffers[0].shape[2]:
-            self.buffers = tuple(torch.nn.functional.pad(buffer[:, :, :self.length], (0, 0, 0, end - self.length + self.SPARE_COLUMNS))
+            self.buffers = tuple(torch.nn.functional.pad(buffer[:, :, :start], (0, 0, 0, end - start + self.SPARE_COLUMNS))
                                  for buffer in self.buffers)
         for buffer, states in zip(self.buffers, (key_states, value_states)):
-            buffer[:, :, self.length:end] = states
-        self.length = end
+            buffer[:, :, start:end] = states
         self.keys, self.values = self.buffers[0][:, :, :end], self.buffers[1][:, :, :end]
         return self.keys, self.values
